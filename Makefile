@@ -1,0 +1,29 @@
+# Every target sets itself up: a virtual environment in .venv with the CPU build of torch.
+# On a CUDA machine, run `make TORCH_SPEC="torch" ...` (or pre-install torch) to get a GPU build.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.linlm-installed
+
+.PHONY: demo test bench install clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/linlm demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,12 @@
+"""linlm: linear-complexity language models (MossNet, TNL, HGRN2, cosFormer2) with LLaMA and Mamba baselines."""
+
+from linlm import errors
+from linlm.models.config import ModelConfig
+from linlm.models.io import load
+from linlm.models.lm import CausalLM, LMOutput, create_model
+from linlm.models.presets import PRESETS
+from linlm.models.registry import ARCHITECTURES
+
+__version__ = "0.1.0"
+
+__all__ = ["errors", "ModelConfig", "CausalLM", "LMOutput", "create_model", "load", "PRESETS", "ARCHITECTURES", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from linlm.cli import main
+
+sys.exit(main())

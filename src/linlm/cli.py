@@ -1,0 +1,114 @@
+"""The ``linlm`` command. It parses, calls a library function, and prints.
+
+Mistakes in the input (linlm.errors.LinlmError) print one message without a traceback and exit 2;
+anything else is a bug and keeps its traceback (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from linlm.errors import LinlmError
+
+
+def _add_model_args(p: argparse.ArgumentParser, default_arch: Optional[str] = "llama") -> None:
+    p.add_argument("--arch", default=default_arch, help="architecture (see `linlm archs`)")
+    p.add_argument("--preset", default=None, help="size preset, e.g. paper-70m or tiny")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
+
+
+def _model_overrides(args) -> dict:
+    from linlm.config import parse_overrides
+
+    return parse_overrides(args.overrides)
+
+
+def cmd_count(args) -> int:
+    from linlm.models.counting import count_preset
+
+    result = count_preset(args.arch, args.preset, batch=args.batch, seq_len=args.seq_len, **_model_overrides(args))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    from linlm.infer.report import print_table
+
+    rows = [[k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v))]
+            for k, v in result.items() if k != "config"]
+    print_table(["quantity", "value"], rows, title=f"{args.arch} {args.preset or ''}".strip())
+    return 0
+
+
+def cmd_archs(args) -> int:
+    from linlm.infer.report import print_table
+    from linlm.models.presets import PRESETS
+    from linlm.models.registry import ARCHITECTURES
+
+    print_table(["arch", "description"], [[k, s.description] for k, s in ARCHITECTURES.items()], title="architectures")
+    print_table(["preset", "shape"], [[k, ", ".join(f"{a}={b}" for a, b in v.items() if a != "per_arch")]
+                                      for k, v in PRESETS.items()], title="presets")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from linlm.demo import run_demo
+
+    run_demo(archs=args.archs, preset=args.preset)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linlm", description="Linear-complexity language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="the main job: build every architecture, check decoding, print a table")
+    p.add_argument("--archs", nargs="*", default=None, help="architectures to include (default: all)")
+    p.add_argument("--preset", default="tiny")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("count", help="parameters and FLOPs of a config")
+    _add_model_args(p)
+    p.add_argument("--batch", type=int, default=480, help="batch size b for flops_per_step (paper: 480)")
+    p.add_argument("--seq-len", type=int, default=8192, help="sequence length n (paper: 8192)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=cmd_count)
+
+    p = sub.add_parser("archs", help="list architectures and presets")
+    p.set_defaults(func=cmd_archs)
+
+    for module in _subsystem_clis():
+        module.register(sub)
+    return parser
+
+
+def _subsystem_clis():
+    import importlib
+
+    mods = []
+    for name in ("linlm.data.cli", "linlm.train.cli", "linlm.infer.cli", "linlm.eval.cli", "linlm.scaling.cli"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+    return mods
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LinlmError as e:
+        print(f"linlm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("linlm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

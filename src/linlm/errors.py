@@ -1,0 +1,36 @@
+"""One family of exceptions for mistakes a user can fix.
+
+Every message says what was wrong, where (file, key, line) and what to do. The CLI prints these
+without a traceback and exits with status 2; any other exception is a bug (exit 1, traceback).
+"""
+
+from __future__ import annotations
+
+
+class LinlmError(Exception):
+    """Base class for user-facing errors."""
+
+
+class ConfigError(LinlmError, ValueError):
+    """An unknown key, a wrong type, or an impossible value in a config or an override."""
+
+
+class ShapeError(LinlmError, ValueError):
+    """Inputs whose shapes or values do not fit the model (too long, ids out of range, ...)."""
+
+
+class CheckpointError(LinlmError):
+    """A checkpoint that is missing, truncated, corrupt, or does not match the model."""
+
+
+class DataError(LinlmError):
+    """A data source that is empty, unreadable, or missing a field."""
+
+
+class TokenizerError(LinlmError):
+    """A tokenizer that cannot be loaded or does not fit the model."""
+
+
+def choices_text(choices) -> str:
+    """Format valid choices for an error message."""
+    return ", ".join(repr(c) for c in sorted(choices))

@@ -1,0 +1,74 @@
+"""cosFormer2: linear attention with no decay, learnable per-channel LRPE, and a Toeplitz positional encoding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_gla
+from linlm.layers.norm import RMSNorm
+
+
+def lrpe(x: torch.Tensor, theta: torch.Tensor, offset: int) -> torch.Tensor:
+    """[x cos(theta t), x sin(theta t)] along the last dim; x: [B, T, H, K], theta: [H, K]."""
+    T = x.shape[1]
+    t = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
+    angle = t[:, None, None] * theta.float()[None]  # [T, H, K]
+    return torch.cat([x * angle.cos().to(x.dtype), x * angle.sin().to(x.dtype)], dim=-1)
+
+
+class CosFormer2Mixer(nn.Module):
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        d, H, K = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.n_heads, self.head_dim, self.chunk_size = H, K, cfg.chunk_size
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        # One learnable frequency per channel, initialised 10000^(-2i/K) within each head.
+        init = 10000.0 ** (-2.0 * torch.arange(K, dtype=torch.float32) / K)
+        self.theta = nn.Parameter(init.repeat(H, 1))
+        self.gate = LowRankGate(d, K)
+        self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
+        self.out = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        q = lrpe(F.silu(q), self.theta, offset)
+        k = lrpe(F.silu(k), self.theta, offset)
+        o, new_state = run_gla(q, k, v, None, state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size)
+        return self.out(self.norm(o.reshape(B, T, d)) * self.gate(x)), new_state
+
+    def mixing_flops_per_token(self, seq_len: int) -> float:
+        return gla_flops_per_token(self.n_heads, 2 * self.head_dim, self.head_dim, self.chunk_size)
+
+
+class TPE(nn.Module):
+    """Toeplitz positional encoding, applied once to the embeddings (reconstruction; see docs/architectures.md).
+
+    A decayed linear-attention pass whose query and key are learnable vectors rather than projections
+    of x: o_t = sum_{s<=t} lambda_h^{t-s} (q_h . k_h) x_s per head, normalised per head and added back to x.
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        H, K = cfg.n_heads, cfg.head_dim
+        self.n_heads, self.head_dim, self.chunk_size, self.eps = H, K, cfg.chunk_size, cfg.norm_eps
+        self.q = nn.Parameter(torch.randn(H, K) / K**0.5)
+        self.k = nn.Parameter(torch.randn(H, K) / K**0.5)
+        self.decay_logit = nn.Parameter(torch.linspace(0.0, 4.0, H))
+        # The normalised output starts at the embeddings' scale.
+        self.weight = nn.Parameter(torch.full((cfg.d_model,), cfg.init_std))
+
+    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False):
+        B, T, d = x.shape
+        H, K = self.n_heads, self.head_dim
+        q = self.q.to(x.dtype).expand(B, T, H, K)
+        k = self.k.to(x.dtype).expand(B, T, H, K)
+        v = x.view(B, T, H, K)
+        o, new_state = run_gla(
+            q, k, v, F.logsigmoid(self.decay_logit.float()),
+            state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size,
+        )
+        o = F.rms_norm(o, (K,), eps=self.eps).reshape(B, T, d) * self.weight
+        return x + o, new_state

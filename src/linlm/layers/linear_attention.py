@@ -1,0 +1,39 @@
+"""Pieces shared by the gated-linear-attention token mixers (TNL, HGRN2, cosFormer2, TPE)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from linlm.ops.gla import gla_chunk, gla_step
+
+
+def run_gla(q, k, v, log_a, *, state, reset, return_state: bool, chunk_size: int):
+    """Chunkwise form for prefill and training, the one-step form for single-token decoding.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; log_a: None, [H], [B, T, H] or [B, T, H, K].
+    """
+    if state is not None and q.shape[1] == 1 and reset is None:
+        step_gate = log_a if log_a is None or log_a.dim() == 1 else log_a[:, 0]
+        o, new_state = gla_step(q[:, 0], k[:, 0], v[:, 0], step_gate, state=state)
+        return o[:, None], new_state
+    return gla_chunk(
+        q, k, v, log_a, initial_state=state, reset=reset, output_final_state=return_state, chunk_size=chunk_size
+    )
+
+
+def gla_flops_per_token(n_heads: int, k_dim: int, v_dim: int, chunk_size: int) -> float:
+    """Forward FLOPs per token of the chunkwise form: intra-chunk scores and mixing, plus state read and update."""
+    return n_heads * (2.0 * chunk_size * (k_dim + v_dim) + 4.0 * k_dim * v_dim)
+
+
+class LowRankGate(nn.Module):
+    """sigmoid(x W_down W_up) with W_down in R^{d x d/h}: the output gate of TNL and cosFormer2."""
+
+    def __init__(self, d_model: int, rank: int):
+        super().__init__()
+        self.down = nn.Linear(d_model, rank, bias=False)
+        self.up = nn.Linear(rank, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.up(self.down(x)))

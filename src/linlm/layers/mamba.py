@@ -1,0 +1,155 @@
+"""The Mamba-1 token mixer (the SSM baseline), and the pieces MossNet shares with it.
+
+One block, for x of width d and inner width Din = expand * d:
+
+    (u, z) = in_proj(x)                          u, z in R^Din
+    u      = silu(causal depthwise conv1d(u))    kernel d_conv
+    (dt~, B, C) = x_proj(u)                      dt~ in R^R (R = dt_rank), B, C in R^N (N = d_state)
+    dt     = softplus(dt_proj(dt~) + bias)       per channel
+    y      = selective_scan(u, dt, A = -exp(A_log), B, C, D)
+    out    = out_proj(y * silu(z))
+
+The decoding state is the last d_conv - 1 conv inputs and the scan state [Din, N]: constant in the context length.
+Packed sequences (``reset``) are exact: the conv drops the taps that would read across a document boundary, and
+the scan zeroes its state at a document's first token.
+
+The dt projection, A_log and D are plain parameters (not ``nn.Linear``), so that the model-wide
+``CausalLM.reset_parameters`` (normal init of every Linear, zero biases) keeps Mamba's dt and S4D-real inits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linlm.ops.selective_scan import selective_scan, selective_scan_step
+
+# Mamba's dt initialisation: dt log-uniform in [DT_MIN, DT_MAX], floored at DT_FLOOR, stored as softplus^{-1}(dt).
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
+
+
+def dt_rank(cfg) -> int:
+    """cfg.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
+    return cfg.dt_rank or math.ceil(cfg.d_model / 16)
+
+
+def inner_dim(cfg) -> int:
+    return cfg.expand * cfg.d_model
+
+
+def dt_bias_init_(bias: torch.Tensor) -> torch.Tensor:
+    """Fill ``bias`` (any shape) with softplus^{-1}(dt), dt log-uniform in [DT_MIN, DT_MAX] (Mamba's dt init)."""
+    with torch.no_grad():
+        bias.uniform_(math.log(DT_MIN), math.log(DT_MAX))
+        dt = bias.exp().clamp_min(DT_FLOOR)
+        bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+    return bias
+
+
+def dt_weight_init_(weight: torch.Tensor, rank: int) -> torch.Tensor:
+    """Mamba's dt_proj weight init: uniform in [-R^-1/2, R^-1/2] ("random" init, dt_scale = 1)."""
+    with torch.no_grad():
+        std = rank**-0.5
+        weight.uniform_(-std, std)
+    return weight
+
+
+def s4d_real_log(*lead: int, d_state: int) -> torch.Tensor:
+    """A_log for the S4D-real init A[..., n] = -(n + 1), shape [*lead, d_state]."""
+    a = torch.arange(1, d_state + 1, dtype=torch.float32)
+    return torch.log(a).expand(*lead, d_state).clone()
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv1d over time, with a carried state and document-boundary masking.
+
+    out[t] = bias + sum_j weight[:, j] * x[t - (K - 1 - j)] (the tap layout of ``nn.Conv1d`` with
+    padding K - 1). The state holds the last K - 1 inputs, [B, K - 1, C]; a missing state means zeros.
+    With ``reset`` (bool [B, T], True at a document's first token) a tap that would read an input of an
+    earlier document is dropped, and inputs of a finished document are zeroed in the returned state.
+    """
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.channels, self.kernel = channels, kernel
+        self.weight = nn.Parameter(torch.empty(channels, kernel))
+        self.bias = nn.Parameter(torch.empty(channels))
+        bound = 1.0 / math.sqrt(kernel)  # nn.Conv1d's default for a depthwise conv (fan_in = kernel)
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            self.bias.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, reset: torch.Tensor | None = None):
+        B, T, C = x.shape
+        K = self.kernel
+        if state is None:
+            state = x.new_zeros(B, K - 1, C)
+        xs = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K - 1 + T, C]; xs[:, i] is time i - (K - 1)
+        w = self.weight.to(x.dtype)
+        out = torch.addcmul(self.bias.to(x.dtype), xs[:, K - 1 :], w[:, K - 1])
+        if reset is not None:
+            pos = torch.arange(T, device=x.device)
+            # Position of the latest document start at or before t; far in the past when none.
+            last = torch.where(reset, pos, -(T + K)).cummax(dim=1).values  # [B, T]
+            since = (pos - last).unsqueeze(-1)  # tokens since the document start, >= T + K when none
+        for j in range(K - 1):
+            lag = K - 1 - j
+            term = xs[:, j : j + T] * w[:, j]
+            if reset is not None:
+                term = term * (since >= lag).to(x.dtype)
+            out = out + term
+        new_state = xs[:, T:]  # the last K - 1 inputs (some from the old state when T < K - 1)
+        if reset is not None and K > 1:
+            times = torch.arange(T - (K - 1), T, device=x.device)
+            new_state = new_state * (times >= last[:, -1:]).unsqueeze(-1).to(x.dtype)
+        return out, new_state
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return 2.0 * self.channels * self.kernel
+
+
+def scan_flops_per_token(d_inner: int, d_state: int) -> float:
+    """Forward FLOPs per token of the selective scan: decay exponent and product, input, update, readout, skip."""
+    return 6.0 * d_inner * d_state + 2.0 * d_inner
+
+
+class MambaMixer(nn.Module):
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.d_state, dt_rank(cfg)
+        self.d_inner, self.d_state, self.dt_rank, self.chunk_size = Din, N, R, cfg.chunk_size
+        self.in_proj = nn.Linear(d, 2 * Din, bias=False)
+        self.conv = ShortConv(Din, cfg.d_conv)
+        self.x_proj = nn.Linear(Din, R + 2 * N, bias=False)
+        self.dt_weight = nn.Parameter(dt_weight_init_(torch.empty(Din, R), R))
+        self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(Din)))
+        self.A_log = nn.Parameter(s4d_real_log(Din, d_state=N))
+        self.D = nn.Parameter(torch.ones(Din))
+        self.out_proj = nn.Linear(Din, d, bias=False)
+
+    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        T = x.shape[1]
+        u, z = self.in_proj(x).chunk(2, dim=-1)
+        u, conv_state = self.conv(u, None if state is None else state["conv"], reset)
+        u = F.silu(u)
+        dt_low, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = F.softplus(F.linear(dt_low, self.dt_weight, self.dt_bias))
+        A = -torch.exp(self.A_log.float())
+        ssm = None if state is None else state["ssm"]
+        if ssm is not None and T == 1 and reset is None:
+            y, ssm = selective_scan_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], self.D, state=ssm)
+            y = y[:, None]
+        else:
+            y, ssm = selective_scan(
+                u, dt, A, Bm, Cm, self.D, initial_state=ssm, reset=reset,
+                output_final_state=return_state, chunk_size=self.chunk_size,
+            )
+        out = self.out_proj(y * F.silu(z))
+        return out, ({"conv": conv_state, "ssm": ssm} if return_state else None)
+
+    def mixing_flops_per_token(self, seq_len: int) -> float:
+        # dt_proj (a plain parameter) + scan + the output gate; the Linear layers and the conv are counted by the walk.
+        return 2.0 * self.dt_rank * self.d_inner + scan_flops_per_token(self.d_inner, self.d_state) + self.d_inner

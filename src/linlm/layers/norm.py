@@ -1,0 +1,31 @@
+"""RMSNorm (with a weight) and SRMSNorm (simple RMSNorm, no weight)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * w. With ``weight=False`` this is SRMSNorm: x / (||x||_2 / sqrt(d))."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, weight: bool = True):
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if weight else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, weight={self.weight is not None}"
+
+
+def make_norm(kind: str, dim: int, eps: float) -> RMSNorm:
+    if kind == "rms":
+        return RMSNorm(dim, eps, weight=True)
+    if kind == "srms":
+        return RMSNorm(dim, eps, weight=False)
+    raise ValueError(f"unknown norm kind {kind!r}")

@@ -1,0 +1,96 @@
+"""The model config: one flat dataclass shared by every architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from linlm.config import from_dict
+from linlm.errors import ConfigError, choices_text
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"
+    vocab_size: int = 8192
+    d_model: int = 512
+    n_layers: int = 6
+    n_heads: int = 4
+    # Hidden width of the GLU channel mixer; 0 means round(8/3 * d_model) up to a multiple of 64.
+    glu_dim: int = 0
+    # Longest input a model with absolute limits (LLaMA's RoPE cache) accepts.
+    max_seq_len: int = 8192
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # Chunk length of the chunkwise gated-linear-attention form (linear models).
+    chunk_size: int = 64
+    init_std: float = 0.02
+    # cosFormer2: apply the Toeplitz positional encoding to the embeddings.
+    tpe: bool = True
+
+    # Mamba / MossNet time mixer.
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    dt_rank: int = 0  # 0 means ceil(d_model / 16)
+
+    # MossNet routing (see docs/architectures.md for which parts are reconstructions).
+    ssm_experts: int = 4
+    ssm_top_k: int = 2
+    mlp_experts: int = 8
+    mlp_top_k: int = 2
+    mlp_expert_dim: int = 0  # 0 means glu_dim // mlp_top_k, so that active MLP parameters match a dense GLU
+    shared_experts: int = 0
+    ssm_policy: str = "routed"
+    ssm_kernel: str = "s6"
+    balance_loss_coef: float = 0.01
+    router_z_loss_coef: float = 0.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def glu_hidden(self) -> int:
+        if self.glu_dim:
+            return self.glu_dim
+        g = int(round(8 * self.d_model / 3))
+        return (g + 63) // 64 * 64
+
+    def validate(self) -> "ModelConfig":
+        from linlm.models.registry import ARCHITECTURES
+
+        if self.arch not in ARCHITECTURES:
+            raise ConfigError(f"arch: unknown architecture {self.arch!r}; valid choices are {choices_text(ARCHITECTURES)}")
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "chunk_size", "d_state", "d_conv", "expand"):
+            value = getattr(self, key)
+            if value <= 0:
+                raise ConfigError(f"{key}: must be a positive integer, got {value}")
+        for key in ("glu_dim", "dt_rank", "mlp_expert_dim", "shared_experts"):
+            value = getattr(self, key)
+            if value < 0:
+                raise ConfigError(f"{key}: must be >= 0 (0 means automatic), got {value}")
+        if self.norm_eps <= 0 or self.init_std <= 0:
+            raise ConfigError("norm_eps and init_std must be positive")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}; "
+                f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})"
+            )
+        ARCHITECTURES[self.arch].validate(self)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        return from_dict(cls, data).validate()
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        return ModelConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0][-6:]

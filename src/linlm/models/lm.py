@@ -1,0 +1,167 @@
+"""One generic causal language model for every architecture in the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linlm.errors import ShapeError
+from linlm.layers.norm import make_norm
+from linlm.layers.state import ModelState
+from linlm.models.config import ModelConfig
+from linlm.models.registry import get_arch
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor
+    state: Optional[ModelState] = None
+    # Sum of the routers' auxiliary losses (already weighted by their coefficients); 0 for dense models.
+    aux_loss: Optional[torch.Tensor] = None
+
+
+class Block(nn.Module):
+    """x = x + mixer(norm(x)); x = x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, spec):
+        super().__init__()
+        self.norm1 = make_norm(spec.norm, cfg.d_model, cfg.norm_eps)
+        self.mixer = spec.mixer(cfg, layer_idx)
+        self.mlp = spec.mlp(cfg, layer_idx) if spec.mlp is not None else None
+        self.norm2 = make_norm(spec.norm, cfg.d_model, cfg.norm_eps) if self.mlp is not None else None
+
+    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        out = self.mixer(self.norm1(x), state=state, reset=reset, offset=offset, return_state=return_state, ctx=ctx)
+        h, new_state, aux = out if len(out) == 3 else (*out, None)
+        x = x + h
+        if self.mlp is not None:
+            m = self.mlp(self.norm2(x))
+            if isinstance(m, tuple):
+                m, mlp_aux = m
+                aux = mlp_aux if aux is None else aux + mlp_aux
+            x = x + m
+        return x, new_state, aux
+
+
+class CausalLM(nn.Module):
+    """Embeddings, a stack of blocks, a final norm and a head tied to the embeddings.
+
+    ``model(input_ids)`` returns logits [B, T, V]. With ``return_state=True`` or ``return_aux=True`` it
+    returns an :class:`LMOutput`. Pass the returned ``state`` back in to continue a sequence: a prompt
+    prefilled in one call and then extended token by token gives the logits of one full pass.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        spec = get_arch(config.arch)
+        self.spec = spec
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)
+        self.embed_mixer = spec.embed_mixer(config) if spec.embed_mixer is not None and config.tpe else None
+        self.shared = spec.shared(config) if spec.shared is not None else None
+        self.layers = nn.ModuleList(Block(config, i, spec) for i in range(config.n_layers))
+        self.norm = make_norm(spec.norm, d, config.norm_eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def _check_input(self, input_ids: torch.Tensor, state: Optional[ModelState], reset) -> None:
+        cfg = self.config
+        if input_ids.dim() != 2:
+            raise ShapeError(f"input_ids must have shape [batch, time], got {tuple(input_ids.shape)}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise ShapeError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.numel() and input_ids.device.type != "meta":
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= cfg.vocab_size:
+                bad = hi if hi >= cfg.vocab_size else lo
+                raise ShapeError(
+                    f"input_ids holds token id {bad}, outside the model's vocabulary (vocab_size={cfg.vocab_size}, "
+                    f"valid ids 0..{cfg.vocab_size - 1}); use a tokenizer that fits or build the model with a larger vocab_size"
+                )
+        offset = state.offset if state is not None else 0
+        if self.spec.position_limit and offset + input_ids.shape[1] > cfg.max_seq_len:
+            raise ShapeError(
+                f"input of {offset + input_ids.shape[1]} tokens is longer than max_seq_len={cfg.max_seq_len} of this "
+                f"{cfg.arch} model; shorten the input or build the model with a larger max_seq_len"
+            )
+        if reset is not None and tuple(reset.shape) != tuple(input_ids.shape):
+            raise ShapeError(f"reset must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(reset.shape)}")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        state: Optional[ModelState] = None,
+        reset: Optional[torch.Tensor] = None,
+        return_state: bool = False,
+        return_aux: bool = False,
+    ):
+        """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document."""
+        self._check_input(input_ids, state, reset)
+        offset = state.offset if state is not None else 0
+        x = self.embed(input_ids)
+        extra: dict[str, Any] = {}
+        if self.embed_mixer is not None:
+            prev = state.extra.get("embed") if state is not None else None
+            x, extra["embed"] = self.embed_mixer(x, state=prev, reset=reset, offset=offset, return_state=return_state)
+        ctx = self.shared() if self.shared is not None else None
+        layer_states = []
+        aux_total = None
+        for i, layer in enumerate(self.layers):
+            prev = state.layers[i] if state is not None else None
+            x, s, aux = layer(x, state=prev, reset=reset, offset=offset, return_state=return_state, ctx=ctx)
+            layer_states.append(s)
+            if aux is not None:
+                aux_total = aux if aux_total is None else aux_total + aux
+        logits = F.linear(self.norm(x), self.embed.weight)
+        if not (return_state or return_aux):
+            return logits
+        new_state = ModelState(layer_states, offset + input_ids.shape[1], extra) if return_state else None
+        if aux_total is None:
+            aux_total = logits.new_zeros(())
+        return LMOutput(logits, new_state, aux_total)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ModelState]:
+        """Run a prompt; return the logits of its last position [B, V] and the state to continue from."""
+        out = self(input_ids, return_state=True)
+        return out.logits[:, -1], out.state
+
+    @torch.no_grad()
+    def step(self, token_ids: torch.Tensor, state: ModelState) -> tuple[torch.Tensor, ModelState]:
+        """Feed one token per sequence ([B] ids); return its logits [B, V] and the advanced state."""
+        out = self(token_ids.view(-1, 1), state=state, return_state=True)
+        return out.logits[:, -1], out.state
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if non_embedding else n
+
+    def save(self, path) -> None:
+        from linlm.models.io import save_model
+
+        save_model(self, path)
+
+
+def create_model(arch: str = "llama", preset: Optional[str] = None, **overrides: Any) -> CausalLM:
+    """Build a model: ``create_model("tnl", preset="paper-70m", vocab_size=8192)``."""
+    from linlm.models.presets import preset_config
+
+    return CausalLM(preset_config(arch, preset, **overrides))
