@@ -1,6 +1,8 @@
 """Data: sources (built-in corpus, local files, HF datasets), tokenizers, tokenised shards, a resumable loader.
 
 Names are imported lazily, so that ``import linlm.data`` stays cheap (the loader needs torch; prepare does not).
+The ``prepare`` function is not re-exported here, because it would shadow its own module ``linlm.data.prepare``:
+use ``from linlm.data.prepare import prepare``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ _EXPORTS = {
     "cache_dir": "corpus", "SHAKESPEARE": "corpus", "CorpusSpec": "corpus",
     "iter_texts": "sources", "open_source": "sources", "Source": "sources", "SourceStats": "sources",
     "Tokenizer": "tokenizer", "EOS_TOKEN": "tokenizer",
-    "prepare": "prepare",
     "TokenDataset": "loader", "Batches": "loader",
 }
 

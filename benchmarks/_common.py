@@ -1,0 +1,121 @@
+"""Helpers shared by the benchmark scripts: run metadata, timing, JSON results and plain-text tables.
+
+Every script records `meta()` with its numbers, so a result can be traced to a revision, a torch build and a
+machine (DESIGN.md, principle 7: measured, not assumed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def _git_revision() -> str:
+    """`git rev-parse HEAD` of the repository holding this folder, or "unknown" (no git, no commits yet, ...)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    rev = out.stdout.strip()
+    return rev if out.returncode == 0 and rev else "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def meta() -> dict:
+    """Where and with what a result was measured."""
+    return {
+        "git_revision": _git_revision(),
+        "torch_version": torch.__version__,
+        "torch_num_threads": torch.get_num_threads(),
+        "python_version": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def time_fn(fn, warmup: int = 2, repeat: int = 5) -> float:
+    """Median wall-clock seconds of `repeat` calls of fn(), after `warmup` untimed calls."""
+    if repeat < 1:
+        raise ValueError(f"time_fn: repeat must be at least 1, got {repeat}")
+    for _ in range(warmup):
+        fn()
+    _sync()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def write_json(name: str, payload: dict) -> Path:
+    """Write payload to benchmarks/results/<name>.json (atomically: a complete file or none). Returns the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def print_table(headers, rows) -> None:
+    """Print rows (sequences of values) under headers as an aligned plain-text table."""
+    cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = "  ".join("-" * w for w in widths)
+    print("  ".join(c.ljust(w) for c, w in zip(cells[0], widths)))
+    print(line)
+    for r in cells[1:]:
+        print("  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(r, widths)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e5 else f"{v:.2f}"
+    return str(v)
+
+
+def _numeric(s: str) -> bool:
+    try:
+        float(s.rstrip("x"))
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,451 @@
+"""Tokenise a source into memory-mapped shards with a train/validation split.
+
+Output directory::
+
+    meta.json               written last: its presence means the directory is complete
+    tokenizer.json          the tokenizer used (plus tokenizer_config.json, so transformers can load it too)
+    train/000000.bin ...    raw token ids, little-endian uint16 (vocab <= 65536) or uint32, shard_tokens each
+    val/000000.bin ...      (the last shard of a split is shorter)
+    .progress/              only while incomplete: state.json and the pending tail of each split
+
+Token stream: every document is encoded on its own and followed by the end-of-text id.
+
+Split rule: documents are cut into *pieces* of at most ``split_chars`` characters, at the last newline before
+the limit (a hard cut when a line is longer). Pieces are numbered 0, 1, 2, ... in source order and piece ``j``
+goes to validation when ``floor((j + 1) * f + u) > floor(j * f + u)``, with ``f = val_fraction`` and
+``u`` in [0, 1) drawn from ``seed``: a systematic sample, so exactly ``floor(n * f + u)`` of ``n`` pieces are
+validation, evenly spread through the corpus, and the rule needs neither the count in advance nor a second pass.
+Cutting long documents into pieces is what gives a single file or a 42-work corpus a validation split at all.
+The end-of-text id follows the last piece of a document, whichever split it lands in. A tokenizer trained here
+(``bpe:N``) sees only training pieces.
+
+Resuming: after each completed shard the state (pieces consumed, shards written, each split's pending tail)
+is committed to ``.progress``. A re-run with the same source, tokenizer and settings skips the consumed pieces
+without tokenising them and produces byte-identical output to an uninterrupted run. Every file is written to a
+temporary name, fsynced and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import numpy as np
+
+from linlm.data.sources import Source, SourceLike, open_source
+from linlm.data.tokenizer import Tokenizer, resolve_tokenizer
+from linlm.errors import ConfigError, DataError, LinlmError
+from linlm.io_utils import atomic_write_bytes
+
+log = logging.getLogger("linlm.data")
+
+FORMAT = "linlm-tokens/1"
+META_FILE = "meta.json"
+PROGRESS_DIR = ".progress"
+STATE_FILE = "state.json"
+SPLITS = ("train", "val")
+DEFAULT_SHARD_TOKENS = 1 << 25  # 32 Mi tokens: 64 MiB per uint16 shard
+DEFAULT_SPLIT_CHARS = 8192
+BPE_MIN_FREQUENCY = 2
+_BATCH_CHARS = 1 << 21  # characters per encode_batch call
+_OUR_FILES = (META_FILE, "tokenizer.json", "tokenizer_config.json", "train", "val", PROGRESS_DIR)
+
+ShardHook = Callable[[str, dict], None]
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def is_val_piece(index: int, val_fraction: float, offset: float) -> bool:
+    """The split rule (see the module doc)."""
+    return math.floor((index + 1) * val_fraction + offset) > math.floor(index * val_fraction + offset)
+
+
+def split_offset(seed: int) -> float:
+    return random.Random(f"linlm-split-{seed}").random()
+
+
+def iter_pieces(docs: Iterable[str], split_chars: int) -> Iterator[tuple[str, bool]]:
+    """Cut documents into pieces of at most ``split_chars`` characters; yields (piece, is_last_piece_of_doc)."""
+    for doc in docs:
+        start, end_of_doc = 0, len(doc)
+        while end_of_doc - start > split_chars:
+            cut = doc.rfind("\n", start, start + split_chars)
+            end = cut + 1 if cut > start else start + split_chars
+            yield doc[start:end], False
+            start = end
+        yield doc[start:], True
+
+
+def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: str | Path, *,
+            val_fraction: float = 0.005, seed: int = 0, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+            split_chars: int = DEFAULT_SPLIT_CHARS, text_field: str = "text", num_workers: int = 2,
+            overwrite: bool = False, progress: bool = True, bpe_train_chars: Optional[int] = 1 << 30,
+            hf_kwargs: Optional[dict] = None, on_shard: Optional[ShardHook] = None) -> dict:
+    """Tokenise ``source`` into ``out_dir`` and return the metadata (also written to ``out_dir/meta.json``).
+
+    ``source``: see :mod:`linlm.data.sources` (``hf_kwargs`` go to ``datasets.load_dataset``).
+    ``tokenizer``: ``"bpe:N"`` trains a byte-level BPE of N entries on the training pieces (the first
+    ``bpe_train_chars`` characters of them, None for all); a path/name loads a pretrained one; a
+    :class:`Tokenizer` is used as is. ``num_workers``: 1 encodes on one core; more use the tokenizers (Rust)
+    thread pool, whose size is fixed when it first starts (``RAYON_NUM_THREADS``, set here to ``num_workers``
+    if unset; else all cores). That beat a pool of processes in benchmarks/bench_data.py.
+    ``on_shard(split, shard)`` is called after each shard is committed (progress reporting, tests).
+
+    A complete ``out_dir`` with the same source, tokenizer and settings is returned as is; an incomplete one
+    is resumed; one made from anything else is refused (DataError) unless ``overwrite=True``.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ConfigError(f"val_fraction={val_fraction!r}: expected a number in [0, 1)")
+    for key, value in (("shard_tokens", shard_tokens), ("split_chars", split_chars), ("num_workers", num_workers)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{key}={value!r}: expected a positive integer")
+    out = Path(out_dir).expanduser()
+    existed = out.exists()
+    src = open_source(source, text_field=text_field, hf_kwargs=hf_kwargs)
+    tok, bpe_vocab = resolve_tokenizer(tokenizer)
+    config: dict[str, Any] = {
+        "format": FORMAT, "source_fingerprint": src.fingerprint(), "text_field": text_field,
+        "tokenizer": ({"bpe": bpe_vocab, "min_frequency": BPE_MIN_FREQUENCY, "train_chars": bpe_train_chars}
+                      if tok is None else {"fingerprint": tok.fingerprint()}),
+        "val_fraction": float(val_fraction), "seed": int(seed), "shard_tokens": shard_tokens,
+        "split_chars": split_chars}
+
+    state = _open_out_dir(out, config, overwrite)
+    if state is None:  # complete, same config
+        return json.loads((out / META_FILE).read_text())
+
+    fresh = state["next_piece"] == 0 and not any(state["splits"][s]["shards"] for s in SPLITS)
+    spec = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else "Tokenizer object"
+    try:
+        with _parallelism(num_workers):
+            if tok is None:
+                tok = _bpe_for(out, state, src, bpe_vocab, val_fraction, seed, split_chars, bpe_train_chars)
+            else:
+                tok.save(out)
+            return _tokenise(out, state, config, src, tok, tokenizer_spec=spec, progress=progress,
+                             on_shard=on_shard)
+    except LinlmError:
+        if fresh:  # a mistake in the input, in a run that started from nothing: leave nothing behind
+            _remove_ours(out)
+            if not existed:
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+        raise
+
+
+# ---- output directory ------------------------------------------------------------------------------------
+
+
+def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
+    """None when ``out`` is complete with ``config``; else the (fresh or resumed) state."""
+    meta_path, state_path = out / META_FILE, out / PROGRESS_DIR / STATE_FILE
+    previous = None
+    if meta_path.is_file():
+        try:
+            previous = json.loads(meta_path.read_text()).get("config") or {}
+        except (ValueError, AttributeError):
+            previous = {}
+        if previous == config:
+            _check_complete(out)
+            shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)  # a kill between meta.json and cleanup
+            log.info("%s is already complete with this source, tokenizer and settings", out)
+            return None
+    elif state_path.is_file():
+        try:
+            state = json.loads(state_path.read_text())
+        except ValueError as e:
+            raise DataError(f"{state_path}: unreadable progress file ({e}); rerun with overwrite=True / "
+                            "--overwrite to start again") from e
+        if state.get("config") == config:
+            log.info("resuming %s from piece %d", out, state["next_piece"])
+            _remove_strays(out, state)
+            return state
+        previous = state.get("config", {})
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            what = "is a file" if not out.is_dir() else "holds other files"
+            raise DataError(f"output {out} {what} and was not made by `linlm data prepare`; choose a new or empty "
+                            "directory, or pass overwrite=True / --overwrite to write into it")
+    if previous is not None and not overwrite:
+        differ = sorted(k for k in set(config) | set(previous) if previous.get(k) != config.get(k))
+        raise DataError(f"output {out} holds data prepared with a different {', '.join(differ)} "
+                        f"(was {_brief({k: previous.get(k) for k in differ})}, now "
+                        f"{_brief({k: config.get(k) for k in differ})}); choose another directory or pass "
+                        "overwrite=True / --overwrite to replace it")
+    if out.exists() and out.is_dir():
+        _remove_ours(out)
+    elif out.exists():
+        raise DataError(f"output {out} is a file; choose a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    state = {"config": config, "next_piece": 0, "checkpoint": 0, "tokenizer_fingerprint": None,
+             "splits": {s: {"shards": [], "pieces": 0, "pending": None, "pending_tokens": 0} for s in SPLITS}}
+    _commit_state(out, state)
+    return state
+
+
+def _brief(d: dict) -> str:
+    def show(value: Any) -> str:
+        if isinstance(value, dict) and "bpe" in value:
+            return f"bpe:{value['bpe']}"
+        if isinstance(value, dict) and "fingerprint" in value:
+            return f"pretrained {value['fingerprint'][:12]}"
+        if isinstance(value, str) and len(value) == 64:
+            return value[:12]
+        return repr(value)
+
+    return ", ".join(f"{k}={show(v)}" for k, v in d.items())
+
+
+def _remove_ours(out: Path) -> None:
+    (out / META_FILE).unlink(missing_ok=True)  # first, so that the directory stops looking complete
+    for name in _OUR_FILES:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _remove_strays(out: Path, state: dict) -> None:
+    """Drop what a killed run wrote after its last checkpoint (temporary files, unrecorded shards)."""
+    keep = {out / sh["file"] for s in SPLITS for sh in state["splits"][s]["shards"]}
+    keep |= {out / PROGRESS_DIR / state["splits"][s]["pending"] for s in SPLITS if state["splits"][s]["pending"]}
+    keep.add(out / PROGRESS_DIR / STATE_FILE)
+    for folder in (*SPLITS, PROGRESS_DIR):
+        if (out / folder).is_dir():
+            for path in (out / folder).iterdir():
+                if path not in keep and path.is_file():
+                    path.unlink()
+
+
+def _check_complete(out: Path) -> None:
+    meta = json.loads((out / META_FILE).read_text())
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in meta["splits"].values():
+        for shard in split["shards"]:
+            path = out / shard["file"]
+            if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
+                raise DataError(f"{path}: missing or truncated shard of a completed directory; rerun with "
+                                "overwrite=True / --overwrite")
+
+
+def _commit_state(out: Path, state: dict) -> None:
+    progress = out / PROGRESS_DIR
+    progress.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(progress / STATE_FILE, json.dumps(state, indent=1).encode())
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------------------
+
+
+def _bpe_for(out: Path, state: dict, src: Source, vocab: int, val_fraction: float, seed: int, split_chars: int,
+             train_chars: Optional[int]) -> Tokenizer:
+    """Train the BPE, or reload the one an interrupted run already trained into ``out``."""
+    if state["tokenizer_fingerprint"] is not None and (out / "tokenizer.json").is_file():
+        tok = Tokenizer.from_pretrained(out)
+        if tok.fingerprint() == state["tokenizer_fingerprint"]:
+            return tok
+    offset = split_offset(seed)
+
+    def training_text() -> Iterator[str]:
+        seen = 0
+        for j, (piece, _) in enumerate(iter_pieces(src, split_chars)):
+            if train_chars is not None and seen >= train_chars:
+                return
+            if not is_val_piece(j, val_fraction, offset):
+                seen += len(piece)
+                yield piece
+
+    started = time.perf_counter()
+    tok = Tokenizer.train(training_text(), vocab, min_frequency=BPE_MIN_FREQUENCY)
+    log.info("trained a %d-entry BPE in %.1f s", tok.vocab_size, time.perf_counter() - started)
+    tok.save(out)
+    state["tokenizer_fingerprint"] = tok.fingerprint()
+    _commit_state(out, state)
+    return tok
+
+
+@contextlib.contextmanager
+def _parallelism(num_workers: int):
+    saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if num_workers > 1 else "false"
+    if num_workers > 1 and saved["RAYON_NUM_THREADS"] is None:
+        os.environ["RAYON_NUM_THREADS"] = str(num_workers)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---- tokenising --------------------------------------------------------------------------------------------
+
+
+class _SplitWriter:
+    """Collects one split's tokens and writes them out in shards of exactly ``shard_tokens``."""
+
+    def __init__(self, out: Path, split: str, dtype: np.dtype, shard_tokens: int, record: dict):
+        self.out, self.split, self.dtype, self.shard_tokens = out, split, dtype, shard_tokens
+        self.record = record  # the split's entry in the state: shards, pieces, pending
+        self.chunks: list[np.ndarray] = []
+        self.count = 0
+        if record["pending"]:
+            path = out / PROGRESS_DIR / record["pending"]
+            tail = np.fromfile(path, dtype=dtype) if path.is_file() else np.empty(0, dtype)
+            if len(tail) != record["pending_tokens"]:
+                raise DataError(f"{path}: holds {len(tail)} tokens, the progress state expects "
+                                f"{record['pending_tokens']}; rerun with overwrite=True / --overwrite")
+            self.chunks, self.count = [tail], len(tail)
+        (out / split).mkdir(exist_ok=True)
+
+    def add(self, ids: np.ndarray) -> list[dict]:
+        self.chunks.append(ids)
+        self.count += len(ids)
+        written = []
+        if self.count >= self.shard_tokens:
+            data = np.concatenate(self.chunks)
+            start = 0
+            while len(data) - start >= self.shard_tokens:
+                written.append(self._write(data[start:start + self.shard_tokens]))
+                start += self.shard_tokens
+            self.chunks, self.count = [data[start:]], len(data) - start
+        return written
+
+    def finish(self) -> list[dict]:
+        if not self.count:
+            return []
+        data = np.concatenate(self.chunks)
+        self.chunks, self.count = [], 0
+        return [self._write(data)]
+
+    def _write(self, tokens: np.ndarray) -> dict:
+        name = f"{self.split}/{len(self.record['shards']):06d}.bin"
+        blob = tokens.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
+        atomic_write_bytes(self.out / name, blob)
+        shard = {"file": name, "tokens": len(tokens), "sha256": hashlib.sha256(blob).hexdigest()}
+        self.record["shards"].append(shard)
+        return shard
+
+    def save_pending(self, checkpoint: int) -> Optional[str]:
+        old = self.record["pending"]
+        name = f"pending-{self.split}-{checkpoint:06d}.bin" if self.count else None
+        if name:
+            data = np.concatenate(self.chunks)
+            self.chunks = [data]
+            atomic_write_bytes(self.out / PROGRESS_DIR / name, data.astype(self.dtype.newbyteorder("<")).tobytes())
+        self.record["pending"], self.record["pending_tokens"] = name, self.count
+        return old
+
+
+def _batches(pieces: Iterator[tuple[int, str, bool]], limit: int) -> Iterator[list[tuple[int, str, bool]]]:
+    batch, chars = [], 0
+    for item in pieces:
+        batch.append(item)
+        chars += len(item[1])
+        if chars >= limit:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer, *, tokenizer_spec: str,
+              progress: bool, on_shard: Optional[ShardHook]) -> dict:
+    dtype = token_dtype(tok.vocab_size)
+    if state["tokenizer_fingerprint"] not in (None, tok.fingerprint()):
+        raise DataError(f"{out}: the progress state was made with another tokenizer; rerun with overwrite=True")
+    state["tokenizer_fingerprint"] = tok.fingerprint()
+    writers = {s: _SplitWriter(out, s, dtype, config["shard_tokens"], state["splits"][s]) for s in SPLITS}
+    val_fraction, offset, eos = config["val_fraction"], split_offset(config["seed"]), tok.eos_id
+    resume_at = state["next_piece"]
+    numbered = ((j, piece, last) for j, (piece, last) in enumerate(iter_pieces(src, config["split_chars"])))
+
+    with _progress_bar(progress, src, f"tokenising {src.spec}") as update:
+        # A batch of about shard_tokens characters (a fraction of a shard) keeps the checkpoints close to the
+        # shard boundaries; 2 Mi characters is plenty to keep the tokenizer's threads busy.
+        limit = min(_BATCH_CHARS, max(config["shard_tokens"], 4096))
+        for batch in _batches((j_piece for j_piece in numbered if j_piece[0] >= resume_at), limit):
+            encoded = tok.encode_batch([piece for _, piece, _ in batch])
+            per_split: dict[str, list[list[int]]] = {s: [] for s in SPLITS}
+            for (j, _, last), ids in zip(batch, encoded):
+                split = "val" if is_val_piece(j, val_fraction, offset) else "train"
+                if last:
+                    ids.append(eos)
+                per_split[split].append(ids)
+                state["splits"][split]["pieces"] += 1
+            written = []
+            for split, lists in per_split.items():
+                if lists:
+                    flat = np.concatenate([np.asarray(ids, dtype=dtype) for ids in lists])
+                    written += [(split, shard) for shard in writers[split].add(flat)]
+            state["next_piece"] = batch[-1][0] + 1
+            if written:
+                _checkpoint(out, state, writers)
+                for split, shard in written:
+                    if on_shard is not None:
+                        on_shard(split, shard)
+            update(src.bytes_read)
+
+    for split in SPLITS:
+        for shard in writers[split].finish():
+            if on_shard is not None:
+                on_shard(split, shard)
+    if src.stats.replacements:
+        log.warning("%s: %d invalid UTF-8 sequences were replaced by U+FFFD", src.spec, src.stats.replacements)
+    splits = {s: {"tokens": sum(sh["tokens"] for sh in state["splits"][s]["shards"]),
+                  "pieces": state["splits"][s]["pieces"], "shards": state["splits"][s]["shards"]} for s in SPLITS}
+    if config["val_fraction"] > 0 and splits["val"]["tokens"] == 0:
+        log.warning("%s: the validation split is empty (%d pieces x val_fraction %g < 1); raise val_fraction or "
+                    "lower split_chars", out, splits["train"]["pieces"], config["val_fraction"])
+    meta = {
+        "format": FORMAT, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+        "tokenizer": {"file": "tokenizer.json", "spec": tokenizer_spec, "fingerprint": tok.fingerprint()},
+        "source": {"spec": src.spec, "fingerprint": src.fingerprint(), "documents": src.stats.documents,
+                   "empty_documents": src.stats.empty_documents, "bytes": src.stats.bytes,
+                   "utf8_replacements": src.stats.replacements},
+        "config": config, "splits": splits,
+    }
+    atomic_write_bytes(out / META_FILE, json.dumps(meta, indent=1).encode())
+    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    return meta
+
+
+def _checkpoint(out: Path, state: dict, writers: dict[str, _SplitWriter]) -> None:
+    state["checkpoint"] += 1
+    old = [writers[s].save_pending(state["checkpoint"]) for s in SPLITS]
+    _commit_state(out, state)
+    for name in old:
+        if name:
+            (out / PROGRESS_DIR / name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, src: Source, description: str):
+    if not enabled:
+        yield lambda done: None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    total = src.total_bytes
+    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done: bar.update(task, completed=done)
+        bar.update(task, completed=total if total is not None else src.bytes_read)
