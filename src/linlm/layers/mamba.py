@@ -111,6 +111,11 @@ class ShortConv(nn.Module):
         return 2.0 * self.channels * self.kernel
 
 
+def decay_rate(A_log: torch.Tensor) -> torch.Tensor:
+    """A = -exp(A_log), in float32 at least (float64 parameters stay float64)."""
+    return -torch.exp(A_log if A_log.dtype in (torch.float32, torch.float64) else A_log.float())
+
+
 def scan_flops_per_token(d_inner: int, d_state: int) -> float:
     """Forward FLOPs per token of the selective scan: decay exponent and product, input, update, readout, skip."""
     return 6.0 * d_inner * d_state + 2.0 * d_inner
@@ -137,7 +142,7 @@ class MambaMixer(nn.Module):
         u = F.silu(u)
         dt_low, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(F.linear(dt_low, self.dt_weight, self.dt_bias))
-        A = -torch.exp(self.A_log.float())
+        A = decay_rate(self.A_log)
         ssm = None if state is None else state["ssm"]
         if ssm is not None and T == 1 and reset is None:
             y, ssm = selective_scan_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], self.D, state=ssm)

@@ -3,9 +3,14 @@
     (g, e) = top-k of softmax(x W_r), g renormalised over the chosen k
     y      = sum_j g_j SwiGLU_{e_j}(x) + SwiGLU_shared(x)
 
-Tokens are grouped by expert (ops.routing.dispatch sorts them) and every expert runs one matmul pair on its
-contiguous slice; the loop is over experts, never over tokens. ``shared`` always-on experts are fused into one
-SwiGLU of width shared * expert_dim (the sum of S SwiGLUs of width h is one SwiGLU of width S h).
+Tokens are grouped by expert (ops.routing.group_by_expert: one stable sort), never by a loop over tokens. Two
+ways to run the experts on their groups, same math:
+- batched: the groups are gathered into a [E, capacity, d] buffer (capacity = the busiest expert's load) and all
+  experts run in two bmm calls. Fast while the load is balanced (the balance loss keeps it so);
+- looped: one matmul pair per expert on its contiguous slice, no padding; used when padding would cost more than
+  PAD_LIMIT x the real work (a collapsed router).
+``shared`` always-on experts are fused into one SwiGLU of width shared * expert_dim (the sum of S SwiGLUs of
+width h is one SwiGLU of width S h).
 
 The module returns (y, aux) where aux = balance_coef * Switch load-balancing loss (1.0 at a uniform routing)
 + z_coef * router z-loss.
@@ -18,7 +23,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.glu import GLU
-from linlm.ops.routing import combine, dispatch, load_balance_loss, router_z_loss, top_k_route
+from linlm.ops.routing import combine, group_by_expert, load_balance_loss, router_z_loss, top_k_route
+
+# The batched path pads every expert to the busiest one's load; it is used while that costs at most PAD_LIMIT x the
+# work of the assignments themselves (a balanced router), and the per-expert loop takes over beyond.
+PAD_LIMIT = 1.5
+
+
+def router_logits(router: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """Router scores in float32 at least (bf16 scores would make near-ties pick experts at random)."""
+    logits = router(x)
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
 def router_aux_loss(logits, probs, indices, n_experts: int, balance_coef: float, z_coef: float):
@@ -35,6 +50,7 @@ class MoEMLP(nn.Module):
         super().__init__()
         self.d_model, self.n_experts, self.top_k, self.expert_dim = d_model, n_experts, top_k, expert_dim
         self.balance_coef, self.z_coef = balance_coef, z_coef
+        self.pad_limit = PAD_LIMIT
         self.router = nn.Linear(d_model, n_experts, bias=False)
         # Expert e: w_in[e] = [W_gate; W_up] in R^{2h x d}, w_out[e] = W_down in R^{d x h} (nn.Linear layout).
         self.w_in = nn.Parameter(torch.empty(n_experts, 2 * expert_dim, d_model))
@@ -48,21 +64,42 @@ class MoEMLP(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, self.d_model)
         n_tokens = flat.shape[0]
-        logits = self.router(flat).float()
+        logits = router_logits(self.router, flat)
         weights, indices, probs = top_k_route(logits, self.top_k)
-        x_sorted, order, counts = dispatch(flat, indices, self.n_experts)
-        outs, start = [], 0
-        for e, n in enumerate(counts.tolist()):
-            if n:
-                gate, up = F.linear(x_sorted[start : start + n], self.w_in[e]).chunk(2, dim=-1)
-                outs.append(F.linear(F.silu(gate) * up, self.w_out[e]))
-            start += n
-        y_sorted = torch.cat(outs) if outs else x_sorted.new_zeros(0, self.d_model)
-        y = combine(y_sorted, order, weights.to(y_sorted.dtype), n_tokens)
+        order, counts = group_by_expert(indices, self.n_experts)
+        capacity = int(counts.max()) if counts.numel() else 0
+        if capacity * self.n_experts <= self.pad_limit * indices.numel():
+            y_sorted = self._experts_batched(flat, indices, order, counts, capacity)
+        else:
+            y_sorted = self._experts_looped(flat, order, counts)
+        y = combine(y_sorted, order, weights, n_tokens)
         if self.shared is not None:
             y = y + self.shared(flat)
         aux = router_aux_loss(logits, probs, indices, self.n_experts, self.balance_coef, self.z_coef)
         return y.view(shape), aux
+
+    def _experts_batched(self, flat, indices, order, counts, capacity):
+        """All experts in two bmm calls over a [E, capacity, d] buffer (rows past an expert's count are zeros)."""
+        n_assign = indices.numel()
+        starts = torch.cumsum(counts, 0) - counts
+        expert = indices.reshape(-1)[order]  # the expert of each sorted assignment
+        dest = expert * capacity + torch.arange(n_assign, device=flat.device) - starts[expert]
+        src = torch.full((self.n_experts * capacity,), flat.shape[0], dtype=torch.long, device=flat.device)
+        src[dest] = order // self.top_k  # token of each buffer row; the extra last row of `padded` is zeros
+        padded = torch.cat([flat, flat.new_zeros(1, self.d_model)])[src].view(self.n_experts, capacity, -1)
+        gate, up = torch.bmm(padded, self.w_in.transpose(1, 2)).chunk(2, dim=-1)
+        out = torch.bmm(F.silu(gate) * up, self.w_out.transpose(1, 2))
+        return out.reshape(-1, self.d_model)[dest]
+
+    def _experts_looped(self, flat, order, counts):
+        """One matmul pair per expert on its contiguous slice of the sorted rows (no padding)."""
+        x_sorted = flat.index_select(0, order // self.top_k)
+        # split / unbind (not slicing or indexing) so that the backward joins the pieces with one cat / stack.
+        outs = []
+        for part, w_in, w_out in zip(x_sorted.split(counts.tolist()), self.w_in.unbind(0), self.w_out.unbind(0)):
+            gate, up = F.linear(part, w_in).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate) * up, w_out))
+        return torch.cat(outs)
 
     def active_params(self) -> int:
         """Parameters one token uses: the router, the shared experts and k of the E routed experts."""

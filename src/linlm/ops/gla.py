@@ -21,17 +21,27 @@ Conventions shared by all three:
 - Work is done in float32 (float64 if any input is float64). Outputs o have v's dtype; states are returned in the
   working dtype.
 
-How the chunk form stays exact and finite with log a_t far below -20 per step:
+How the chunk form works (chunks of C steps; B_t is the sum of log a over [chunk start, t]):
 
-- Every decay factor is exp of a sum of log-gates taken over an interval that starts at a reference point
-  (a chunk or sub-chunk boundary, or the position itself), so each exponent is <= 0 and is accurate where the
-  factor is not negligible. The shortcut exp(b_t) / exp(b_s) is never formed.
-- Scalar gates: the C x C decay matrix is exp of a true segment sum (a masked cumulative sum over (s, t]).
-- Vector gates: sub-chunks of ``SUBCHUNK`` steps. Across sub-chunks the scores are matmuls of
-  q_t * exp(sum over (r, t]) and k_s * exp(sum over (s, r]); inside a diagonal sub-chunk the decay is formed
-  pairwise, as a cumulative product over (s, t] (``_DiagScores``, with a hand-written backward that recomputes it).
-- Resets become log a = -inf; every sum above is a true segment sum, so -inf only ever meets finite numbers or
-  another -inf of the same sign, and exp(-inf) = 0 wipes the state exactly.
+- Per chunk, everything that depends on the gate is one autograd Function (``_ScalarGateChunk`` or
+  ``_VectorGateChunk``): the C x C scores A[t, s] = sum_k q_tk k_sk exp(B_tk - B_sk), q_t exp(B_t) (reads the
+  incoming state), k_s exp(B_end - B_s) (writes the outgoing state) and exp(B_end). The rest is a few large
+  batched matmuls plus ``_StateScan``, the only loop, over the T / C chunks.
+- Exact and finite for log a_t far below -20 per step: every decay factor is a sum of log-gates (or a product of
+  gates) taken from a reference point outwards, so it is <= 1 and accurate wherever it is not negligible. The
+  shortcut exp(B_t) / exp(B_s) is never formed.
+  - Scalar gates: D[t, s] = exp(sum over (s, t]) from a true segment sum (a masked cumulative sum), C x C.
+  - Vector gates: a binary hierarchy of reference points. At each level every block's right half meets its left
+    half through one matmul of q * prod(a over (r, t]) and k * prod(a over (s, r]), r the boundary between the
+    halves; the diagonal is q_t . k_t. This replaces the sub-chunks-plus-pairwise-[c, c, K] scheme of
+    spec/chunkwise.md: same safety argument, no [c, c, K] tensor, about 3x faster on CPU (benchmarks/bench_ops.py
+    and the report of the change that introduced it).
+  - exp arguments are clamped at -87: below that float32 exp goes denormal through a very slow path on CPUs, and
+    exp(-87) = 1.6e-38 is already nothing next to the terms it is summed with.
+- Resets become log a = -inf at the reset position. Sums with -inf stay -inf (nothing is ever subtracted), and
+  they map to exact zeros, so a reset wipes the carried state exactly.
+- Backward: the two gate Functions have hand-written backward passes. The log-gate gradient is assembled from
+  sums over the (s < u <= t) pairs that depend on la_u; no cancelling differences of large terms.
 """
 
 from __future__ import annotations
@@ -45,20 +55,11 @@ from linlm.errors import ConfigError, ShapeError
 
 __all__ = ["gla", "gla_chunk", "gla_reference", "gla_step", "reset_from_cu_seqlens"]
 
-# Sub-chunk length for vector (per key channel) gates. The pairwise decay inside a diagonal sub-chunk costs
-# SUBCHUNK * K elementwise work per token; see benchmarks/bench_ops.py for the measurement behind the value.
-SUBCHUNK = 16
-
-# Debug switch for tests: buffers made with torch.empty are filled with NaN, so that memory the op forgets to
-# write shows up in its outputs.
-POISON_EMPTY = False
-
 
 def _empty(like: Tensor, shape) -> Tensor:
-    out = like.new_empty(shape)
-    if POISON_EMPTY:
-        out.fill_(float("nan"))
-    return out
+    """An uninitialised buffer that the caller overwrites completely. Tests run with
+    torch.use_deterministic_algorithms(True), which fills such memory with NaN, so a missed write shows up."""
+    return like.new_empty(shape)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -186,12 +187,14 @@ def gla_reference(
     B, T, H, K, V, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla_reference")
     dt = _work_dtype(q, k, v, log_a, initial_state)
     S = q.new_zeros((B, H, K, V), dtype=dt) if initial_state is None else initial_state.to(dt)
+    # unbind, not q[:, t]: one backward node per input instead of T full-size zero-filled gradients
+    qs, ks, vs = q.unbind(1), k.unbind(1), v.unbind(1)
+    gates = log_a.unbind(1) if kind in ("scalar", "vector") else [log_a] * T
     outs = []
     for t in range(T):
         if reset is not None:
             S = torch.where(reset[:, t].view(-1, 1, 1, 1), 0.0, S)
-        gate = log_a if kind in ("none", "head") else log_a[:, t]
-        o, S = _step(q[:, t], k[:, t], v[:, t], gate, S, kind)
+        o, S = _step(qs[t], ks[t], vs[t], gates[t], S, kind)
         outs.append(o)
     o = torch.stack(outs, dim=1) if outs else v.new_zeros((B, 0, H, V), dtype=dt)
     return o.to(v.dtype), (S if output_final_state else None)
@@ -205,6 +208,7 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
     """
     fn = "reset_from_cu_seqlens"
     cu = torch.as_tensor(cu_seqlens)
+    device = cu.device
     if cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point() or cu.dtype == torch.bool:
         raise ShapeError(
             f"{fn}: cu_seqlens must be a 1-D integer sequence [0, ..., total_len] with at least 2 entries, "
@@ -218,9 +222,9 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
         )
     if bool((cu[1:] < cu[:-1]).any()):
         raise ShapeError(f"{fn}: cu_seqlens must be non-decreasing, got {cu.tolist()}")
-    reset = torch.zeros(1, int(total_len), dtype=torch.bool, device=torch.as_tensor(cu_seqlens).device)
-    starts = cu[:-1][cu[:-1] < cu[1:]]  # first positions of non-empty documents
-    reset[0, starts.to(reset.device)] = True
+    reset = torch.zeros(1, int(total_len), dtype=torch.bool)
+    reset[0, cu[:-1][cu[:-1] < cu[1:]]] = True  # first positions of non-empty documents
+    reset = reset.to(device)
     return reset
 
 
@@ -229,113 +233,249 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
+# Below this, float32 exp returns denormals or zero through a slow path (about 50x slower on x86 CPUs). A decay
+# factor of exp(-87) = 1.6e-38 is already nothing next to any term of the sum, so exponents are clamped here.
+_EXP_FLOOR = -87.0
+
+
+def _exp(x: Tensor, neg_inf: bool) -> Tensor:
+    """exp(x) for log-decays x <= 0, with x clamped at _EXP_FLOOR. If neg_inf, -inf entries (resets) give exactly 0."""
+    y = x.clamp_min(_EXP_FLOOR).exp()
+    return torch.where(x == float("-inf"), 0.0, y) if neg_inf else y
+
+
 def _segsum(x: Tensor) -> Tensor:
     """x [..., n] -> [..., n, n] with out[..., t, s] = sum_{s < u <= t} x_u for s <= t, and -inf for s > t.
 
     A true segment sum (a masked cumulative sum), never a difference of two prefix sums: exact where it matters,
-    and -inf entries in x (resets) give -inf, never NaN.
+    and -inf entries in x (resets) give -inf, never NaN. Built as [s, t] so the cumulative sum runs along the last
+    (contiguous) dimension, then returned as a transposed view.
     """
     n = x.shape[-1]
-    ones = torch.ones(n, n, dtype=torch.bool, device=x.device)
-    xe = x.unsqueeze(-1).expand(*x.shape, n).masked_fill(~torch.tril(ones, -1), 0.0)  # [u, s] = x_u if u > s
-    return xe.cumsum(-2).masked_fill(~torch.tril(ones), float("-inf"))
-
-
-def _prefix_excl(x: Tensor, dim: int) -> Tensor:
-    """Exclusive prefix sum along dim: out_i = sum_{j < i} x_j (exact: a shifted cumulative sum)."""
-    c = x.cumsum(dim)
-    return torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c.narrow(dim, 0, c.shape[dim] - 1)], dim)
-
-
-def _suffix_excl(x: Tensor, dim: int) -> Tensor:
-    """Exclusive suffix sum along dim: out_i = sum_{j > i} x_j (a reversed cumulative sum, never total - prefix)."""
-    n = x.shape[dim]
-    c = x.narrow(dim, 1, n - 1).flip(dim).cumsum(dim).flip(dim)
-    return torch.cat([c, torch.zeros_like(x.narrow(dim, 0, 1))], dim)
+    upper = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)  # [s, u]: u > s
+    xe = torch.where(upper, x.unsqueeze(-2), torch.zeros((), dtype=x.dtype, device=x.device))  # [s, u] = x_u
+    seg = xe.cumsum(-1).masked_fill_(upper.transpose(0, 1), float("-inf"))  # [s, t]; -inf where t < s
+    return seg.transpose(-1, -2)
 
 
 class _StateScan(torch.autograd.Function):
-    """states[n + 1] = decay[n] * states[n] + local[n], states[0] = s0.
+    """The pass over chunks: S_{n+1} = decay_n * S_n + local_n from S_0 = s0 (decay None means 1).
 
-    local: [B, H, N, K, V]; decay: broadcastable to it ([Bd, H, N, 1, 1] or [B, H, N, K, 1]); s0: [B, H, K, V].
-    Returns states [B, H, N + 1, K, V]. A loop over the N chunks, one fused op per step each way, instead of a
-    chain of autograd nodes.
+    local: [N, B, H, K, V], chunk-major so each step touches one contiguous block; decay: None or broadcastable
+    to local ([N, Bg, H, 1, 1] or [N, B, H, K, 1]); s0: [B, H, K, V]. Returns (prev [N, B, H, K, V], the state
+    entering each chunk; final [B, H, K, V]). One fused op per chunk each way instead of a chain of autograd nodes.
     """
 
     @staticmethod
     def forward(ctx, local, decay, s0):
-        B, H, N, K, V = local.shape
-        states = _empty(local, (B, H, N + 1, K, V))
-        states[:, :, 0] = s0
+        N = local.shape[0]
+        prev = _empty(local, local.shape)
+        final = _empty(local, local.shape[1:])
+        prev[0] = s0
         for n in range(N):
-            torch.addcmul(local[:, :, n], states[:, :, n], decay[:, :, n], out=states[:, :, n + 1])
-        ctx.save_for_backward(states, decay)
-        return states
+            out = prev[n + 1] if n + 1 < N else final
+            if decay is None:
+                torch.add(local[n], prev[n], out=out)
+            else:
+                torch.addcmul(local[n], prev[n], decay[n], out=out)
+        ctx.save_for_backward(prev, decay)
+        return prev, final
 
     @staticmethod
-    def backward(ctx, g):
-        states, decay = ctx.saved_tensors
-        N = states.shape[2] - 1
-        g = g.contiguous()
-        d_local = _empty(g, (g.shape[0], g.shape[1], N, g.shape[3], g.shape[4]))
-        u = g[:, :, N]  # gradient of the loss w.r.t. states[N], all paths included
+    def backward(ctx, d_prev, d_final):
+        prev, decay = ctx.saved_tensors
+        N = prev.shape[0]
+        # d_local[n] is the gradient w.r.t. S_{n+1}, all paths included: d_prev[n + 1] + decay[n + 1] d_local[n + 1]
+        d_local = _empty(d_prev, prev.shape)
+        d_local[N - 1] = d_final
         for n in range(N - 1, -1, -1):
-            d_local[:, :, n] = u
-            u = torch.addcmul(g[:, :, n], decay[:, :, n], u)
+            out = d_local[n - 1] if n > 0 else _empty(d_final, d_final.shape)
+            if decay is None:
+                torch.add(d_prev[n], d_local[n], out=out)
+            else:
+                torch.addcmul(d_prev[n], decay[n], d_local[n], out=out)
+        d_s0 = out
         d_decay = None
-        if ctx.needs_input_grad[1]:
-            d_decay = d_local * states[:, :, :N]
-            dims = [i for i in range(5) if decay.shape[i] == 1 and d_decay.shape[i] != 1]
+        if decay is not None and ctx.needs_input_grad[1]:
+            d_decay = d_local * prev
+            dims = [i for i in range(d_decay.dim()) if decay.shape[i] == 1 and d_decay.shape[i] != 1]
             if dims:
                 d_decay = d_decay.sum(dim=dims, keepdim=True)
-        return d_local, d_decay, u
+        return d_local, d_decay, d_s0
 
 
-def _pair_decay(la: Tensor) -> Tensor:
-    """la [..., c, K] -> P [..., c(s), c(t), K] with P[s, t] = prod_{s < u <= t} exp(la_u) for t >= s.
+def _halves(x: Tensor, h: int):
+    """x [..., C, D] -> (left halves, right halves) of the blocks of 2h steps, each [..., C/2h, h, D] (views)."""
+    C = x.shape[-2]
+    xv = x.view(*x.shape[:-2], C // (2 * h), 2, h, x.shape[-1])
+    return xv[..., 0, :, :], xv[..., 1, :, :]
 
-    Entries with t < s are 1 (finite junk that callers mask out of the c x c result). Built as a cumulative
-    product of gates (each <= 1 for log a <= 0), so no exponent ever grows.
+
+def _score_block(a: Tensor, h: int) -> Tensor:
+    """View of the (right half rows, left half cols) blocks of a [..., C, C] at level h, as [..., C/2h, h, h]."""
+    C = a.shape[-1]
+    nb = C // (2 * h)
+    av = a.view(*a.shape[:-2], nb, 2, h, nb, 2, h)[..., :, 1, :, :, 0, :]  # [..., nb, h, nb, h]
+    return av.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _levels(gate: Tensor):
+    """Walk a binary hierarchy over the chunk; yield (h, into_right, from_left) for h = 1, 2, 4, ..., C/2.
+
+    gate: [..., C, K] gate values a_t = exp(log a_t) (C a power of two). At level h the chunk splits into blocks
+    of 2h steps, each a left and a right half with the reference point r between them:
+      into_right [..., C/2h, h, K] = prod of a over (r, t] for t in each right half,
+      from_left  [..., C/2h, h, K] = prod of a over (s, r] for s in each left half.
+    Both are products of gates <= 1 taken from the reference point outwards, so nothing overflows and a zero
+    gate (a reset) stays an exact zero. The yielded tensors are views, valid until the next step. After the last
+    step, returns (prefix, suffix): prod over [chunk start, t] and over (s, chunk end].
     """
-    c = la.shape[-2]
-    a = la.exp().unsqueeze(-3)  # [..., 1, c(u), K]
-    keep = torch.ones(c, c, dtype=torch.bool, device=la.device).triu(1).unsqueeze(-1)  # [s, u]: u > s
-    return torch.where(keep, a, torch.ones((), dtype=la.dtype, device=la.device)).cumprod_(-2)
+    C = gate.shape[-2]
+    prefix = gate.clone()  # product over [block start, t] inside blocks of h steps (h = 1: a_t)
+    suffix = torch.ones_like(gate)  # product over (s, block end] inside blocks of h steps (h = 1: empty)
+    h = 1
+    while h < C:
+        p_left, p_right = _halves(prefix, h)
+        s_left, _ = _halves(suffix, h)
+        yield h, p_right, s_left
+        s_left.mul_(p_right[..., h - 1 : h, :])  # left half: times the whole right half
+        p_right.mul_(p_left[..., h - 1 : h, :])  # right half: times the whole left half
+        h *= 2
+    return prefix, suffix
 
 
-class _DiagScores(torch.autograd.Function):
-    """Scores inside diagonal sub-chunks with a vector gate, formed pairwise.
+def _walk(gate: Tensor, visit):
+    """Run _levels to the end, calling visit(h, into_right, from_left) per level; return (prefix, suffix)."""
+    it = _levels(gate)
+    while True:
+        try:
+            visit(*next(it))
+        except StopIteration as stop:
+            return stop.value
 
-    q, k, la: [..., c, K]. Returns A [..., c(t), c(s)], A[t, s] = sum_k q_tk k_sk prod_{s < u <= t} a_uk for
-    s <= t, else 0. The [c, c, K] decay tensor is recomputed in backward rather than stored, and the gradient of
-    la uses d(log-gate prefix)_t = q_t * dq_t - k_t * dk_t, so backward never differentiates through it.
+
+class _VectorGateChunk(torch.autograd.Function):
+    """Everything inside a chunk that depends on a vector gate.
+
+    Inputs q, k, la: [..., C, K] (C a power of two), and neg_inf (whether la holds -inf resets). With B_t the sum
+    of la over [chunk start, t], returns
+      scores  [..., C, C]: A[t, s] = sum_k q_tk k_sk exp(B_tk - B_sk) for s <= t, 0 above the diagonal;
+      q_start [..., C, K]: q_t * exp(B_t)            (reads the state entering the chunk);
+      k_end   [..., C, K]: k_s * exp(B_end - B_s)    (writes the state leaving the chunk);
+      decay   [..., K]:    exp(B_end).
+    Scores come from the binary hierarchy of ``_levels``: each block's right half against its left half is one
+    matmul of q and k rescaled from the reference point between them; the diagonal is q_t . k_t. No [C, C, K]
+    tensor and no exp beyond the gates themselves. Saves q, k and the gates; backward walks the hierarchy again.
     """
 
     @staticmethod
-    def forward(ctx, q, k, la):
-        ctx.save_for_backward(q, k, la)
-        c = q.shape[-2]
-        x = _pair_decay(la).mul_(q.unsqueeze(-3))  # [s, t, k] = P[s, t, k] q[t, k]
-        a_t = torch.matmul(x, k.unsqueeze(-1)).squeeze(-1)  # [s, t]
-        causal_t = torch.ones(c, c, dtype=torch.bool, device=q.device).triu()  # [s, t]: t >= s
-        return a_t.masked_fill_(~causal_t, 0.0).transpose(-1, -2)
+    def forward(ctx, q, k, la, neg_inf):
+        gate = _exp(la, neg_inf)
+        ctx.save_for_backward(q, k, gate)
+        C = q.shape[-2]
+        scores = q.new_zeros((*q.shape[:-1], C))
+        scores.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))
+
+        def visit(h, into_right, from_left):
+            q_r = _halves(q, h)[1] * into_right
+            k_l = _halves(k, h)[0] * from_left
+            if h == 1:  # 1 x 1 blocks: a row-wise dot product beats thousands of tiny matmuls
+                block = (q_r * k_l).sum(-1, keepdim=True)
+            else:
+                block = torch.matmul(q_r, k_l.transpose(-1, -2))
+            _score_block(scores, h).copy_(block)
+
+        prefix, suffix = _walk(gate, visit)
+        return scores, q * prefix, k * suffix, prefix[..., -1, :].clone()
 
     @staticmethod
-    def backward(ctx, d_a):
-        q, k, la = ctx.saved_tensors
-        c = q.shape[-2]
-        causal_t = torch.ones(c, c, dtype=torch.bool, device=q.device).triu()
-        d_at = d_a.transpose(-1, -2).masked_fill(~causal_t, 0.0)  # [s, t]
-        p = _pair_decay(la)
-        # dk[s] = sum_t dA[t, s] P[s, t] q[t]: a batched vector-matrix product over s.
-        x = p * q.unsqueeze(-3)
-        dk = torch.matmul(d_at.unsqueeze(-2), x).squeeze(-2)
-        del x
-        # dq[t] = sum_s dA[t, s] P[s, t] k[s]
-        dq = p.mul_(d_at.unsqueeze(-1)).mul_(k.unsqueeze(-2)).sum(-3)
-        d_b = q * dq - k * dk
-        d_la = d_b.flip(-2).cumsum(-2).flip(-2)  # sum over t >= u inside the sub-chunk
-        return dq, dk, d_la
+    def backward(ctx, d_scores, d_q_start, d_k_end, d_decay):
+        q, k, gate = ctx.saved_tensors
+        dq = torch.zeros_like(q)  # through the off-diagonal scores
+        dk = torch.zeros_like(k)
+
+        def visit(h, into_right, from_left):
+            g = _score_block(d_scores, h).contiguous()  # [..., C/2h, h(t), h(s)]
+            q_r = _halves(q, h)[1] * into_right
+            k_l = _halves(k, h)[0] * from_left
+            if h == 1:
+                _halves(dq, h)[1].addcmul_(g * k_l, into_right)
+                _halves(dk, h)[0].addcmul_(g * q_r, from_left)
+            else:
+                _halves(dq, h)[1].addcmul_(torch.matmul(g, k_l), into_right)
+                _halves(dk, h)[0].addcmul_(torch.matmul(g.transpose(-1, -2), q_r), from_left)
+
+        prefix, suffix = _walk(gate, visit)
+        dq_start = d_q_start * prefix
+        d_diag = d_scores.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
+        d_la = None
+        if ctx.needs_input_grad[2]:
+            d_la = _vector_gate_grad(q, k, dq, dk, dq_start, d_k_end * suffix, d_decay * prefix[..., -1, :])
+        dq.addcmul_(d_diag, k).add_(dq_start)
+        dk.addcmul_(d_diag, q).addcmul_(d_k_end, suffix)
+        return dq, dk, d_la, None
+
+
+def _vector_gate_grad(q, k, dq, dk, dq_start, dk_end, d_decay):
+    """d la for _VectorGateChunk; dq, dk are the gradients through the off-diagonal scores only.
+
+    d la_u collects: the off-diagonal scores, pairs s < u <= t, as sum_{t >= u} q_t dq_t - sum_{s >= u} k_s dk_s
+        (the pairs with u <= s cancel; the diagonal, whose pairs would cancel exactly, is left out of both);
+        q_start = q * exp(B_t), every u <= t; k_end = k * exp(B_end - B_s), every u > s; decay, every u.
+    dq_start, dk_end: gradients w.r.t. q and k through q_start and k_end; d_decay: d decay * decay.
+    """
+    d_b = (q * dq).sub_(k * dk).addcmul_(q, dq_start)
+    C = q.shape[-2]
+    ones = torch.ones(C, C, dtype=q.dtype, device=q.device)
+    d_la = torch.matmul(ones.triu(), d_b).add_(torch.matmul(ones.tril(-1), k * dk_end))  # [u, t]: t >= u; s < u
+    return d_la.add_(d_decay.unsqueeze(-2))
+
+
+class _ScalarGateChunk(torch.autograd.Function):
+    """Everything inside a chunk that depends on a scalar gate (one per head and step).
+
+    Inputs q, k: [N, B, H, C, K]; la: [N, Bg, H, C] (Bg in (1, B)); neg_inf (whether la holds -inf resets). With
+    B_t the sum of la over [chunk start, t], returns the same four tensors as ``_VectorGateChunk``: scores
+    (q k^T) * D with D[t, s] = exp(sum of la over (s, t]) built from a true segment sum, q_start = q_t exp(B_t),
+    k_end = k_s exp(B_end - B_s) and decay = exp(B_end) [N, Bg, H]. Saves q, k, q k^T, D and exp(B).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, la, neg_inf):
+        d = _exp(_segsum(la), True)  # [N, Bg, H, C(t), C(s)], exactly 0 above the diagonal and across resets
+        e_b = _exp(la.cumsum(-1), neg_inf)  # exp(B_t)
+        qk = torch.matmul(q, k.transpose(-1, -2))
+        ctx.save_for_backward(q, k, qk, d, e_b)
+        q_start = q * e_b.unsqueeze(-1)
+        k_end = k * d[..., -1, :].unsqueeze(-1)  # row t = C - 1 of D is exp(B_end - B_s)
+        return qk * d, q_start, k_end, e_b[..., -1].clone()
+
+    @staticmethod
+    def backward(ctx, d_scores, d_q_start, d_k_end, d_decay):
+        q, k, qk, d, e_b = ctx.saved_tensors
+        f_end = d[..., -1, :]  # exp(B_end - B_s)
+        d_s = d_scores * d
+        dq = torch.matmul(d_s, k).addcmul_(d_q_start, e_b.unsqueeze(-1))
+        dk_end = d_k_end * f_end.unsqueeze(-1)
+        dk = torch.matmul(d_s.transpose(-1, -2), q).add_(dk_end)
+        if not ctx.needs_input_grad[2]:
+            return dq, dk, None, None
+        # d la_u, term by term, each a sum of non-negative decays times gradients (no cancellation):
+        # scores: sum over pairs s < u <= t of m[t, s] = dA * (q k^T) * D, through cumulative sums over C x C
+        m = d_s.mul_(qk).cumsum(-1)  # [t, v] = sum_{s <= v} m[t, s]
+        C = m.shape[-1]
+        below = torch.ones(C, C, dtype=torch.bool, device=m.device).tril(-1)  # t > v
+        cols = m.masked_fill_(~below, 0.0).sum(-2)  # [v] = sum_{t > v, s <= v} m[t, s], i.e. u = v + 1
+        d_la = torch.cat([torch.zeros_like(cols[..., :1]), cols[..., :-1]], -1)
+        # q_start: every u <= t; k_end: every u > s
+        g_q = (q * d_q_start).sum(-1) * e_b
+        d_la += g_q.flip(-1).cumsum(-1).flip(-1)
+        g_k = (k * dk_end).sum(-1)
+        d_la += torch.cat([torch.zeros_like(g_k[..., :1]), g_k[..., :-1].cumsum(-1)], -1)
+        if d_la.shape[1] != e_b.shape[1]:  # la (and so decay) broadcast over the batch
+            d_la = d_la.sum(1, keepdim=True)
+        d_la += (d_decay * e_b[..., -1]).unsqueeze(-1)  # decay: every u
+        return dq, dk, d_la, None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -344,40 +484,43 @@ class _DiagScores(torch.autograd.Function):
 
 
 def _to_chunks(x: Tensor, dt: torch.dtype, n_chunks: int, chunk: int) -> Tensor:
-    """[B, T, H, D] -> [B, H, N, C, D] in dtype dt, zero-padded at the end, contiguous (one copy)."""
-    B, T, H, D = x.shape
-    xt = x.transpose(1, 2).to(dt)
+    """[B, T, ...] -> chunk-major [N, B, ..., C] or [N, B, H, C, D] in dtype dt, zero-padded at the end (one copy).
+
+    x is [B, T, H] (a scalar gate) or [B, T, H, D].
+    """
+    B, T = x.shape[:2]
     pad = n_chunks * chunk - T
     if pad:
-        xt = torch.nn.functional.pad(xt, (0, 0, 0, pad))
-    return xt.contiguous().view(B, H, n_chunks, chunk, D)
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
+    xv = x.view(B, n_chunks, chunk, *x.shape[2:])
+    if x.dim() == 3:  # [B, N, C, H] -> [N, B, H, C]
+        xv = xv.permute(1, 0, 3, 2)
+    else:  # [B, N, C, H, D] -> [N, B, H, C, D]
+        xv = xv.permute(1, 0, 3, 2, 4)
+    return xv.to(dtype=dt, memory_format=torch.contiguous_format)
 
 
-def _gate_chunks(log_a, kind, reset, B, T, H, K, dt, n_chunks, chunk, device):
-    """The log-gate in chunk layout: None (no decay, no reset), [Bg, H, N, C] (scalar) or [B, H, N, C, K].
+def _gate_chunks(log_a, kind, reset, B, T, H, dt, n_chunks, chunk, device):
+    """The log-gate in chunk-major layout: None (no decay, no reset), [N, Bg, H, C] or [N, B, H, C, K].
 
-    Reset positions hold -inf; padding past T holds 0 (so it neither decays nor adds to the final state).
+    Reset positions hold -inf; padding past T holds 0 (it neither decays nor adds to the final state).
     """
     if kind == "none" and reset is None:
         return None
-    pad = n_chunks * chunk - T
     if kind == "vector":
-        la = log_a.to(dt).transpose(1, 2)  # [B, H, T, K]
+        la = log_a
         if reset is not None:
-            la = torch.where(reset.view(reset.shape[0], 1, T, 1), float("-inf"), la)
-        la = torch.nn.functional.pad(la, (0, 0, 0, pad)) if pad else la.contiguous()
-        return la.view(B, H, n_chunks, chunk, K)
+            la = torch.where(reset.view(reset.shape[0], T, 1, 1), float("-inf"), la.to(dt))
+        return _to_chunks(la, dt, n_chunks, chunk)
     if kind == "none":
-        la = torch.zeros((1, 1, T), dtype=dt, device=device)
+        la = torch.zeros((1, T, H), dtype=dt, device=device)
     elif kind == "head":
-        la = log_a.to(dt).view(1, H, 1).expand(1, H, T)
+        la = log_a.to(dt).view(1, 1, H).expand(1, T, H)
     else:  # scalar [B, T, H]
-        la = log_a.to(dt).transpose(1, 2)
+        la = log_a
     if reset is not None:
-        la = torch.where(reset.view(reset.shape[0], 1, T), float("-inf"), la)
-    la = la.expand(la.shape[0], H, T)
-    la = torch.nn.functional.pad(la, (0, pad)) if pad else la.contiguous()
-    return la.view(la.shape[0], H, n_chunks, chunk)
+        la = torch.where(reset.view(reset.shape[0], T, 1), float("-inf"), la.to(dt))
+    return _to_chunks(la, dt, n_chunks, chunk)
 
 
 def _initial(initial_state, B, H, K, V, dt, like):
@@ -386,44 +529,47 @@ def _initial(initial_state, B, H, K, V, dt, like):
     return initial_state.to(dt)
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def gla_chunk(
     q, k, v, log_a=None, *, initial_state=None, reset=None, output_final_state=True, chunk_size=64
 ) -> tuple[Tensor, Tensor | None]:
     """Chunkwise-parallel form: masked matmuls inside chunks of ``chunk_size`` steps, a loop over chunks only.
 
-    Same arguments and results as ``gla_reference``. Cost O(T C K + T K V) per head. T need not be a multiple of
-    chunk_size. With a vector gate the chunk is split into sub-chunks of ``SUBCHUNK`` steps (chunk_size is rounded
-    up to a multiple of it).
+    Same arguments and results as ``gla_reference``. Cost O(T C K + T K V) per head; T need not be a multiple of
+    chunk_size. The chunk used is min(chunk_size, T); with a vector gate it is rounded down to a power of two
+    (at least T's next power of two when T is shorter), for the binary hierarchy of ``_VectorGateChunk``.
     """
     fn = "gla_chunk"
     B, T, H, K, V, kind = _check_sequence(q, k, v, log_a, initial_state, reset, fn)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
     dt = _work_dtype(q, k, v, log_a, initial_state)
+    s0 = _initial(initial_state, B, H, K, V, dt, q)
     if T == 0:
-        s0 = _initial(initial_state, B, H, K, V, dt, q)
         return v.new_zeros((B, 0, H, V)), (s0 if output_final_state else None)
 
     C = min(chunk_size, T)
-    sub = min(SUBCHUNK, C)
     if kind == "vector":
-        C = sub * math.ceil(C / sub)
+        C = min(1 << (chunk_size.bit_length() - 1), _pow2_at_least(T))
     N = math.ceil(T / C)
-    qc, kc, vc = (_to_chunks(x, dt, N, C) for x in (q, k, v))
-    la = _gate_chunks(log_a, kind, reset, B, T, H, K, dt, N, C, q.device)
-    s0 = _initial(initial_state, B, H, K, V, dt, q)
+    qc, kc, vc = (_to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
+    la = _gate_chunks(log_a, kind, reset, B, T, H, dt, N, C, q.device)
 
+    neg_inf = reset is not None
     if la is None:
-        o, states = _chunk_nogate(qc, kc, vc, s0)
+        o, final = _chunk_nogate(qc, kc, vc, s0)
     elif la.dim() == 4:
-        o, states = _chunk_scalar(qc, kc, vc, la, s0)
+        o, final = _chunk_scalar(qc, kc, vc, la, s0, neg_inf)
     else:
-        o, states = _chunk_vector(qc, kc, vc, la, s0, sub)
+        o, final = _chunk_vector(qc, kc, vc, la, s0, neg_inf)
 
-    o = o.view(B, H, N * C, V)[:, :, :T].transpose(1, 2)
+    # [N, B, H, C, V] -> [B, N, C, H, V] -> [B, T, H, V]
+    o = o.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
     o = o.to(dtype=v.dtype, memory_format=torch.contiguous_format)
-    # A copy, so that holding the final state (e.g. for decoding) does not keep every chunk's state alive.
-    return o, (states[:, :, N].clone() if output_final_state else None)
+    return o, (final if output_final_state else None)
 
 
 def _chunk_nogate(qc, kc, vc, s0):
@@ -431,57 +577,28 @@ def _chunk_nogate(qc, kc, vc, s0):
     C = qc.shape[-2]
     causal = torch.ones(C, C, dtype=torch.bool, device=qc.device).tril()
     scores = torch.matmul(qc, kc.transpose(-1, -2)).masked_fill_(~causal, 0.0)
-    local = torch.matmul(kc.transpose(-1, -2), vc)  # [B, H, N, K, V]
-    states = torch.cat([s0.unsqueeze(2), s0.unsqueeze(2) + local.cumsum(2)], dim=2)
-    o = torch.matmul(scores, vc) + torch.matmul(qc, states[:, :, :-1])
-    return o, states
+    local = torch.matmul(kc.transpose(-1, -2), vc)  # [N, B, H, K, V]
+    prev, final = _StateScan.apply(local, None, s0)
+    o = torch.matmul(scores, vc) + torch.matmul(qc, prev)
+    return o, final
 
 
-def _chunk_scalar(qc, kc, vc, la, s0):
-    """One log-gate per head and step. la: [Bg, H, N, C] with Bg in (1, B)."""
-    decay = _segsum(la).exp()  # [Bg, H, N, C(t), C(s)], exp(sum over (s, t]), 0 above the diagonal
-    b = la.cumsum(-1)  # sum over [chunk start, t]
-    scores = torch.matmul(qc, kc.transpose(-1, -2)) * decay
-    k_end = kc * decay[..., -1, :].unsqueeze(-1)  # k_s * exp(sum over (s, chunk end])
+def _chunk_scalar(qc, kc, vc, la, s0, neg_inf):
+    """One log-gate per head and step. la: [N, Bg, H, C] with Bg in (1, B)."""
+    scores, q_start, k_end, decay = _ScalarGateChunk.apply(qc, kc, la, neg_inf)
     local = torch.matmul(k_end.transpose(-1, -2), vc)
-    chunk_decay = b[..., -1].exp()[..., None, None]  # [Bg, H, N, 1, 1]
-    states = _StateScan.apply(local, chunk_decay, s0)
-    q_start = qc * b.exp().unsqueeze(-1)  # q_t * exp(sum over [chunk start, t])
-    o = torch.matmul(scores, vc) + torch.matmul(q_start, states[:, :, :-1])
-    return o, states
+    prev, final = _StateScan.apply(local, decay[..., None, None], s0)
+    o = torch.matmul(scores, vc) + torch.matmul(q_start, prev)
+    return o, final
 
 
-def _chunk_vector(qc, kc, vc, la, s0, sub):
-    """One log-gate per key channel. la: [B, H, N, C, K]; sub-chunks of `sub` steps (C % sub == 0)."""
-    B, H, N, C, K = qc.shape
-    m = C // sub
-    q6, k6, la6 = (x.view(B, H, N, m, sub, K) for x in (qc, kc, la))
-    beta = la6.cumsum(-2)  # sum over [sub-chunk start, t]
-    sigma = _suffix_excl(la6, -2)  # sum over (s, sub-chunk end]
-    q_hat = q6 * beta.exp()
-    k_til = k6 * sigma.exp()
-
-    a_diag = _DiagScores.apply(q6, k6, la6)  # [B, H, N, m, sub, sub]
-    o = torch.matmul(a_diag, vc.view(B, H, N, m, sub, -1)).view(B, H, N, C, -1)
-
-    g = beta[..., -1, :]  # [B, H, N, m, K]: log-decay over each sub-chunk
-    if m > 1:
-        # gamma[i, j] = sum of g over sub-chunks strictly between j and i (-inf for j >= i)
-        seg = _segsum(g.transpose(-1, -2))  # [B, H, N, K, m, m]
-        gamma = torch.cat([torch.full_like(seg[..., :1, :], float("-inf")), seg[..., :-1, :]], dim=-2)
-        gamma = gamma.permute(0, 1, 2, 4, 5, 3)  # [B, H, N, m(i), m(j), K]
-        k_cross = k_til.unsqueeze(3) * gamma.exp().unsqueeze(-2)  # [B, H, N, m(i), m(j), sub, K]
-        scores = torch.matmul(q_hat, k_cross.view(B, H, N, m, C, K).transpose(-1, -2))  # [B, H, N, m, sub, C]
-        o = o + torch.matmul(scores.view(B, H, N, C, C), vc)
-        q_start = (q_hat * _prefix_excl(g, -2).exp().unsqueeze(-2)).view(B, H, N, C, K)
-        k_end = (k_til * _suffix_excl(g, -2).exp().unsqueeze(-2)).view(B, H, N, C, K)
-    else:
-        q_start, k_end = q_hat.view(B, H, N, C, K), k_til.view(B, H, N, C, K)
+def _chunk_vector(qc, kc, vc, la, s0, neg_inf):
+    """One log-gate per key channel. la: [N, B, H, C, K], C a power of two."""
+    scores, q_start, k_end, decay = _VectorGateChunk.apply(qc, kc, la, neg_inf)
     local = torch.matmul(k_end.transpose(-1, -2), vc)
-    chunk_decay = g.sum(-2).exp().unsqueeze(-1)  # [B, H, N, K, 1]
-    states = _StateScan.apply(local, chunk_decay, s0)
-    o = o + torch.matmul(q_start, states[:, :, :-1])
-    return o, states
+    prev, final = _StateScan.apply(local, decay.unsqueeze(-1), s0)
+    o = torch.matmul(scores, vc) + torch.matmul(q_start, prev)
+    return o, final
 
 
 def gla(q, k, v, log_a=None, **kw):

@@ -1,0 +1,237 @@
+"""MossNet's token mixer: a mixture of state-space experts (a reconstruction; see docs/mossnet.md).
+
+A Mamba-style block whose in_proj, conv and out_proj are shared, with E SSM experts in the middle:
+
+    (u, z)  = in_proj(x);  u = silu(conv(u))                       shared, as in Mamba
+    g, idx  = top-k of softmax(x W_r), renormalised over the k       router on the block input x
+    y^e_t   = SSM_e(u)_t   with expert e's own (dt, B, C) projections, A_e and D_e
+    y_t     = sum over selected e of g_{t,e} y^e_t
+    out     = out_proj(y * silu(z))
+
+Two flags (cfg.ssm_policy, cfg.ssm_kernel):
+
+- policy "dense": every expert's state sees every token; only the outputs are gated (gated linear multi-head
+  attention). "routed": an expert's state advances only on the tokens routed to it, so the scan work scales with
+  k / E and a decoding step updates k states.
+- kernel "s6": per-channel decay exp(dt_t[c] A_e[c, n]) (Mamba-1's selective scan, low-rank dt of rank R).
+  "ssd": a scalar decay exp(dt_t A_e) per expert, with a scalar dt_t = softplus(u_t . w_e + b_e), run on the
+  chunkwise gated-linear-attention op with q = C_t, k = dt_t B_t, v = u_t.
+
+How the experts run: every (expert, batch row) pair gets the subsequence of the row's tokens routed to that expert,
+in time order, gathered into a padded tensor [E * B, L, ...] (L = the longest subsequence; "dense" selects every
+token, so L = T). The experts' projections are batched matmuls over E and ONE scan runs over all E * B rows, with
+per-row A and D. Padding sits at the end of a row with dt = 0, where the state passes through unchanged. Outputs are
+read back at each token's k slots. Packed documents: an expert's subsequence resets at the first of its tokens that
+belongs to a new document, and a state left over from a finished document is zeroed before it is returned.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linlm.layers.linear_attention import gla_flops_per_token, run_gla
+from linlm.layers.mamba import (
+    ShortConv,
+    decay_rate,
+    dt_bias_init_,
+    dt_rank,
+    dt_weight_init_,
+    inner_dim,
+    s4d_real_log,
+    scan_flops_per_token,
+)
+from linlm.layers.moe import router_aux_loss, router_logits
+from linlm.ops.routing import top_k_route
+from linlm.ops.selective_scan import selective_scan, selective_scan_step
+
+POLICIES = ("dense", "routed")
+KERNELS = ("s6", "ssd")
+# SSD experts: A_e = -exp(A_log_e) drawn uniformly in [-SSD_A_MAX, -SSD_A_MIN] (Mamba-2's init).
+SSD_A_MIN, SSD_A_MAX = 1.0, 16.0
+
+
+class MossNetMixer(nn.Module):
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        d, Din, N, E = cfg.d_model, inner_dim(cfg), cfg.d_state, cfg.ssm_experts
+        self.d_model, self.d_inner, self.d_state = d, Din, N
+        self.n_experts, self.top_k = E, cfg.ssm_top_k
+        self.policy, self.kernel, self.chunk_size = cfg.ssm_policy, cfg.ssm_kernel, cfg.chunk_size
+        self.balance_coef, self.z_coef = cfg.balance_loss_coef, cfg.router_z_loss_coef
+        # Low-rank dt for S6; a single dt column for SSD.
+        self.dt_rank = dt_rank(cfg) if self.kernel == "s6" else 1
+        self.proj_dim = self.dt_rank + 2 * N  # per expert: [dt~ (R), B (N), C (N)]
+
+        self.in_proj = nn.Linear(d, 2 * Din, bias=False)
+        self.conv = ShortConv(Din, cfg.d_conv)
+        self.router = nn.Linear(d, E, bias=False)
+        self.x_proj = nn.Linear(Din, E * self.proj_dim, bias=False)  # expert-major: rows e*P .. (e+1)*P - 1
+        if self.kernel == "s6":
+            self.dt_weight = nn.Parameter(dt_weight_init_(torch.empty(E, Din, self.dt_rank), self.dt_rank))
+            self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(E, Din)))
+            self.A_log = nn.Parameter(s4d_real_log(E, Din, d_state=N))
+        else:
+            self.dt_weight = None
+            self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(E)))
+            a = torch.empty(E).uniform_(SSD_A_MIN, SSD_A_MAX)
+            self.A_log = nn.Parameter(torch.log(a))
+        self.D = nn.Parameter(torch.ones(E, Din))
+        self.out_proj = nn.Linear(Din, d, bias=False)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        B, T, _ = x.shape
+        logits = router_logits(self.router, x).reshape(B * T, self.n_experts)
+        gates, idx, probs = top_k_route(logits, self.top_k)
+        aux = router_aux_loss(logits, probs, idx, self.n_experts, self.balance_coef, self.z_coef)
+        gates, idx = gates.view(B, T, self.top_k), idx.view(B, T, self.top_k)
+
+        u, z = self.in_proj(x).chunk(2, dim=-1)
+        u, conv_state = self.conv(u, None if state is None else state["conv"], reset)
+        u = F.silu(u)
+        ssm = None if state is None else state["ssm"]
+        if ssm is not None and T == 1 and reset is None:
+            y, ssm = self._step(u[:, 0], gates[:, 0], idx[:, 0], ssm)
+            y = y[:, None]
+        else:
+            y, ssm = self._scan(u, gates, idx, ssm, reset, return_state)
+        out = self.out_proj(y * F.silu(z))
+        return out, ({"conv": conv_state, "ssm": ssm} if return_state else None), aux
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _A(self) -> torch.Tensor:
+        return decay_rate(self.A_log)  # s6: [E, Din, N]; ssd: [E]
+
+    def _selection(self, idx: torch.Tensor) -> torch.Tensor:
+        """[B, T, E] bool: which experts' states see each token."""
+        B, T, _ = idx.shape
+        if self.policy == "dense":
+            return torch.ones(B, T, self.n_experts, dtype=torch.bool, device=idx.device)
+        return torch.zeros(B, T, self.n_experts, dtype=torch.bool, device=idx.device).scatter_(2, idx, True)
+
+    def _scan(self, u, gates, idx, ssm, reset, return_state):
+        """Full-sequence form (training, prefill): gather per-expert subsequences, one scan for all, read back."""
+        B, T, Din = u.shape
+        E, N, P, R = self.n_experts, self.d_state, self.proj_dim, self.dt_rank
+        sel = self._selection(idx)
+        pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
+        counts = pos[:, -1] + 1  # [B, E]
+        L = int(counts.max())
+        rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
+        slot = rows * L + pos  # [B, T, E]: flat slot in the [E * B, L] layout
+        token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
+        src = torch.full((E * B * L,), B * T, dtype=torch.long, device=u.device)  # B * T: the zero padding row
+        src[slot[sel]] = token[sel]
+        valid = (src < B * T).view(E, B * L)
+
+        ug = torch.cat([u.reshape(B * T, Din), u.new_zeros(1, Din)])[src].view(E, B * L, Din)
+        xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))  # [E, B L, P]
+        dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
+
+        reset_g = None
+        if reset is not None:
+            doc = torch.cumsum(reset, dim=1)  # document number of each token, 0 = the one the state belongs to
+            doc_g = torch.cat([doc.reshape(-1), doc.new_zeros(1)])[src].view(E * B, L)
+            prev = F.pad(doc_g[:, :-1], (1, 0))
+            reset_g = valid.view(E * B, L) & (doc_g != prev)
+
+        A = self._A()
+        D = self.D.repeat_interleave(B, dim=0)  # [E B, Din]
+        u_rows = ug.view(E * B, L, Din)
+        B_rows, C_rows = Bm.reshape(E * B, L, N), Cm.reshape(E * B, L, N)
+        if self.kernel == "s6":
+            dt = F.softplus(torch.bmm(dt_raw, self.dt_weight.transpose(1, 2)) + self.dt_bias[:, None])
+            dt = (dt * valid[..., None]).view(E * B, L, Din)
+            init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, Din, N)
+            yg, final = selective_scan(
+                u_rows, dt, A.repeat_interleave(B, dim=0), B_rows, C_rows, D, initial_state=init, reset=reset_g,
+                output_final_state=return_state, chunk_size=self.chunk_size,
+            )
+        else:
+            dt = F.softplus(dt_raw[..., 0] + self.dt_bias[:, None]) * valid  # [E, B L]
+            log_a = (dt * A[:, None]).view(E * B, L, 1)
+            dt = dt.view(E * B, L, 1)
+            init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, 1, N, Din)
+            o, final = run_gla(
+                C_rows[:, :, None], (dt * B_rows)[:, :, None], u_rows[:, :, None], log_a,
+                state=init, reset=reset_g, return_state=return_state, chunk_size=self.chunk_size,
+            )
+            yg = o[:, :, 0] + D[:, None].to(o.dtype) * u_rows
+
+        if final is not None:
+            if reset is not None:
+                # An expert that saw no token of the row's last document must not carry an older one's state.
+                last = (counts.t().reshape(E * B) - 1).clamp_min(0)[:, None]
+                last_doc = torch.where(counts.t().reshape(E * B, 1) > 0, doc_g.gather(1, last), 0)
+                stale = last_doc[:, 0] != doc[:, -1].repeat(E)
+                final = final.masked_fill(stale.view(-1, *[1] * (final.dim() - 1)), 0.0)
+            final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
+            final = final.reshape(B, E, *final.shape[3:]) if self.kernel == "ssd" else final.contiguous()
+
+        picked = yg.reshape(E * B * L, Din)[slot.gather(2, idx)]  # [B, T, k, Din]
+        y = (gates.to(picked.dtype)[..., None] * picked).sum(dim=2)
+        return y, final
+
+    def _step(self, u, gates, idx, ssm):
+        """One decoding token. u [B, Din]; gates, idx [B, k]. Only the selected (routed) or all (dense) states move."""
+        B, Din = u.shape
+        E, N, P, R = self.n_experts, self.d_state, self.proj_dim, self.dt_rank
+        act = idx if self.policy == "routed" else torch.arange(E, device=u.device).expand(B, E)
+        m = act.shape[1]
+        batch = torch.arange(B, device=u.device)[:, None]
+        xp = torch.einsum("bd,bmpd->bmp", u, self.x_proj.weight.view(E, P, Din)[act])
+        dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
+        old = ssm[batch, act]  # [B, m, ...]
+        u_rows = u[:, None].expand(B, m, Din).reshape(B * m, Din)
+        D = self.D[act].reshape(B * m, Din)
+        if self.kernel == "s6":
+            dt = F.softplus(torch.einsum("bmr,bmdr->bmd", dt_raw, self.dt_weight[act]) + self.dt_bias[act])
+            y, new = selective_scan_step(
+                u_rows, dt.reshape(B * m, Din), self._A()[act].reshape(B * m, Din, N),
+                Bm.reshape(B * m, N), Cm.reshape(B * m, N), D, state=old.reshape(B * m, Din, N),
+            )
+        else:
+            dt = F.softplus(dt_raw[..., 0] + self.dt_bias[act])  # [B, m]
+            log_a = (dt * self._A()[act]).reshape(B * m, 1, 1)
+            o, new = run_gla(
+                Cm.reshape(B * m, 1, 1, N), (dt[..., None] * Bm).reshape(B * m, 1, 1, N), u_rows[:, None, None],
+                log_a, state=old.reshape(B * m, 1, N, Din), reset=None, return_state=True, chunk_size=self.chunk_size,
+            )
+            y = o[:, 0, 0] + D.to(o.dtype) * u_rows
+        new_ssm = ssm.index_put((batch.expand(B, m), act), new.view(B, m, *ssm.shape[2:]).to(ssm.dtype))
+        y = y.view(B, m, Din)
+        if self.policy == "routed":
+            w = gates
+        else:
+            w = torch.zeros(B, E, dtype=gates.dtype, device=u.device).scatter_(1, idx, gates)
+        return (w.to(y.dtype)[..., None] * y).sum(dim=1), new_ssm
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _per_expert_params(self) -> int:
+        mine = [self.x_proj.weight, self.dt_bias, self.A_log, self.D]
+        if self.dt_weight is not None:
+            mine.append(self.dt_weight)
+        return sum(p.numel() for p in mine) // self.n_experts
+
+    def _active_experts(self) -> int:
+        return self.top_k if self.policy == "routed" else self.n_experts
+
+    def active_params(self) -> int:
+        """Shared projections, conv and router, plus the experts a token runs: k (routed) or all E (dense)."""
+        shared = sum(p.numel() for m in (self.in_proj, self.conv, self.router, self.out_proj) for p in m.parameters())
+        return shared + self._active_experts() * self._per_expert_params()
+
+    def flops_per_token(self, seq_len: int) -> float:
+        d, Din, N, E, R = self.d_model, self.d_inner, self.d_state, self.n_experts, self.dt_rank
+        shared = 2.0 * d * 2 * Din + self.conv.flops_per_token(seq_len) + 2.0 * d * E + 2.0 * Din * d + Din
+        per_expert = 2.0 * Din * self.proj_dim + 2.0 * Din  # x_proj, gated sum
+        if self.kernel == "s6":
+            per_expert += 2.0 * R * Din + scan_flops_per_token(Din, N)
+        else:
+            per_expert += gla_flops_per_token(1, N, Din, self.chunk_size) + 2.0 * Din
+        return shared + self._active_experts() * per_expert
+
+    def extra_repr(self) -> str:
+        return f"experts={self.n_experts}, top_k={self.top_k}, policy={self.policy!r}, kernel={self.kernel!r}"

@@ -1,0 +1,144 @@
+"""Top-k routing for mixtures of experts: router, auxiliary losses, and grouped dispatch/combine.
+
+Tokens are grouped by expert with one stable sort, never by a Python loop over tokens. A caller runs each expert once on
+its contiguous slice of the sorted rows:
+
+    weights, indices, probs = top_k_route(router_logits, k)          # [N, k], [N, k], [N, E]
+    x_sorted, order, counts = dispatch(x, indices, E)                 # rows of x grouped by expert
+    y_sorted = torch.cat([expert[e](part) for e, part in enumerate(x_sorted.split(counts.tolist()))])
+    y = combine(y_sorted, order, weights, num_tokens=x.shape[0])      # [N, D]
+    aux = load_balance_loss(probs, indices, E) + z_coef * router_z_loss(router_logits)
+
+Row j of x_sorted is assignment order[j] of the flattened [N, k] (token, slot) grid, i.e. token order[j] // k.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linlm.errors import ConfigError, ShapeError
+
+__all__ = ["combine", "dispatch", "group_by_expert", "load_balance_loss", "router_z_loss", "top_k_route"]
+
+
+def _check_k(k, num_experts: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_experts:
+        raise ConfigError(
+            f"top_k_route: `k` (top_k, experts per token) must be an int in [1, {num_experts}] "
+            f"(the number of experts), got {k!r}"
+        )
+
+
+def _check_indices(fn: str, indices: Tensor, num_experts: int) -> None:
+    if indices.dim() != 2:
+        raise ShapeError(f"{fn}: `indices` must be [N, k], got shape {list(indices.shape)}")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise ShapeError(f"{fn}: `indices` must be an integer tensor, got dtype {indices.dtype}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ConfigError(f"{fn}: `num_experts` must be a positive int, got {num_experts!r}")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_experts):
+        raise ShapeError(
+            f"{fn}: `indices` must lie in [0, {num_experts - 1}] for num_experts = {num_experts}, "
+            f"got values in [{int(indices.min())}, {int(indices.max())}]"
+        )
+
+
+def top_k_route(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Softmax router with top-k selection.
+
+    logits [N, E] -> (weights [N, k]: the chosen probabilities renormalised to sum to 1 per token,
+    indices [N, k] long: k distinct experts per token, in decreasing probability, probs [N, E]: the full softmax).
+    Weights and probs are float32 (float64 for float64 logits) and carry gradients to the logits.
+    """
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        shape = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ShapeError(f"top_k_route: `logits` must be a floating-point [N, E] tensor, got {shape}")
+    _check_k(k, logits.shape[1])
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    probs = torch.softmax(logits.to(dtype), dim=-1)
+    top, indices = probs.topk(k, dim=-1)
+    weights = top / top.sum(dim=-1, keepdim=True)
+    return weights, indices, probs
+
+
+def load_balance_loss(probs: Tensor, indices: Tensor, num_experts: int) -> Tensor:
+    """Switch-Transformer balance loss E * sum_e f_e P_e.
+
+    f_e: fraction of the N * k assignments that go to expert e (counted, no gradient); P_e: mean router probability of
+    e over the N tokens (carries the gradient). Uniform routing (f_e = P_e = 1/E) gives exactly 1.0; routing that piles
+    tokens onto the experts the router also favours gives more.
+    """
+    fn = "load_balance_loss"
+    _check_indices(fn, indices, num_experts)
+    if probs.dim() != 2 or list(probs.shape) != [indices.shape[0], num_experts]:
+        raise ShapeError(
+            f"{fn}: `probs` must be [N, E] = {[indices.shape[0], num_experts]} (N from `indices`), "
+            f"got {list(probs.shape)}"
+        )
+    counts = torch.bincount(indices.reshape(-1), minlength=num_experts).to(probs.dtype)
+    f = counts / max(indices.numel(), 1)
+    P = probs.mean(dim=0)
+    return num_experts * (f * P).sum()
+
+
+def router_z_loss(logits: Tensor) -> Tensor:
+    """ST-MoE router z-loss: mean over tokens of logsumexp(logits)^2. logits [N, E] (or [..., E])."""
+    if not isinstance(logits, Tensor) or logits.dim() < 1 or not logits.is_floating_point():
+        raise ShapeError("router_z_loss: `logits` must be a floating-point [N, E] tensor")
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return torch.logsumexp(logits.to(dtype), dim=-1).square().mean()
+
+
+def group_by_expert(indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
+    """Group the flattened (token, slot) assignments of indices [N, k] by expert.
+
+    Returns (order [N * k] long: a stable sort of the assignments by expert, so within an expert tokens keep their
+    order; counts [E] long: assignments per expert). Assignment j is token j // k, slot j % k.
+    """
+    _check_indices("group_by_expert", indices, num_experts)
+    flat = indices.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    return order, counts
+
+
+def dispatch(x: Tensor, indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Gather the rows of x [N, D] by expert: returns (x_sorted [N * k, D], order [N * k], counts [E]).
+
+    Rows for expert e are x_sorted[counts[:e].sum() : counts[:e + 1].sum()].
+    """
+    _check_indices("dispatch", indices, num_experts)
+    if x.dim() != 2 or x.shape[0] != indices.shape[0]:
+        raise ShapeError(
+            f"dispatch: `x` must be [N, D] with N = {indices.shape[0]} (from `indices`), got {list(x.shape)}"
+        )
+    order, counts = group_by_expert(indices, num_experts)
+    k = indices.shape[1]
+    x_sorted = x.index_select(0, order // k)
+    return x_sorted, order, counts
+
+
+def combine(y_sorted: Tensor, order: Tensor, weights: Tensor, num_tokens: int) -> Tensor:
+    """Scatter-add the expert outputs back to their tokens, weighted: out[n] = sum_slot weights[n, slot] * y[n, slot].
+
+    y_sorted [N * k, D] in the order of `dispatch`; order [N * k]; weights [N, k]. Returns [num_tokens, D] in the
+    dtype of y_sorted (accumulated in float32 at least). Differentiable in y_sorted and weights.
+    """
+    if weights.dim() != 2 or weights.shape[0] != num_tokens:
+        raise ShapeError(
+            f"combine: `weights` must be [N, k] with N = num_tokens = {num_tokens}, got {list(weights.shape)}"
+        )
+    n_assign = weights.numel()
+    if y_sorted.dim() != 2 or y_sorted.shape[0] != n_assign or list(order.shape) != [n_assign]:
+        raise ShapeError(
+            f"combine: `y_sorted` must be [N * k, D] and `order` [N * k] with N * k = {n_assign}, "
+            f"got {list(y_sorted.shape)} and {list(order.shape)}"
+        )
+    k = weights.shape[1]
+    acc = torch.promote_types(torch.promote_types(y_sorted.dtype, weights.dtype), torch.float32)
+    w = weights.reshape(-1).index_select(0, order).to(acc)
+    src = y_sorted.to(acc) * w[:, None]
+    out = torch.zeros(num_tokens, y_sorted.shape[1], dtype=acc, device=y_sorted.device)
+    out = out.index_add(0, order // k, src)
+    return out.to(y_sorted.dtype)

@@ -1,0 +1,158 @@
+"""The Mamba-1 block: its conv, its fast forward against a from-the-equations reference, decoding, packing, init."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linlm import create_model
+from linlm.layers.mamba import DT_MAX, DT_MIN, MambaMixer, ShortConv
+from linlm.models.presets import preset_config
+from linlm.ops.selective_scan import selective_scan_reference
+
+
+def randomize_(module, seed=0):
+    """Asymmetric random weights of a useful scale (so that transposes and swapped pieces show)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            if name.endswith("A_log"):
+                p.copy_(torch.rand(p.shape, generator=g) * 2.0 - 1.5)  # decays exp(dt A) well inside (0, 1)
+    return module
+
+
+def mixer(**kw):
+    cfg = preset_config("mamba", "tiny", **kw)
+    return randomize_(MambaMixer(cfg, 0)).double()
+
+
+def docs_reset(lengths, batch=1):
+    reset = torch.zeros(batch, sum(lengths), dtype=torch.bool)
+    starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
+    reset[:, starts] = True
+    return reset
+
+
+def mamba_reference(m: MambaMixer, x):
+    """The block written from its equations: nn.functional.conv1d and the scan's sequential definition."""
+    T = x.shape[1]
+    u, z = m.in_proj(x).chunk(2, dim=-1)
+    K = m.conv.kernel
+    u = F.conv1d(u.transpose(1, 2), m.conv.weight[:, None, :], m.conv.bias, padding=K - 1, groups=u.shape[-1])
+    u = F.silu(u[..., :T].transpose(1, 2))
+    dt_low, B, C = m.x_proj(u).split([m.dt_rank, m.d_state, m.d_state], dim=-1)
+    dt = F.softplus(dt_low @ m.dt_weight.T + m.dt_bias)
+    y, s = selective_scan_reference(u, dt, -torch.exp(m.A_log), B, C, m.D)
+    return m.out_proj(y * F.silu(z)), s
+
+
+# ------------------------------------------------------------------------------------------------ ShortConv
+def test_short_conv_matches_conv1d():
+    conv = randomize_(ShortConv(6, 4)).double()
+    x = torch.randn(2, 11, 6, dtype=torch.float64)
+    want = F.conv1d(x.transpose(1, 2), conv.weight[:, None], conv.bias, padding=3, groups=6)[..., :11].transpose(1, 2)
+    got, state = conv(x)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(state, x[:, -3:])
+
+
+@pytest.mark.parametrize("split", [1, 2, 5])
+def test_short_conv_state_joins_new_inputs(split):
+    conv = randomize_(ShortConv(5, 4)).double()
+    x = torch.randn(2, 9, 5, dtype=torch.float64)
+    full, _ = conv(x)
+    a, s = conv(x[:, :split])
+    b, _ = conv(x[:, split:], s)
+    torch.testing.assert_close(torch.cat([a, b], 1), full)
+
+
+def test_short_conv_masks_taps_across_documents_and_clears_stale_state():
+    conv = randomize_(ShortConv(3, 4)).double()
+    lengths = [5, 2, 1, 6]
+    x = torch.randn(1, sum(lengths), 3, dtype=torch.float64)
+    prior = torch.randn(1, 3, 3, dtype=torch.float64)  # a state from before: must not reach a new document
+    got, _ = conv(x, prior, docs_reset(lengths))
+    want = torch.cat([conv(d)[0] for d in x.split(lengths, dim=1)], 1)
+    torch.testing.assert_close(got, want)
+    # The returned state after a packed call holds only the last document's inputs (2 of 3 slots here).
+    short = [4, 2]
+    _, state = conv(x[:, :6], None, docs_reset(short))
+    assert torch.equal(state[:, 0], torch.zeros(1, 3, dtype=torch.float64))
+    assert torch.equal(state[:, 1:], x[:, 4:6])
+
+
+# ------------------------------------------------------------------------------------------------ the block
+@pytest.mark.parametrize("T", [1, 7, 37])
+def test_forward_matches_reference_outputs_and_gradients(T):
+    m = mixer()
+    x = torch.randn(2, T, 64, dtype=torch.float64, requires_grad=True)
+    y, st = m(x, return_state=True)
+    y_ref, s_ref = mamba_reference(m, x)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(st["ssm"], s_ref)
+    w = torch.randn_like(y)
+    grads = torch.autograd.grad((y * w).sum(), [x, *m.parameters()])
+    grads_ref = torch.autograd.grad((y_ref * w).sum(), [x, *m.parameters()])
+    for (name, _), g, gr in zip([("x", None), *m.named_parameters()], grads, grads_ref):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, gr, msg=name)
+
+
+def test_prefill_then_steps_and_chunks_match_full_pass():
+    m = mixer()
+    x = torch.randn(2, 30, 64, dtype=torch.float64)
+    with torch.no_grad():
+        full, _ = m(x)
+        a, s = m(x[:, :9], return_state=True)
+        b, s = m(x[:, 9:20], state=s, return_state=True)  # prefill with a state: the conv state joins new inputs
+        outs = [a, b]
+        for t in range(20, 30):
+            o, s = m(x[:, t : t + 1], state=s, return_state=True)  # the one-step form
+            outs.append(o)
+    torch.testing.assert_close(torch.cat(outs, 1), full)
+    assert s["conv"].shape == (2, 3, 128) and s["ssm"].shape == (2, 128, 16)
+
+
+def test_packed_documents_do_not_leak_and_state_continues_last_document():
+    m = mixer()
+    lengths = [7, 1, 12]
+    x = torch.randn(1, sum(lengths), 64, dtype=torch.float64)
+    more = torch.randn(1, 5, 64, dtype=torch.float64)
+    with torch.no_grad():
+        prior = m(torch.randn(1, 4, 64, dtype=torch.float64), return_state=True)[1]  # stale state: must be dropped
+        got, s = m(x, state=prior, reset=docs_reset(lengths), return_state=True)
+        want = torch.cat([m(d)[0] for d in x.split(lengths, dim=1)], 1)
+        torch.testing.assert_close(got, want)
+        cont = m(more, state=s)[0]
+        last = x[:, -lengths[-1]:]
+        torch.testing.assert_close(cont, m(torch.cat([last, more], 1))[0][:, -5:])
+
+
+def test_mamba_init_survives_model_reset():
+    model = create_model("mamba", preset="tiny")
+    mix = model.layers[0].mixer
+    dt = F.softplus(mix.dt_bias)
+    assert DT_MIN * 0.99 <= dt.min() and dt.max() <= DT_MAX * 1.01
+    assert dt.std() > 0  # log-uniform, not a constant left by a zero bias
+    A = -torch.exp(mix.A_log)
+    torch.testing.assert_close(A, -torch.arange(1, 17.0).expand(128, 16))
+    assert torch.equal(mix.D, torch.ones(128))
+    bound = mix.dt_rank**-0.5
+    assert mix.dt_weight.abs().max() <= bound and mix.dt_weight.std() > bound / 4
+    assert model.spec.mlp is None and model.layers[0].mlp is None
+
+
+def test_presets_match_llama_active_size_and_paper_70m_builds():
+    from linlm.models.counting import count_preset
+
+    for preset in ("paper-70m", "paper-160m", "paper-410m", "paper-1b", "paper-3b", "paper-7b"):
+        want = count_preset("llama", preset)["non_embedding_params"]
+        got = count_preset("mamba", preset)["active_non_embedding_params"]
+        assert abs(got - want) / want < 0.02, (preset, got, want)
+    model = create_model("mamba", preset="paper-70m", vocab_size=8192)
+    assert model.config.n_layers == 12 and model.config.d_model == 512
