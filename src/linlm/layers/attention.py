@@ -55,5 +55,6 @@ class Attention(nn.Module):
         return y, ((k, v) if return_state else None)
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
-        # Q K^T and A V over the full (unmasked) context, as the paper counts them.
-        return 4.0 * seq_len * self.n_heads * self.head_dim
+        # Q K^T and A V over the causal context: position t attends to t keys, (n + 1) / 2 on average.
+        # (The paper's formula counts the full n x n square, twice this.)
+        return 2.0 * (seq_len + 1) * self.n_heads * self.head_dim

@@ -407,12 +407,13 @@ class _VectorGateChunk(torch.autograd.Function):
 
         prefix, suffix = _walk(gate, visit)
         dq_start = d_q_start * prefix
-        d_diag = d_scores.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
+        dk_end = d_k_end * suffix
         d_la = None
         if ctx.needs_input_grad[2]:
-            d_la = _vector_gate_grad(q, k, dq, dk, dq_start, d_k_end * suffix, d_decay * prefix[..., -1, :])
+            d_la = _vector_gate_grad(q, k, dq, dk, dq_start, dk_end, d_decay * prefix[..., -1, :])
+        d_diag = d_scores.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
         dq.addcmul_(d_diag, k).add_(dq_start)
-        dk.addcmul_(d_diag, q).addcmul_(d_k_end, suffix)
+        dk.addcmul_(d_diag, q).add_(dk_end)
         return dq, dk, d_la, None
 
 
@@ -424,10 +425,10 @@ def _vector_gate_grad(q, k, dq, dk, dq_start, dk_end, d_decay):
         q_start = q * exp(B_t), every u <= t; k_end = k * exp(B_end - B_s), every u > s; decay, every u.
     dq_start, dk_end: gradients w.r.t. q and k through q_start and k_end; d_decay: d decay * decay.
     """
-    d_b = (q * dq).sub_(k * dk).addcmul_(q, dq_start)
-    C = q.shape[-2]
-    ones = torch.ones(C, C, dtype=q.dtype, device=q.device)
-    d_la = torch.matmul(ones.triu(), d_b).add_(torch.matmul(ones.tril(-1), k * dk_end))  # [u, t]: t >= u; s < u
+    d_b = torch.addcmul(q * dq, k, dk, value=-1).addcmul_(q, dq_start)
+    d_la = d_b.flip(-2).cumsum(-2).flip(-2)  # sum over t >= u
+    g_k = (k * dk_end).cumsum(-2)  # sum over s <= u - 1, shifted into place below
+    d_la[..., 1:, :] += g_k[..., :-1, :]
     return d_la.add_(d_decay.unsqueeze(-2))
 
 
