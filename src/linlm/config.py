@@ -110,7 +110,7 @@ def from_dict(cls: type, data: Mapping[str, Any], *, prefix: str = "") -> Any:
     unknown = [k for k in data if k not in fields]
     if unknown:
         raise ConfigError(
-            f"unknown key {prefix}{unknown[0]!r}; valid keys are: {choices_text(prefix + f for f in fields)}"
+            f"unknown key {prefix + unknown[0]!r}; valid keys are: {choices_text(prefix + f for f in fields)}"
         )
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     return cls(**kwargs)

@@ -1,0 +1,333 @@
+"""Training checkpoints: atomic, checksummed directories, never pickle.
+
+A checkpoint is ``<out_dir>/checkpoints/step_00000100/`` holding:
+
+=========================  ================================================================================
+``model.safetensors``      model weights (full, unsharded; FSDP runs gather them on rank 0 first)
+``config.json``            the model config in the format of ``linlm.load`` (a checkpoint is a saved model)
+``optimizer.safetensors``  AdamW tensors, keyed ``state/<param name>/<exp_avg|exp_avg_sq|step>``
+``rng.safetensors``        torch CPU (and CUDA) generator states
+``state.json``             step, scheduler position, optimizer hyper-parameters and groups, python and numpy
+                           RNG states, the data position (``Batches.state_dict()``), counters
+``train_config.yaml``      the run's TrainConfig
+``tokenizer.json``         the tokenizer (with ``tokenizer_config.json``)
+``manifest.json``          sha256 and size of every file above; written last
+=========================  ================================================================================
+
+Writing: everything goes into a temporary directory beside the final one, each file is fsynced, then the
+directory is renamed into place (and its parent fsynced). A crash at any moment leaves either the complete new
+checkpoint or none; temporary directories left by a crash are removed by the next run. Old checkpoints beyond
+``keep`` are removed only after the new one is in place.
+
+Reading: :func:`latest_valid` verifies the manifest of the newest checkpoint (every file present, same size, same
+sha256); a corrupt one is reported with a warning naming it, renamed aside (``*.corrupt``) and the previous one
+is tried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from linlm.errors import CheckpointError
+from linlm.io_utils import commit_dir, fsync_path, sha256_file, temp_dir_beside
+from linlm.models.io import CONFIG as MODEL_CONFIG_FILE
+from linlm.models.io import FORMAT as MODEL_FORMAT
+from linlm.models.io import FORMAT_VERSION as MODEL_FORMAT_VERSION
+from linlm.models.io import WEIGHTS as MODEL_WEIGHTS
+
+log = logging.getLogger("linlm.train")
+
+FORMAT = "linlm-train-checkpoint"
+FORMAT_VERSION = 1
+OPTIM_FILE = "optimizer.safetensors"
+RNG_FILE = "rng.safetensors"
+STATE_FILE = "state.json"
+CONFIG_FILE = "train_config.yaml"
+MANIFEST = "manifest.json"
+REQUIRED = (MODEL_WEIGHTS, MODEL_CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, CONFIG_FILE)
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]  # the FQN-keyed optimizer state dict (torch.distributed.checkpoint format)
+    rng: dict[str, Any]
+    state: dict[str, Any]
+    config_yaml: str
+
+
+# ---- optimizer state <-> safetensors + JSON ----------------------------------------------------------------
+
+
+def _json_safe(value: Any, where: str) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, torch.Tensor):
+        raise CheckpointError(f"{where}: unexpected tensor in the optimizer's hyper-parameters")
+    return value
+
+
+def split_optimizer_state(osd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """A FQN-keyed optimizer state dict -> (tensors for safetensors, JSON-able rest)."""
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for name, entry in osd.get("state", {}).items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state/{name}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(name, {})[key] = _json_safe(value, f"state[{name}][{key}]")
+    groups = [{k: _json_safe(v, f"param_groups[{i}][{k}]") for k, v in g.items()}
+              for i, g in enumerate(osd.get("param_groups", []))]
+    return tensors, {"scalars": scalars, "param_groups": groups}
+
+
+def join_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[str, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, rest = key.split("/", 1)
+        name, field = rest.rsplit("/", 1)
+        state.setdefault(name, {})[field] = value
+    for name, entry in meta.get("scalars", {}).items():
+        state.setdefault(name, {}).update(entry)
+    groups = []
+    for g in meta.get("param_groups", []):
+        g = dict(g)
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+# ---- RNG --------------------------------------------------------------------------------------------------
+
+
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict]:
+    import random
+
+    import numpy as np
+
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    version, state, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    rest = {"python": [version, list(state), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    return tensors, rest
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], rest: dict) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = sorted((k for k in tensors if k.startswith("torch_cuda_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+    if cuda and torch.cuda.is_available():
+        states = [tensors[k] for k in cuda][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)
+    version, state, gauss = rest["python"]
+    random.setstate((version, tuple(state), gauss))
+    kind, keys, pos, has_gauss, cached = rest["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# ---- writing ----------------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch.Tensor], model_config: dict,
+                    optimizer_state: dict, state: dict, config_yaml: str, tokenizer_dir: Optional[Path] = None,
+                    keep: int = 3) -> Path:
+    """Write checkpoint ``step`` under ``root`` atomically, then prune to the newest ``keep``.
+
+    A failure (disk full, permission denied, ...) removes the partial temporary directory, leaves every earlier
+    checkpoint untouched, and raises CheckpointError.
+    """
+    root = Path(root)
+    final = root / checkpoint_name(step)
+    tmp: Optional[Path] = None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = temp_dir_beside(final)
+        weights = {k: v.detach().cpu().contiguous() for k, v in model_state.items()}
+        save_file(weights, str(tmp / MODEL_WEIGHTS), metadata={"format": MODEL_FORMAT})
+        _write_json(tmp / MODEL_CONFIG_FILE, {
+            "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "config": model_config,
+            "weights_sha256": sha256_file(tmp / MODEL_WEIGHTS)})
+        opt_tensors, opt_meta = split_optimizer_state(optimizer_state)
+        save_file(opt_tensors, str(tmp / OPTIM_FILE), metadata={"format": FORMAT})
+        rng_tensors, rng_rest = capture_rng()
+        save_file(rng_tensors, str(tmp / RNG_FILE), metadata={"format": FORMAT})
+        _write_json(tmp / STATE_FILE, {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
+                                       **state, "optimizer": opt_meta, "rng": rng_rest})
+        (tmp / CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
+        if tokenizer_dir is not None:
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                if (Path(tokenizer_dir) / name).is_file():
+                    shutil.copyfile(Path(tokenizer_dir) / name, tmp / name)
+        files = sorted(p.name for p in tmp.iterdir())
+        _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": {
+            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in files}})
+        if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
+            commit_dir(tmp, final)
+        else:
+            for child in tmp.iterdir():
+                fsync_path(child)
+            fsync_path(tmp)
+            os.replace(tmp, final)
+            fsync_path(root)
+        tmp = None
+    except CheckpointError:
+        raise
+    except (OSError, SafetensorError, RuntimeError, ValueError) as e:
+        previous = [p.name for _, p in list_checkpoints(root) if p != final] if root.is_dir() else []
+        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({type(e).__name__}: {e}); {kept}. Free disk space or fix the "
+            f"permissions of {root}, then continue with --resume") from e
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    prune(root, keep)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every finished checkpoint directory under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def prune(root: str | Path, keep: int) -> None:
+    for _, path in list_checkpoints(root)[:-keep]:
+        trash = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
+        os.replace(path, trash)  # a half-deleted directory never looks like a checkpoint
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean_temporaries(root: str | Path) -> None:
+    """Remove temporary directories a crashed writer left behind (never a finished checkpoint)."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith(".step_") and p.name.endswith((".tmp", ".old")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# ---- reading ----------------------------------------------------------------------------------------------
+
+
+def verify(path: str | Path) -> None:
+    """Raise CheckpointError unless every file of the manifest is present with its size and sha256."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: no {MANIFEST} (the checkpoint was not finished)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{manifest_path}: unreadable manifest ({e})") from None
+    for name in REQUIRED:
+        if name not in files:
+            raise CheckpointError(f"{path}: the manifest does not list {name}")
+    for name, info in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing")
+        size = file.stat().st_size
+        if size != info.get("bytes"):
+            raise CheckpointError(f"{file}: {size} bytes, the manifest says {info.get('bytes')} (truncated?)")
+        if sha256_file(file) != info.get("sha256"):
+            raise CheckpointError(f"{file}: sha256 differs from the manifest (corrupt)")
+
+
+def latest_valid(root: str | Path, *, quarantine: bool = True,
+                 warn: Callable[[str], None] = log.warning) -> Optional[Path]:
+    """The newest checkpoint under ``root`` that verifies; corrupt newer ones are reported (and renamed aside)."""
+    for _, path in reversed(list_checkpoints(root)):
+        try:
+            verify(path)
+            return path
+        except CheckpointError as e:
+            aside = path.with_name(f"{path.name}.corrupt")
+            msg = f"checkpoint {path} is corrupt and is skipped: {e}"
+            if quarantine:
+                if aside.exists():
+                    shutil.rmtree(aside, ignore_errors=True)
+                os.replace(path, aside)
+                msg += f" (moved to {aside.name})"
+            warn(msg)
+    return None
+
+
+def resolve_checkpoint(path: str | Path, *, quarantine: bool = False) -> Path:
+    """A checkpoint directory, a ``checkpoints/`` directory or a run directory -> a verified checkpoint."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{path}: does not exist; pass a run directory or one of its checkpoints")
+    if (path / MANIFEST).is_file() or _NAME.match(path.name):
+        verify(path)
+        return path
+    for root in (path / "checkpoints", path):
+        if list_checkpoints(root):
+            found = latest_valid(root, quarantine=quarantine)
+            if found is None:
+                raise CheckpointError(f"{root}: every checkpoint failed verification (see the warnings above)")
+            return found
+    raise CheckpointError(f"{path}: holds no checkpoint (expected step_XXXXXXXX directories or a {MANIFEST})")
+
+
+def load_checkpoint(path: str | Path, *, verified: bool = False) -> Checkpoint:
+    path = Path(path)
+    if not verified:
+        verify(path)
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        model = load_file(str(path / MODEL_WEIGHTS))
+        opt_tensors = load_file(str(path / OPTIM_FILE))
+        rng_tensors = load_file(str(path / RNG_FILE))
+        config_yaml = (path / CONFIG_FILE).read_text(encoding="utf-8")
+    except (OSError, ValueError, SafetensorError) as e:
+        raise CheckpointError(f"{path}: cannot be read ({e}); it is corrupt") from None
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{path / STATE_FILE}: not a linlm training checkpoint")
+    optimizer = join_optimizer_state(opt_tensors, state.pop("optimizer"))
+    rng_rest = state.pop("rng")
+    return Checkpoint(path=path, step=int(state["step"]), model=model, optimizer=optimizer,
+                      rng={"tensors": rng_tensors, "rest": rng_rest}, state=state, config_yaml=config_yaml)

@@ -1,0 +1,140 @@
+"""``linlm train`` and ``linlm check``: parse, call :func:`linlm.train.loop.train`, print.
+
+Where a value comes from, lowest priority first: the TrainConfig defaults; on ``--resume`` without ``--config``,
+the run's saved config.yaml; the ``--config`` YAML file; flags such as ``--steps``; dotted overrides
+(``--set optim.lr=1e-3`` or a positional ``optim.lr=1e-3``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+# flag name -> dotted config key
+FLAGS = {
+    "out_dir": "out_dir", "steps": "steps", "arch": "model.arch", "preset": "model.preset", "device": "device",
+    "data_dir": "data.dir", "source": "data.source", "tokenizer": "data.tokenizer", "seq_len": "data.seq_len",
+    "batch_size": "batch_size", "grad_accum": "grad_accum", "lr": "optim.lr", "precision": "precision",
+    "seed": "seed", "strategy": "distributed.strategy",
+}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a language model (also under torchrun for DDP / FSDP)",
+        description="Train a model from a YAML config plus overrides. Under `torchrun --nproc_per_node=N -m linlm "
+                    "train ...` every process joins one data-parallel run. See docs/training.md.")
+    p.add_argument("--config", help="a YAML file, or the name of a preset in configs/ (e.g. demo, paper-70m)")
+    p.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set optim.lr=1e-3 (repeatable)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="more overrides, e.g. steps=200")
+    p.add_argument("--resume", action="store_true", help="continue the run in out_dir from its newest valid checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="delete the run in out_dir and start over")
+    p.add_argument("--print-config", action="store_true", help="print the validated config and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines (metrics.jsonl is still written)")
+    g = p.add_argument_group("shortcuts for common keys")
+    g.add_argument("--out-dir")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--arch")
+    g.add_argument("--preset")
+    g.add_argument("--device")
+    g.add_argument("--data-dir")
+    g.add_argument("--source")
+    g.add_argument("--tokenizer")
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--grad-accum", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--precision", choices=["fp32", "bf16"])
+    g.add_argument("--seed", type=int)
+    g.add_argument("--strategy", choices=["ddp", "fsdp"])
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("check", help="build every architecture, check decoding against a full pass, "
+                                            "print a table")
+    p.add_argument("--archs", nargs="*", default=None, help="architectures to include (default: all)")
+    p.add_argument("--preset", default="tiny")
+    p.set_defaults(func=cmd_check)
+
+
+def setup_logging(rank: int = 0) -> None:
+    logger = logging.getLogger("linlm")
+    if not any(getattr(h, "_linlm", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("linlm: %(levelname)s: %(message)s"))
+        handler._linlm = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def config_from_args(args):
+    """The validated TrainConfig an argparse namespace of `linlm train` describes."""
+    from linlm.config import deep_merge, load_yaml, parse_overrides
+    from linlm.errors import ConfigError
+    from linlm.train.config import build_config, preset_path
+    from linlm.train.loop import CONFIG_FILE
+
+    flags: dict = {}
+    for attr, key in FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            *parents, leaf = key.split(".")
+            node = flags
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    overrides = deep_merge(flags, parse_overrides(args.set_overrides + args.overrides))
+    path = None
+    if args.config:
+        path = preset_path(args.config) or Path(args.config)
+        if not path.is_file():
+            raise ConfigError(f"--config {args.config!r}: no such file (and no configs/{args.config}.yaml preset)")
+    base = None
+    if args.resume and path is None:
+        out_dir = overrides.get("out_dir") or "runs/default"
+        saved = Path(out_dir) / CONFIG_FILE
+        if saved.is_file():
+            base = load_yaml(saved)
+    return build_config(path, overrides, base=base)
+
+
+def cmd_train(args) -> int:
+    from linlm.train.loop import train
+
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    cfg = config_from_args(args)
+    if args.print_config:
+        if rank == 0:
+            print(cfg.to_yaml(), end="")
+        return 0
+    result = train(cfg, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
+    if rank == 0 and not args.quiet:
+        loss = f"{result.loss:.4f}" if result.loss is not None else "n/a"
+        val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+        print(f"step {result.step}/{cfg.steps}: loss {loss}, val_loss {val}, skipped steps {result.skipped_steps}, "
+              f"{result.seconds:.0f} s")
+        print(f"checkpoint: {result.checkpoint}")
+        if result.plot:
+            print(f"loss curve: {result.plot}")
+    if result.interrupted:
+        return 143 if result.interrupted == "SIGTERM" else 130
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from linlm.demo import run_demo
+
+    setup_logging()
+    result = run_demo(archs=args.archs, preset=args.preset, out_dir=args.out_dir, steps=args.steps,
+                      overrides=args.overrides)
+    return 130 if result.interrupted else 0
+
+
+def cmd_check(args) -> int:
+    from linlm.demo import run_check
+
+    run_check(archs=args.archs, preset=args.preset)
+    return 0

@@ -1,0 +1,317 @@
+"""The training config: a tree of dataclasses, built from YAML files and dotted overrides.
+
+``load_train_config(path, overrides)`` merges (in this order) the dataclass defaults, a YAML file and dotted
+``key=value`` overrides, then validates the whole tree before any work is done: an unknown key, a wrong type or
+an impossible value raises :class:`~linlm.errors.ConfigError` naming the key (and, for keys from a YAML file,
+the file and line).
+
+See docs/training.md for every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional
+
+import yaml
+
+from linlm.config import deep_merge, from_dict, load_yaml, parse_overrides
+from linlm.errors import ConfigError
+
+DEFAULT_PROMPTS = ["ROMEO:", "To be, or not to be", "The king"]
+
+
+@dataclass
+class ModelSection:
+    arch: str = "llama"
+    # A size preset (see `linlm archs`); None builds ModelConfig defaults.
+    preset: Optional[str] = None
+    # Any ModelConfig field. vocab_size, when absent, is the tokenizer's rounded up to a multiple of 64.
+    overrides: dict = field(default_factory=dict)
+
+
+@dataclass
+class DataSection:
+    # A text source for linlm.data.prepare ("shakespeare", a file, a directory, a glob, "hf:NAME").
+    source: str = "shakespeare"
+    # "bpe:N" trains a byte-level BPE of N entries; a path loads a tokenizer.json.
+    tokenizer: str = "bpe:4096"
+    # A directory written by linlm.data.prepare; None prepares source+tokenizer into the linlm cache.
+    dir: Optional[str] = None
+    seq_len: int = 256
+    # Fraction of the source held out for validation when the data is prepared here.
+    val_fraction: float = 0.01
+
+
+@dataclass
+class OptimSection:
+    lr: float = 3e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    # Applied to the matrices of linear layers only; norms, biases, embeddings and other parameters get none.
+    weight_decay: float = 0.1
+    # Max global gradient norm; 0 disables clipping (the norm is still measured and logged).
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ScheduleSection:
+    kind: Literal["cosine", "constant", "wsd"] = "cosine"
+    warmup_steps: int = 100
+    # The learning rate at the end of cosine / WSD decay, as a fraction of optim.lr.
+    min_lr_ratio: float = 0.1
+    # WSD: the fraction of all steps spent in the final linear decay.
+    decay_fraction: float = 0.2
+
+
+@dataclass
+class EvalSection:
+    # Validation loss every this many steps (and at the last step); 0 disables it.
+    every: int = 100
+    # How many validation batches (of batch_size sequences) make the fixed validation set.
+    batches: int = 4
+
+
+@dataclass
+class CheckpointSection:
+    # A checkpoint every this many steps (and at the last step); 0 writes only the last one.
+    every: int = 100
+    # How many checkpoints to keep (the newest ones).
+    keep: int = 3
+
+
+@dataclass
+class SamplesSection:
+    # Prompts generated from at the end of the run (printed and saved to samples.txt).
+    prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_k: int = 40
+
+
+@dataclass
+class DistributedSection:
+    # ddp replicates the model; fsdp shards parameters, gradients and optimizer state (FSDP2, fully_shard).
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    # "auto": nccl on CUDA, gloo on CPU.
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+
+@dataclass
+class DebugSection:
+    # Steps (1-based) whose loss is replaced by NaN: exercises the non-finite guard.
+    nan_steps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    samples: SamplesSection = field(default_factory=SamplesSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    debug: DebugSection = field(default_factory=DebugSection)
+    out_dir: str = "runs/default"
+    # Optimizer steps.
+    steps: int = 1000
+    # Global batch: sequences per optimizer step, over all processes and accumulation micro-steps.
+    batch_size: int = 16
+    grad_accum: int = 1
+    # bf16 runs the forward pass under torch.autocast(bfloat16) (CPU and CUDA); weights and optimizer stay fp32.
+    precision: Literal["fp32", "bf16"] = "fp32"
+    compile: bool = False
+    # Recompute each block's activations in the backward pass (torch.utils.checkpoint).
+    activation_checkpointing: bool = False
+    # Consecutive non-finite steps (loss or gradient) after which the run stops.
+    max_bad_steps: int = 5
+    seed: int = 0
+    # "auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N".
+    device: str = "auto"
+    # torch.use_deterministic_algorithms(True) (and the cuDNN / cuBLAS settings it needs).
+    deterministic: bool = False
+    # torch.set_num_threads; 0 keeps torch's default.
+    threads: int = 0
+    # Peak FLOP/s per device for MFU; None measures a matmul once at start.
+    peak_flops: Optional[float] = None
+    # A log line (and progress update) every this many steps.
+    log_every: int = 10
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+        return from_dict(cls, data).validate()
+
+    def micro_batch(self, world_size: int) -> int:
+        """Sequences per process per micro-step."""
+        return self.batch_size // (self.grad_accum * world_size)
+
+    def validate(self) -> "TrainConfig":
+        def need(ok: bool, key: str, msg: str) -> None:
+            if not ok:
+                raise ConfigError(f"{key}: {msg}")
+
+        need(self.steps > 0, "steps", f"must be a positive integer, got {self.steps}")
+        need(self.batch_size > 0, "batch_size", f"must be a positive integer, got {self.batch_size}")
+        need(self.grad_accum > 0, "grad_accum", f"must be a positive integer, got {self.grad_accum}")
+        need(self.batch_size % self.grad_accum == 0, "batch_size",
+             f"{self.batch_size} is not divisible by grad_accum={self.grad_accum}; the global batch is split into "
+             "grad_accum equal micro-batches")
+        need(self.max_bad_steps > 0, "max_bad_steps", f"must be a positive integer, got {self.max_bad_steps}")
+        need(self.log_every > 0, "log_every", f"must be a positive integer, got {self.log_every}")
+        need(self.threads >= 0, "threads", f"must be >= 0 (0 keeps torch's default), got {self.threads}")
+        need(self.peak_flops is None or self.peak_flops > 0, "peak_flops", "must be positive (FLOP/s) or null")
+        need(bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)), "device",
+             f"{self.device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+        need(bool(str(self.out_dir).strip()), "out_dir", "must not be empty")
+        # data
+        need(self.data.seq_len > 0, "data.seq_len", f"must be a positive integer, got {self.data.seq_len}")
+        need(0.0 <= self.data.val_fraction < 1.0, "data.val_fraction",
+             f"must be in [0, 1), got {self.data.val_fraction}")
+        need(bool(self.data.source) or self.data.dir is not None, "data.source", "give a source or data.dir")
+        # optim
+        o = self.optim
+        need(o.lr > 0, "optim.lr", f"must be positive, got {o.lr}")
+        need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas",
+             f"must be two numbers in [0, 1), got {o.betas}")
+        need(o.eps > 0, "optim.eps", f"must be positive, got {o.eps}")
+        need(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
+        need(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 disables clipping), got {o.grad_clip}")
+        # schedule
+        s = self.schedule
+        need(s.warmup_steps >= 0, "schedule.warmup_steps", f"must be >= 0, got {s.warmup_steps}")
+        need(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", f"must be in [0, 1], got {s.min_lr_ratio}")
+        need(0.0 < s.decay_fraction <= 1.0, "schedule.decay_fraction", f"must be in (0, 1], got {s.decay_fraction}")
+        # eval / checkpoint / samples
+        need(self.eval.every >= 0, "eval.every", f"must be >= 0 (0 disables evaluation), got {self.eval.every}")
+        need(self.eval.batches > 0, "eval.batches", f"must be a positive integer, got {self.eval.batches}")
+        need(self.checkpoint.every >= 0, "checkpoint.every", f"must be >= 0, got {self.checkpoint.every}")
+        need(self.checkpoint.keep > 0, "checkpoint.keep", f"must be a positive integer, got {self.checkpoint.keep}")
+        need(self.samples.max_new_tokens >= 0, "samples.max_new_tokens", "must be >= 0")
+        need(self.samples.temperature >= 0, "samples.temperature", "must be >= 0 (0 is greedy)")
+        need(self.samples.top_k >= 0, "samples.top_k", "must be >= 0 (0 keeps every token)")
+        need(all(n > 0 for n in self.debug.nan_steps), "debug.nan_steps", "steps are numbered from 1")
+        self.model_config(vocab_size=self.model.overrides.get("vocab_size", 256))
+        return self
+
+    def model_config(self, vocab_size: Optional[int] = None):
+        """The ModelConfig this run trains; ``vocab_size`` fills in a missing model.overrides.vocab_size."""
+        from linlm.models.presets import preset_config
+        from linlm.models.registry import get_arch
+
+        over = dict(self.model.overrides)
+        if "vocab_size" not in over and vocab_size is not None:
+            over["vocab_size"] = vocab_size
+        try:
+            cfg = preset_config(self.model.arch, self.model.preset, **over)
+        except ConfigError as e:
+            text = str(e)
+            prefix = "model." if text.startswith(("arch:", "preset:")) else "model.overrides."
+            raise ConfigError(prefix + text) from None
+        if get_arch(cfg.arch).position_limit and self.data.seq_len > cfg.max_seq_len:
+            raise ConfigError(f"data.seq_len: {self.data.seq_len} is longer than the model's max_seq_len="
+                              f"{cfg.max_seq_len} ({cfg.arch}); lower data.seq_len or set "
+                              f"model.overrides.max_seq_len={self.data.seq_len}")
+        return cfg
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---- building a config from files and overrides ------------------------------------------------------------
+
+# "unknown key 'a.b'", "unknown key a.'b'" (linlm.config's spelling) or "a.b: ..."
+_KEY_IN_MESSAGE = re.compile(r"^(?:unknown key ((?:[\w\[\]]+\.)*)'?([\w.\[\]]+)'|([\w.\[\]]+):)")
+
+
+def yaml_line(path: str | Path, dotted: str) -> Optional[int]:
+    """The 1-based line of ``dotted`` (``optim.lr``) in a YAML file, or None."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in re.sub(r"\[\d+\]", "", dotted).split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return line
+        for key, value in node.value:
+            if key.value == part:
+                line, node = key.start_mark.line + 1, value
+                break
+        else:
+            return line
+    return line
+
+
+def _where(err: ConfigError, path: Optional[str | Path], from_file: dict, overrides: dict) -> ConfigError:
+    """Add the file and line (or 'from the command line') to a ConfigError about a key."""
+    match = _KEY_IN_MESSAGE.match(str(err))
+    if not match:
+        return err
+    if match.group(2):
+        key = (match.group(1) or "") + match.group(2)
+        err = ConfigError(f"unknown key {key!r}{str(err)[match.end():]}")
+    else:
+        key = match.group(3)
+
+    def has(tree: Any, dotted: str) -> bool:
+        for part in re.sub(r"\[\d+\]", "", dotted).split("."):
+            if not isinstance(tree, Mapping) or part not in tree:
+                return False
+            tree = tree[part]
+        return True
+
+    if has(overrides, key):
+        return ConfigError(f"{err} (set on the command line)")
+    if path is not None and has(from_file, key):
+        line = yaml_line(path, key)
+        return ConfigError(f"{path}{f':{line}' if line else ''}: {err}")
+    return err
+
+
+def build_config(path: Optional[str | Path] = None, overrides: Optional[Mapping] = None,
+                 base: Optional[Mapping] = None) -> TrainConfig:
+    """Defaults, then ``base`` (a saved run's config), then the YAML file at ``path``, then ``overrides``."""
+    from_file = load_yaml(path) if path is not None else {}
+    overrides = dict(overrides or {})
+    merged = deep_merge(deep_merge(dict(base or {}), from_file), overrides)
+    try:
+        return TrainConfig.from_dict(merged)
+    except ConfigError as e:
+        raise _where(e, path, from_file, overrides) from None
+
+
+def load_train_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> TrainConfig:
+    """``load_train_config("configs/demo.yaml", ["optim.lr=1e-3", "steps=200"])``."""
+    return build_config(path, parse_overrides(overrides))
+
+
+def preset_path(name: str) -> Optional[Path]:
+    """configs/NAME.yaml in the source tree (for ``--config demo``), or None."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return None
+    here = Path(__file__).resolve()
+    for root in (here.parents[3] / "configs", here.parents[1] / "configs"):
+        candidate = root / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def config_diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping) and key != "overrides":
+            out += config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}")
+    return out

@@ -1,0 +1,165 @@
+"""The metrics log (JSON Lines), the progress display, and the model-FLOPs-utilisation ceiling.
+
+``out_dir/metrics.jsonl`` holds one JSON object per optimizer step::
+
+    {"step": 12, "tokens": 49152, "loss": 5.91, "lr": 0.0003, "grad_norm": 0.84, "tokens_per_s": 10240.0,
+     "step_s": 0.4, "data_s": 0.001, "mfu": 0.21, "skipped": false, "skipped_steps": 0, "time": 13.2}
+
+``step_s`` is the wall time of the step (every micro-batch, the all-reduce and the update; not validation or
+checkpointing), ``data_s`` the part of it spent fetching batches, ``time`` the seconds since the loop started.
+
+plus ``"val_loss"`` on the steps where validation ran and ``"aux_loss"`` for mixture-of-experts models. On resume
+the lines after the checkpoint's step are dropped, so the log of a resumed run reads like an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from linlm.io_utils import atomic_write_bytes
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Every complete record of a metrics log (a torn last line from a crash is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "step" in rec:
+            out.append(rec)
+    return out
+
+
+class MetricsLog:
+    """Appends records to metrics.jsonl, one line per step, flushed as written."""
+
+    def __init__(self, path: str | Path, *, truncate_after: Optional[int] = None):
+        self.path = Path(path)
+        if truncate_after is not None:
+            keep = [r for r in read_metrics(self.path) if r["step"] <= truncate_after]
+            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in keep).encode())
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._f.write(json.dumps(clean) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a square matmul in ``dtype`` on ``device``: the ceiling MFU is measured against."""
+    n = 4096 if device.type == "cuda" else 1024
+    gen = torch.Generator(device=device).manual_seed(0)  # never touches the global RNG a checkpoint restores
+    a = torch.randn(n, n, device=device, generator=gen).to(dtype)
+    b = torch.randn(n, n, device=device, generator=gen).to(dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        a @ b
+    sync()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def use_live_display() -> bool:
+    """A live progress bar only on an interactive terminal outside CI."""
+    return sys.stderr.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def format_line(rec: dict, total_steps: int, eta: Optional[float]) -> str:
+    parts = [f"step {rec['step']}/{total_steps}", f"loss {rec['loss']:.4f}" if rec.get("loss") is not None
+             else "loss nan"]
+    if rec.get("val_loss") is not None:
+        parts.append(f"val {rec['val_loss']:.4f}")
+    parts.append(f"lr {rec['lr']:.2e}")
+    if rec.get("grad_norm") is not None:
+        parts.append(f"gnorm {rec['grad_norm']:.2f}")
+    parts.append(f"{rec['tokens_per_s'] / 1000:.1f}k tok/s")
+    if rec.get("mfu") is not None:
+        parts.append(f"mfu {100 * rec['mfu']:.1f}%")
+    if rec.get("skipped_steps"):
+        parts.append(f"skipped {rec['skipped_steps']}")
+    if eta is not None:
+        parts.append(f"eta {format_duration(eta)}")
+    return " | ".join(parts)
+
+
+class Progress:
+    """A rich progress bar with ETA on a terminal; plain log lines (every ``log_every`` steps) always."""
+
+    def __init__(self, total_steps: int, start_step: int, log_every: int, enabled: bool = True,
+                 live: Optional[bool] = None):
+        self.total, self.start, self.log_every, self.enabled = total_steps, start_step, log_every, enabled
+        self.t0 = time.perf_counter()
+        self._bar = None
+        if enabled and (use_live_display() if live is None else live):
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+                                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, info="")
+
+    def eta(self, step: int) -> Optional[float]:
+        done = step - self.start
+        if done <= 0:
+            return None
+        return (time.perf_counter() - self.t0) / done * (self.total - step)
+
+    def print(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
+    def update(self, rec: dict) -> None:
+        if not self.enabled:
+            return
+        step = rec["step"]
+        if self._bar is not None:
+            loss = rec.get("loss")
+            self._bar.update(self._task, completed=step, info=f"loss {loss:.3f}" if loss is not None else "")
+        if step % self.log_every == 0 or step == self.total or rec.get("val_loss") is not None:
+            self.print(format_line(rec, self.total, self.eta(step)))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

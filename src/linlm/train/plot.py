@@ -1,0 +1,60 @@
+"""The loss curve of a run: training loss (raw and smoothed) and validation loss against tokens seen."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Optional
+
+
+def smooth(values: list[float], window: int = 0) -> list[float]:
+    """Centred moving average (no lag); the window shrinks at both ends. ``window=0`` picks about n/25."""
+    n = len(values)
+    window = window or max(1, n // 25)
+    half = window // 2
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    out = []
+    for i in range(n):
+        lo, hi = max(0, i - half), min(n, i + half + 1)
+        out.append((prefix[hi] - prefix[lo]) / (hi - lo))
+    return out
+
+
+def plot_loss_curve(records: list[dict], path: str | Path, title: Optional[str] = None) -> Optional[Path]:
+    """Write a PNG of the loss curve (atomically); returns its path, or None when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    train = [(r["tokens"], r["loss"]) for r in records if r.get("loss") is not None]
+    val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    if not train and not val:
+        return None
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    if train:
+        x, y = zip(*train)
+        ax.plot(x, y, color="tab:blue", alpha=0.25, linewidth=0.8, label="train (per step)")
+        ax.plot(x, smooth(list(y)), color="tab:blue", linewidth=1.6, label="train (smoothed)")
+    if val:
+        x, y = zip(*val)
+        ax.plot(x, y, "o-", color="tab:orange", markersize=4, linewidth=1.4, label="validation")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy loss (nats/token)")
+    ax.set_title(title or "loss")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.png")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
+    return path

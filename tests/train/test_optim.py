@@ -1,0 +1,101 @@
+"""Learning-rate schedules at chosen steps, and the decay / no-decay parameter groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from linlm import create_model
+from linlm.train.config import OptimSection, ScheduleSection
+from linlm.train.optim import build_optimizer, lr_at, split_decay, wsd_decay_start
+
+
+def sched(kind, warmup=10, min_ratio=0.1, decay_fraction=0.2):
+    return ScheduleSection(kind=kind, warmup_steps=warmup, min_lr_ratio=min_ratio, decay_fraction=decay_fraction)
+
+
+def test_warmup_is_linear_from_the_first_step():
+    s = sched("cosine", warmup=10)
+    assert lr_at(0, 1.0, 100, s) == pytest.approx(0.1)
+    assert lr_at(4, 1.0, 100, s) == pytest.approx(0.5)
+    assert lr_at(9, 1.0, 100, s) == pytest.approx(1.0)
+
+
+def test_cosine_values():
+    s = sched("cosine", warmup=10, min_ratio=0.1)
+    assert lr_at(10, 2.0, 110, s) == pytest.approx(2.0)
+    # halfway through the decay (steps 10..109): cos(pi/2) = 0 -> midpoint of max and min
+    mid = 10 + (109 - 10) / 2
+    assert lr_at(int(mid), 2.0, 110, s) == pytest.approx(0.2 + 1.8 * 0.5 * (1 + math.cos(math.pi * (49 / 99))))
+    assert lr_at(109, 2.0, 110, s) == pytest.approx(0.2)
+    values = [lr_at(i, 2.0, 110, s) for i in range(10, 110)]
+    assert all(a >= b for a, b in zip(values, values[1:])), "cosine decay must be monotone"
+
+
+def test_constant_after_warmup():
+    s = sched("constant", warmup=5)
+    assert lr_at(2, 1.0, 50, s) == pytest.approx(0.6)
+    assert [lr_at(i, 1.0, 50, s) for i in (5, 20, 49)] == [1.0, 1.0, 1.0]
+
+
+def test_wsd_stable_then_linear_decay():
+    s = sched("wsd", warmup=10, min_ratio=0.0, decay_fraction=0.2)
+    steps = 100
+    start = wsd_decay_start(steps, 0.2)
+    assert start == 80
+    assert lr_at(9, 1.0, steps, s) == pytest.approx(1.0)
+    assert lr_at(50, 1.0, steps, s) == pytest.approx(1.0)
+    assert lr_at(80, 1.0, steps, s) == pytest.approx(1.0)
+    assert lr_at(99, 1.0, steps, s) == pytest.approx(0.0)
+    # linear in between: step 80 + 19/2 is the midpoint of 80..99
+    assert lr_at(89, 1.0, steps, s) == pytest.approx(1 - 9 / 19)
+    assert lr_at(90, 1.0, steps, s) - lr_at(91, 1.0, steps, s) == pytest.approx(1 / 19)
+
+
+def test_wsd_min_lr_ratio():
+    s = sched("wsd", warmup=0, min_ratio=0.25, decay_fraction=0.5)
+    assert lr_at(0, 4.0, 10, s) == pytest.approx(4.0)
+    assert lr_at(9, 4.0, 10, s) == pytest.approx(1.0)
+
+
+def names(pairs):
+    return {n for n, _ in pairs}
+
+
+@pytest.mark.parametrize("arch", ["llama", "hgrn2", "cosformer2", "tnl"])
+def test_decay_groups(arch):
+    model = create_model(arch, preset="tiny")
+    decay, no_decay = split_decay(model)
+    all_names = {n for n, p in model.named_parameters()}
+    assert names(decay) | names(no_decay) == all_names
+    assert not names(decay) & names(no_decay)
+    assert "embed.weight" in names(no_decay)  # embeddings (and the tied head)
+    for n, p in no_decay:
+        assert p.dim() < 2 or not n.endswith(("qkv.weight", "out.weight")), n
+    for n, p in decay:
+        assert p.dim() >= 2, f"{n} is {p.dim()}-D but gets weight decay"
+        assert "norm" not in n and "embed" not in n
+    assert any(n.endswith("mixer.qkv.weight") or n.endswith("mixer.out.weight") for n in names(decay))
+    if arch == "hgrn2":
+        assert any("table" in n for n in names(no_decay))
+
+
+def test_biases_and_marked_parameters_get_no_decay():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    model[2].weight._no_weight_decay = True
+    decay, no_decay = split_decay(model)
+    assert names(decay) == {"0.weight"}
+    assert names(no_decay) == {"0.bias", "1.weight", "1.bias", "2.weight", "2.bias"}
+
+
+def test_optimizer_groups_carry_weight_decay():
+    model = create_model("llama", preset="tiny")
+    opt = build_optimizer(model, OptimSection(lr=1e-3, weight_decay=0.1))
+    wd = {g["weight_decay"] for g in opt.param_groups}
+    assert wd == {0.1, 0.0}
+    decayed = next(g for g in opt.param_groups if g["weight_decay"] == 0.1)["params"]
+    ids = {id(p) for p in decayed}
+    assert id(model.embed.weight) not in ids
+    assert id(model.layers[0].mixer.qkv.weight) in ids
