@@ -10,6 +10,7 @@ model-FLOPs utilisation against a matmul measured in the same run.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -60,6 +61,9 @@ def main(argv=None) -> int:
         entries = [(a, False) for a in archs]
         if not args.no_hf and "llama" in archs:
             entries.append(("llama", True))
+        # Build every model first, then time them in interleaved rounds, so that drift in the machine's
+        # load (or first-touch memory costs) does not favour whichever model happens to run first.
+        runs = []
         for arch, hf in entries:
             torch.manual_seed(0)
             model = create_model(arch, preset="paper-70m", vocab_size=args.vocab, max_seq_len=max(n, 8192))
@@ -73,15 +77,24 @@ def main(argv=None) -> int:
                 name = "llama (transformers)"
             model.train()
             ids = torch.randint(0, args.vocab, (args.batch, n))
-            seconds = time_fn(make_step(model, ids, hf=hf), warmup=args.warmup, repeat=args.repeat)
+            runs.append((name, cfg, make_step(model, ids, hf=hf)))
+        times = {name: [] for name, _, _ in runs}
+        for _ in range(args.warmup):
+            for name, _, step in runs:
+                step()
+        for _ in range(args.repeat):
+            for name, _, step in runs:
+                times[name].append(time_fn(step, warmup=0, repeat=1))
+        for name, cfg, _ in runs:
+            seconds = statistics.median(times[name])
             tokens = args.batch * n
             c = count(cfg, batch=args.batch, seq_len=n)
             flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
             results.append(dict(arch=name, seq_len=n, batch=args.batch, seconds_per_step=seconds,
-                                tokens_per_s=tokens / seconds, model_flops_per_step=flops,
-                                mfu=flops / seconds / peak))
+                                step_seconds=times[name], tokens_per_s=tokens / seconds,
+                                model_flops_per_step=flops, mfu=flops / seconds / peak))
             print(f"  {name:>22} n={n}: {tokens / seconds:8.1f} tok/s", flush=True)
-            del model
+        del runs
     for r in results:
         base = next(x for x in results if x["arch"] == "llama" and x["seq_len"] == r["seq_len"])
         r["ratio_vs_our_llama"] = r["tokens_per_s"] / base["tokens_per_s"]
