@@ -1,29 +1,15 @@
 """The Mamba-1 block: its conv, its fast forward against a from-the-equations reference, decoding, packing, init."""
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from linlm import create_model
+from ssm_helpers import randomize_
 from linlm.layers.mamba import DT_MAX, DT_MIN, MambaMixer, ShortConv
 from linlm.models.presets import preset_config
 from linlm.ops.selective_scan import selective_scan_reference
-
-
-def randomize_(module, seed=0):
-    """Asymmetric random weights of a useful scale (so that transposes and swapped pieces show)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            if name.endswith("A_log"):
-                p.copy_(torch.rand(p.shape, generator=g) * 2.0 - 1.5)  # decays exp(dt A) well inside (0, 1)
-    return module
 
 
 def mixer(**kw):

@@ -1,13 +1,13 @@
 """MossNet's time mixer: the batched expert scan against a per-token reference, routing invariants, decoding,
 packing, the reduction to Mamba + MLP, presets and bad configs."""
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from linlm import create_model
+from ssm_helpers import randomize_
 from linlm.errors import ConfigError
 from linlm.layers.mamba import MambaMixer
 from linlm.layers.mossnet import MossNetMixer
@@ -15,22 +15,6 @@ from linlm.models.counting import count_preset
 from linlm.models.presets import preset_config
 
 VARIANTS = [(p, k) for p in ("routed", "dense") for k in ("s6", "ssd")]
-
-
-def randomize_(module, seed=0):
-    """Asymmetric random weights of a useful scale (so that transposes and swapped experts show)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            if name.endswith("A_log"):
-                p.copy_(torch.rand(p.shape, generator=g) * 2.0 - 1.5)
-            if name.endswith("router.weight"):
-                p.mul_(4.0)  # decisive routing, so that every expert is picked by some tokens and not by others
-    return module
 
 
 def mixer(policy="routed", kernel="s6", dtype=torch.float64, **kw):

@@ -17,16 +17,6 @@ from linlm.ops.selective_scan import (
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def poison_empty():
-    """Deterministic mode makes torch.empty & co. return NaN-filled memory, so unwritten buffers show up."""
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    assert torch.utils.deterministic.fill_uninitialized_memory
-    yield
-    torch.use_deterministic_algorithms(was)
-
-
 def make_inputs(Bt=2, T=37, Din=5, N=3, *, dtype=F64, seed=0, batched=False, D="vec", init=True, dt_scale=1.0):
     """Asymmetric sizes (Din != N, Bt != both) so a transposed index shows up as a shape or value error."""
     g = torch.Generator().manual_seed(seed)
