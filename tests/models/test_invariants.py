@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from linlm import create_model
+from linlm.errors import ShapeError
 from linlm.models.registry import ARCHITECTURES
 
 ARCHS = sorted(ARCHITECTURES)
@@ -89,3 +90,32 @@ def test_gradients_reach_every_parameter(arch):
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, f"{name} gets no gradient"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loss_from_targets_matches_cross_entropy_of_logits(arch):
+    """The training path (targets=, chunked fused head + loss) gives the loss and gradients of the logits path."""
+    model = tiny(arch).double().train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 37))
+    targets = ids.roll(-1, dims=1)
+    targets[0, -1] = targets[1, 5] = -100
+    out = model(ids, targets=targets, return_aux=True)
+    assert out.logits is None
+    ref_out = model(ids, return_aux=True)
+    ref = torch.nn.functional.cross_entropy(ref_out.logits.flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(out.loss, ref, rtol=1e-10, atol=1e-12)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(out.loss + out.aux_loss, params)
+    want = torch.autograd.grad(ref + ref_out.aux_loss, params)
+    for (name, _), a, b in zip(model.named_parameters(), got, want):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-11, msg=name)
+
+
+def test_targets_are_checked():
+    model = tiny("llama")
+    ids = torch.randint(0, 512, (1, 8))
+    with pytest.raises(ShapeError, match="targets must have the shape"):
+        model(ids, targets=ids[:, :4])
+    with pytest.raises(ShapeError, match=r"targets holds token id 512.*ignore_index=-100"):
+        model(ids, targets=torch.full_like(ids, 512))

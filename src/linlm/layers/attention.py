@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.errors import ShapeError
-from linlm.layers.rope import apply_rope, rope_cos_sin
+from linlm.ops.fused import rope_angles, rope_qkv
 
 
 def document_mask(reset: torch.Tensor) -> torch.Tensor:
@@ -32,10 +32,9 @@ class Attention(nn.Module):
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape
         H, Dh = self.n_heads, self.head_dim
-        q, k, v = self.qkv(x).view(B, T, 3, H, Dh).permute(2, 0, 3, 1, 4).unbind(0)
-        positions = torch.arange(offset, offset + T, device=x.device)
-        cos, sin = rope_cos_sin(positions, Dh, self.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.qkv(x).view(B, T, 3, H, Dh)
+        cos, sin = rope_angles(torch.arange(offset, offset + T, device=x.device), Dh, self.rope_theta, qkv.dtype)
+        q, k, v = rope_qkv(qkv, cos, sin).unbind(0)
         if state is not None:
             k = torch.cat([state[0], k], dim=2)
             v = torch.cat([state[1], v], dim=2)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from linlm.ops.fused import glu
 
 
 class GLU(nn.Module):
     """(act(x W_gate) * x W_up) W_down; ``act=None`` gives SGLU (no activation).
 
-    The gate and up projections are fused into one matmul (``w_in`` holds [W_gate; W_up]).
+    The gate and up projections are fused into one matmul (``w_in`` holds [W_gate; W_up]); the product runs through
+    ``ops.fused.glu``, whose gradient comes back as one tensor for ``w_in``.
     """
 
     def __init__(self, d_model: int, hidden: int, activation: str | None = "silu"):
@@ -21,7 +23,4 @@ class GLU(nn.Module):
         self.w_out = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_in(x).chunk(2, dim=-1)
-        if self.activation == "silu":
-            gate = F.silu(gate)
-        return self.w_out(gate * up)
+        return self.w_out(glu(self.w_in(x), self.activation))

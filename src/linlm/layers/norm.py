@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linlm.ops.fused import rms_norm
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * w. With ``weight=False`` this is SRMSNorm: x / (||x||_2 / sqrt(d))."""
@@ -17,7 +19,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+        w = self.weight
+        if x.dtype in (torch.float32, torch.float64) and (w is None or w.dtype == x.dtype):
+            return rms_norm(x, w, self.eps)
+        # Low precision: PyTorch's own version, which accumulates in float32.
+        return F.rms_norm(x, (self.dim,), w, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, weight={self.weight is not None}"

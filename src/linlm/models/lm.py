@@ -14,14 +14,18 @@ from linlm.layers.norm import make_norm
 from linlm.layers.state import ModelState
 from linlm.models.config import ModelConfig
 from linlm.models.registry import get_arch
+from linlm.ops.fused import linear_cross_entropy
 
 
 @dataclass
 class LMOutput:
-    logits: torch.Tensor
+    # None when the model was called with targets: the loss is then computed without materialising the logits.
+    logits: Optional[torch.Tensor]
     state: Optional[ModelState] = None
     # Sum of the routers' auxiliary losses (already weighted by their coefficients); 0 for dense models.
     aux_loss: Optional[torch.Tensor] = None
+    # Mean next-token cross-entropy over the targets that are not ignore_index (float32), when targets were given.
+    loss: Optional[torch.Tensor] = None
 
 
 class Block(nn.Module):
@@ -53,6 +57,11 @@ class CausalLM(nn.Module):
     ``model(input_ids)`` returns logits [B, T, V]. With ``return_state=True`` or ``return_aux=True`` it
     returns an :class:`LMOutput`. Pass the returned ``state`` back in to continue a sequence: a prompt
     prefilled in one call and then extended token by token gives the logits of one full pass.
+
+    ``model(input_ids, targets=targets)`` (targets [B, T], already shifted: targets[:, t] is the token after
+    input_ids[:, t]; ``ignore_index`` marks tokens left out) returns an :class:`LMOutput` whose ``loss`` is the mean
+    cross-entropy, computed by ``ops.fused.linear_cross_entropy`` in chunks of tokens, so that the [B, T, V] logits
+    are never held at once (``logits`` is then None). This is the training path.
     """
 
     def __init__(self, config: ModelConfig):
@@ -112,9 +121,21 @@ class CausalLM(nn.Module):
         reset: Optional[torch.Tensor] = None,
         return_state: bool = False,
         return_aux: bool = False,
+        targets: Optional[torch.Tensor] = None,
+        ignore_index: int = -100,
     ):
         """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document."""
         self._check_input(input_ids, state, reset)
+        if targets is not None and tuple(targets.shape) != tuple(input_ids.shape):
+            raise ShapeError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(targets.shape)}")
+        if targets is not None and targets.numel() and targets.device.type != "meta":
+            kept = targets[targets != ignore_index]
+            if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= self.config.vocab_size):
+                bad = int(kept.max()) if int(kept.max()) >= self.config.vocab_size else int(kept.min())
+                raise ShapeError(
+                    f"targets holds token id {bad}, outside the model's vocabulary (vocab_size={self.config.vocab_size}, "
+                    f"valid ids 0..{self.config.vocab_size - 1}, or ignore_index={ignore_index} to leave a token out)"
+                )
         offset = state.offset if state is not None else 0
         x = self.embed(input_ids)
         extra: dict[str, Any] = {}
@@ -130,13 +151,18 @@ class CausalLM(nn.Module):
             layer_states.append(s)
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
-        logits = F.linear(self.norm(x), self.embed.weight)
-        if not (return_state or return_aux):
-            return logits
+        h = self.norm(x)
+        loss = logits = None
+        if targets is not None:
+            loss = linear_cross_entropy(h.flatten(0, 1), self.embed.weight, targets.flatten(), ignore_index)
+        else:
+            logits = F.linear(h, self.embed.weight)
+            if not (return_state or return_aux):
+                return logits
         new_state = ModelState(layer_states, offset + input_ids.shape[1], extra) if return_state else None
         if aux_total is None:
-            aux_total = logits.new_zeros(())
-        return LMOutput(logits, new_state, aux_total)
+            aux_total = h.new_zeros((), dtype=torch.float32)
+        return LMOutput(logits, new_state, aux_total, loss)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ModelState]:

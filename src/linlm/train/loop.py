@@ -437,8 +437,8 @@ class _Run:
                     data_s += time.perf_counter() - t_data
                     with dist_utils.no_grad_sync(self.model, info.enabled and micro < A - 1):
                         with self.autocast():
-                            out = self.step_model(ids, return_aux=True)
-                        ce = F.cross_entropy(out.logits.float().flatten(0, 1), targets.flatten())
+                            out = self.step_model(ids, targets=targets, return_aux=True)
+                        ce = out.loss
                         if n in nan_steps:
                             ce = ce * float("nan")
                         aux = out.aux_loss.float()
