@@ -17,8 +17,13 @@ from pathlib import Path
 
 import torch
 
+from linlm.runtime import tune_allocator
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+# As the linlm CLI and trainer do (see linlm/runtime.py), for every model a script runs alike.
+# LINLM_ALLOCATOR=system measures with the allocator's defaults.
+ALLOCATOR = tune_allocator()
 
 
 def _git_revision() -> str:
@@ -57,6 +62,7 @@ def meta() -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "allocator_settings": ALLOCATOR,
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

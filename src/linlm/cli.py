@@ -103,6 +103,9 @@ def _subsystem_clis():
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from linlm.runtime import tune_allocator
+
+    tune_allocator()
     try:
         return int(args.func(args) or 0)
     except LinlmError as e:

@@ -10,12 +10,16 @@ from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_
 from linlm.layers.norm import RMSNorm
 
 
-def lrpe(x: torch.Tensor, theta: torch.Tensor, offset: int) -> torch.Tensor:
-    """[x cos(theta t), x sin(theta t)] along the last dim; x: [B, T, H, K], theta: [H, K]."""
-    T = x.shape[1]
-    t = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
+def lrpe_factors(theta: torch.Tensor, offset: int, T: int, dtype: torch.dtype) -> torch.Tensor:
+    """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K]."""
+    t = torch.arange(offset, offset + T, device=theta.device, dtype=torch.float32)
     angle = t[:, None, None] * theta.float()[None]  # [T, H, K]
-    return torch.cat([x * angle.cos().to(x.dtype), x * angle.sin().to(x.dtype)], dim=-1)
+    return torch.stack([angle.cos(), angle.sin()], dim=2).to(dtype)
+
+
+def lrpe(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """[x cos(theta t), x sin(theta t)] along the last dim: x [..., T, H, K] -> [..., T, H, 2K] in one product."""
+    return (x.unsqueeze(-2) * factors).flatten(-2)
 
 
 class CosFormer2Mixer(nn.Module):
@@ -33,9 +37,11 @@ class CosFormer2Mixer(nn.Module):
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        q = lrpe(F.silu(q), self.theta, offset)
-        k = lrpe(F.silu(k), self.theta, offset)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim)
+        # q and k together: silu, then one product with the position factors, shared by both.
+        factors = lrpe_factors(self.theta, offset, T, qkv.dtype)[:, None]  # [T, 1, H, 2, K]
+        q, k = lrpe(F.silu(qkv[:, :, :2]), factors).unbind(2)
+        v = qkv[:, :, 2]
         o, new_state = run_gla(q, k, v, None, state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size)
         return self.out(self.norm(o.reshape(B, T, d)) * self.gate(x)), new_state
 

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from linlm.errors import CheckpointError, ConfigError, DataError, LinlmError
+from linlm.runtime import tune_allocator
 from linlm.io_utils import atomic_write_bytes
 from linlm.train import checkpoint as ckpt
 from linlm.train import distributed as dist_utils
@@ -295,6 +296,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, ve
     """Train ``cfg``. ``resume`` continues the run in ``cfg.out_dir`` from its newest valid checkpoint;
     ``overwrite`` replaces a run there. Under torchrun every process calls this; rank 0 writes the outputs."""
     cfg.validate()
+    tune_allocator()
     info = dist_utils.init(cfg.device, cfg.distributed.backend)
     runner = _Run(cfg, info, verbose, live)
     try:
