@@ -1,8 +1,9 @@
 """Training-step throughput: tokens/s of forward + backward + AdamW at the paper-70m shape.
 
-Every architecture, our LLaMA and transformers' LlamaForCausalLM of the same config run in one process,
-warmed up, median of several steps. Reports ratios against our LLaMA (and ours against HF), and
-model-FLOPs utilisation against a matmul measured in the same run.
+One process, two phases per sequence length, each timed in interleaved rounds after a warm-up (medians):
+"archs" runs every architecture and reports its ratio to our LLaMA; "hf" then runs our LLaMA against
+transformers' LlamaForCausalLM of the same config (converted weights), on their own. Model-FLOPs utilisation is
+against a square matmul measured in the same run.
 
 Each library's step is its training path: ours calls ``model(ids, targets=...)`` (the chunked fused head and
 cross-entropy that linlm's trainer uses); transformers' model returns logits and the loss is
@@ -10,12 +11,13 @@ cross-entropy that linlm's trainer uses); transformers' model returns logits and
 this is its faster form). The row "llama (logits + CE)" is our LLaMA through that same logits path, to show how
 much of the difference is the loss.
 
-    python benchmarks/bench_train_step.py [--seq-lens 2048 8192] [--archs ...] [--repeat 3]
+    python benchmarks/bench_train_step.py [--seq-lens 2048 8192] [--archs ...] [--repeat 5] [--no-hf]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 from pathlib import Path
@@ -58,6 +60,47 @@ def make_step(model, ids, mode: str = "fused"):
     return step
 
 
+def build(arch: str, mode: str, n: int, args):
+    torch.manual_seed(0)
+    model = create_model(arch, preset="paper-70m", vocab_size=args.vocab, max_seq_len=max(n, 8192))
+    cfg = model.config
+    name = {"fused": arch, "logits": f"{arch} (logits + CE)", "hf": f"{arch} (transformers)"}[mode]
+    if mode == "hf":
+        from linlm.hf.llama import to_hf_llama
+
+        model = to_hf_llama(model)
+        model.config._attn_implementation = "sdpa"
+    model.train()
+    ids = torch.randint(0, args.vocab, (args.batch, n))
+    return name, cfg, make_step(model, ids, mode)
+
+
+def time_rounds(entries, n: int, args, phase: str) -> list[dict]:
+    """Build every model of a phase first, then time them in interleaved rounds, so that drift in the machine's
+    load (or first-touch memory costs) does not favour whichever model happens to run first."""
+    runs = [build(arch, mode, n, args) for arch, mode in entries]
+    times = {name: [] for name, _, _ in runs}
+    for _ in range(args.warmup):
+        for name, _, step in runs:
+            step()
+    for i in range(args.repeat):
+        # Every other round runs in reverse order, so that no model always follows the same neighbour.
+        for name, _, step in (runs if i % 2 == 0 else runs[::-1]):
+            times[name].append(time_fn(step, warmup=0, repeat=1))
+    out = []
+    for name, cfg, _ in runs:
+        seconds = statistics.median(times[name])
+        tokens = args.batch * n
+        c = count(cfg, batch=args.batch, seq_len=n)
+        flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
+        out.append(dict(arch=name, phase=phase, seq_len=n, batch=args.batch, seconds_per_step=seconds,
+                        step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops))
+        print(f"  [{phase}] {name:>22} n={n}: {tokens / seconds:8.1f} tok/s", flush=True)
+    del runs
+    gc.collect()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192])
@@ -65,68 +108,39 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' LlamaForCausalLM")
     args = ap.parse_args(argv)
     archs = args.archs or list(ARCHITECTURES)
     peak = matmul_flops_per_s()
     results = []
     for n in args.seq_lens:
-        entries = [(a, "fused") for a in archs]
-        if "llama" in archs:
-            entries.append(("llama", "logits"))
-            if not args.no_hf:
-                entries.append(("llama", "hf"))
-        # Build every model first, then time them in interleaved rounds, so that drift in the machine's
-        # load (or first-touch memory costs) does not favour whichever model happens to run first.
-        runs = []
-        for arch, mode in entries:
-            torch.manual_seed(0)
-            model = create_model(arch, preset="paper-70m", vocab_size=args.vocab, max_seq_len=max(n, 8192))
-            cfg = model.config
-            name = {"fused": arch, "logits": f"{arch} (logits + CE)", "hf": f"{arch} (transformers)"}[mode]
-            if mode == "hf":
-                from linlm.hf.llama import to_hf_llama
-
-                model = to_hf_llama(model)
-                model.config._attn_implementation = "sdpa"
-            model.train()
-            ids = torch.randint(0, args.vocab, (args.batch, n))
-            runs.append((name, cfg, make_step(model, ids, mode)))
-        times = {name: [] for name, _, _ in runs}
-        for _ in range(args.warmup):
-            for name, _, step in runs:
-                step()
-        for i in range(args.repeat):
-            # Every other round runs in reverse order, so that no model always follows the same neighbour.
-            for name, _, step in (runs if i % 2 == 0 else runs[::-1]):
-                times[name].append(time_fn(step, warmup=0, repeat=1))
-        for name, cfg, _ in runs:
-            seconds = statistics.median(times[name])
-            tokens = args.batch * n
-            c = count(cfg, batch=args.batch, seq_len=n)
-            flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
-            results.append(dict(arch=name, seq_len=n, batch=args.batch, seconds_per_step=seconds,
-                                step_seconds=times[name], tokens_per_s=tokens / seconds,
-                                model_flops_per_step=flops))
-            print(f"  {name:>22} n={n}: {tokens / seconds:8.1f} tok/s", flush=True)
-        del runs
+        # Phase "archs": every architecture through its training path, against our LLaMA.
+        results += time_rounds([(a, "fused") for a in archs], n, args, "archs")
+        # Phase "hf": our LLaMA against transformers' in rounds of their own (the other models freed first, so
+        # that this pair does not share the heap with them): ours through its training path and through the
+        # same logits + F.cross_entropy path as transformers'.
+        if "llama" in archs and not args.no_hf:
+            results += time_rounds([("llama", "fused"), ("llama", "logits"), ("llama", "hf")], n, args, "hf")
     # Measured again at the end, the best of both: MFU is then a lower bound, never inflated by a slow moment.
     peak = max(peak, matmul_flops_per_s())
     for r in results:
         r["mfu"] = r["model_flops_per_step"] / r["seconds_per_step"] / peak
     for r in results:
-        base = next(x for x in results if x["arch"] == "llama" and x["seq_len"] == r["seq_len"])
-        r["ratio_vs_our_llama"] = r["tokens_per_s"] / base["tokens_per_s"]
-        hf_row = next((x for x in results if x["arch"] == "llama (transformers)" and x["seq_len"] == r["seq_len"]), None)
+        same = [x for x in results if x["seq_len"] == r["seq_len"] and x["phase"] == r["phase"]]
+        base = next((x for x in same if x["arch"] == "llama"), None)
+        if base is not None:
+            r["ratio_vs_our_llama"] = r["tokens_per_s"] / base["tokens_per_s"]
+        hf_row = next((x for x in same if x["arch"] == "llama (transformers)"), None)
         if r["arch"] in ("llama", "llama (logits + CE)") and hf_row:
             r["ratio_vs_hf_llama"] = r["tokens_per_s"] / hf_row["tokens_per_s"]
             # The same ratio within each interleaved round: how steady the comparison is.
             r["ratio_vs_hf_llama_per_round"] = [h / o for o, h in zip(r["step_seconds"], hf_row["step_seconds"])]
-    rows = [[r["arch"], r["seq_len"], f"{r['tokens_per_s']:.0f}", f"{r['ratio_vs_our_llama']:.2f}x",
+    rows = [[r["arch"], r["phase"], r["seq_len"], f"{r['tokens_per_s']:.0f}",
+             f"{r['ratio_vs_our_llama']:.2f}x" if "ratio_vs_our_llama" in r else "",
              f"{r.get('ratio_vs_hf_llama', float('nan')):.2f}x" if "ratio_vs_hf_llama" in r else "",
              f"{100 * r['mfu']:.1f}%"] for r in results]
-    print_table(["arch", "seq", "tokens/s", "vs our llama", "vs HF llama", "MFU"], rows)
+    print_table(["arch", "phase", "seq", "tokens/s", "vs our llama", "vs HF llama", "MFU"], rows)
     print(f"matmul ceiling measured in this run: {peak / 1e9:.0f} GFLOP/s (fp32, n=2048)")
     for r in results:
         if "ratio_vs_hf_llama_per_round" in r:
