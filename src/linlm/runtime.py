@@ -5,8 +5,8 @@ serves blocks above its (adaptive, at most 32 MB) mmap threshold with fresh mmap
 top of the heap to the system, so those tensors come back as untouched pages the next step, and every first
 write to a 4 KB page is a page fault that the kernel zero-fills. On this project's 2-core CPU that cost
 cosFormer2 at seq 8192 about 1.1 million faults (4 GB of zero-filling) per step; with the settings below it
-falls to about 0.1 million and the step is about 1.2x faster (benchmarks/bench_train_step.py, docs/training.md).
-LLaMA's step is unaffected (its allocations were already reused).
+falls to about 0.1 million and the step is about 1.2x faster (docs/training.md). LLaMA's step, which had almost
+no page faults to begin with, changed within noise.
 
 ``tune_allocator()`` keeps freed memory in the process for reuse: blocks up to 1 GiB come from the heap, the
 heap is not trimmed until 4 GiB of it are free, and each heap extension adds 256 MiB of slack. The price is a
