@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -80,13 +81,16 @@ def time_rounds(entries, n: int, args, phase: str) -> list[dict]:
     load (or first-touch memory costs) does not favour whichever model happens to run first."""
     runs = [build(arch, mode, n, args) for arch, mode in entries]
     times = {name: [] for name, _, _ in runs}
+    faults = {name: [] for name, _, _ in runs}  # minor page faults per step (fresh memory touched)
     for _ in range(args.warmup):
         for name, _, step in runs:
             step()
     for i in range(args.repeat):
         # Every other round runs in reverse order, so that no model always follows the same neighbour.
         for name, _, step in (runs if i % 2 == 0 else runs[::-1]):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             times[name].append(time_fn(step, warmup=0, repeat=1))
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     out = []
     for name, cfg, _ in runs:
         seconds = statistics.median(times[name])
@@ -94,8 +98,10 @@ def time_rounds(entries, n: int, args, phase: str) -> list[dict]:
         c = count(cfg, batch=args.batch, seq_len=n)
         flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
         out.append(dict(arch=name, phase=phase, seq_len=n, batch=args.batch, seconds_per_step=seconds,
-                        step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops))
-        print(f"  [{phase}] {name:>22} n={n}: {tokens / seconds:8.1f} tok/s", flush=True)
+                        step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops,
+                        page_faults_per_step=statistics.median(faults[name])))
+        print(f"  [{phase}] {name:>22} n={n}: {tokens / seconds:8.1f} tok/s, "
+              f"{statistics.median(faults[name]):,.0f} page faults/step", flush=True)
     del runs
     gc.collect()
     return out
@@ -138,7 +144,7 @@ def main(argv=None) -> int:
             r["ratio_vs_hf_llama_per_round"] = [h / o for o, h in zip(r["step_seconds"], hf_row["step_seconds"])]
     rows = [[r["arch"], r["phase"], r["seq_len"], f"{r['tokens_per_s']:.0f}",
              f"{r['ratio_vs_our_llama']:.2f}x" if "ratio_vs_our_llama" in r else "",
-             f"{r.get('ratio_vs_hf_llama', float('nan')):.2f}x" if "ratio_vs_hf_llama" in r else "",
+             f"{r['ratio_vs_hf_llama']:.2f}x" if "ratio_vs_hf_llama" in r else "",
              f"{100 * r['mfu']:.1f}%"] for r in results]
     print_table(["arch", "phase", "seq", "tokens/s", "vs our llama", "vs HF llama", "MFU"], rows)
     print(f"matmul ceiling measured in this run: {peak / 1e9:.0f} GFLOP/s (fp32, n=2048)")

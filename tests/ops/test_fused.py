@@ -238,6 +238,24 @@ def test_linear_cross_entropy_under_bfloat16_autocast_is_as_accurate_as_referenc
         assert err <= 1.5 * err_ref + 1e-6 and err < 0.1 * exact.abs().max()
 
 
+def test_linear_cross_entropy_with_bfloat16_weights_is_as_accurate_as_reference():
+    """A model cast to bf16 (no autocast): the softmax is still float32, the gradients come back in bf16."""
+    h32, w32, t = ce_inputs(N=64, d=32, V=50, dtype=torch.float32)
+    h, w = (x.detach().bfloat16().requires_grad_() for x in (h32, w32))
+    loss = linear_cross_entropy(h, w, t, chunk_rows=16)
+    ref = linear_cross_entropy_reference(h, w, t)
+    hd, wd = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    truth = linear_cross_entropy_reference(hd, wd, t)
+    true_grads = torch.autograd.grad(truth, [hd, wd])
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - truth.item()) <= 1.5 * abs(ref.item() - truth.item()) + 1e-4
+    got, want = torch.autograd.grad(loss, [h, w]), torch.autograd.grad(ref, [h, w])
+    for a, b, exact in zip(got, want, true_grads):
+        assert a.dtype == torch.bfloat16
+        err, err_ref = (a.double() - exact).abs().max(), (b.double() - exact).abs().max()
+        assert err <= 1.5 * err_ref + 1e-6 and err < 0.1 * exact.abs().max()
+
+
 def test_linear_cross_entropy_rejects_bad_shapes():
     h, w, t = ce_inputs()
     with pytest.raises(ValueError, match=r"targets must be \[N\] = \[23\]"):

@@ -90,20 +90,32 @@ class CausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def _check_input(self, input_ids: torch.Tensor, state: Optional[ModelState], reset) -> None:
+    def _check_ids(self, name: str, ids: torch.Tensor, hint: str) -> None:
+        """Every id in ``ids`` must be a row of the vocabulary (one min/max pass)."""
+        V = self.config.vocab_size
+        if not ids.numel() or ids.device.type == "meta":
+            return
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= V:
+            raise ShapeError(
+                f"{name} holds token id {hi if hi >= V else lo}, outside the model's vocabulary (vocab_size={V}, "
+                f"valid ids 0..{V - 1}); {hint}"
+            )
+
+    def _check_input(self, input_ids: torch.Tensor, state: Optional[ModelState], reset, targets=None,
+                     ignore_index: int = -100) -> None:
         cfg = self.config
         if input_ids.dim() != 2:
             raise ShapeError(f"input_ids must have shape [batch, time], got {tuple(input_ids.shape)}")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise ShapeError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.numel() and input_ids.device.type != "meta":
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= cfg.vocab_size:
-                bad = hi if hi >= cfg.vocab_size else lo
-                raise ShapeError(
-                    f"input_ids holds token id {bad}, outside the model's vocabulary (vocab_size={cfg.vocab_size}, "
-                    f"valid ids 0..{cfg.vocab_size - 1}); use a tokenizer that fits or build the model with a larger vocab_size"
-                )
+        self._check_ids("input_ids", input_ids, "use a tokenizer that fits or build the model with a larger vocab_size")
+        if targets is not None:
+            if tuple(targets.shape) != tuple(input_ids.shape):
+                raise ShapeError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(targets.shape)}")
+            # Ignored positions count as id 0, so that one min/max pass checks the rest.
+            self._check_ids("targets", torch.where(targets == ignore_index, 0, targets),
+                            f"mark tokens to leave out with ignore_index={ignore_index}")
         offset = state.offset if state is not None else 0
         if self.spec.position_limit and offset + input_ids.shape[1] > cfg.max_seq_len:
             raise ShapeError(
@@ -125,17 +137,7 @@ class CausalLM(nn.Module):
         ignore_index: int = -100,
     ):
         """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document."""
-        self._check_input(input_ids, state, reset)
-        if targets is not None and tuple(targets.shape) != tuple(input_ids.shape):
-            raise ShapeError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(targets.shape)}")
-        if targets is not None and targets.numel() and targets.device.type != "meta":
-            kept = targets[targets != ignore_index]
-            if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= self.config.vocab_size):
-                bad = int(kept.max()) if int(kept.max()) >= self.config.vocab_size else int(kept.min())
-                raise ShapeError(
-                    f"targets holds token id {bad}, outside the model's vocabulary (vocab_size={self.config.vocab_size}, "
-                    f"valid ids 0..{self.config.vocab_size - 1}, or ignore_index={ignore_index} to leave a token out)"
-                )
+        self._check_input(input_ids, state, reset, targets, ignore_index)
         offset = state.offset if state is not None else 0
         x = self.embed(input_ids)
         extra: dict[str, Any] = {}

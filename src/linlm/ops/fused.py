@@ -1,5 +1,5 @@
-"""Fused element-wise pieces of the transformer-style blocks: RoPE on a packed q|k|v projection, the GLU on a packed
-gate|up projection, and RMSNorm.
+"""Fused pieces of the transformer-style blocks: RoPE on a packed q|k|v projection, the GLU on a packed gate|up
+projection, RMSNorm, and the tied LM head with its cross-entropy.
 
 Each one computes exactly its composite PyTorch expression (the ``*_reference`` functions here, which tests compare
 it against, values and every gradient). What changes is the cost. Autograd's generic backward for the composite
@@ -14,6 +14,10 @@ here instead writes its result, and its gradient, straight into one output buffe
   (SGLU). The gradient comes back as one [..., 2 F] tensor, with no concatenation.
 - ``rms_norm(x, weight, eps)``: x / sqrt(mean(x^2) + eps) * weight over the last dim; weight may be None
   (SRMSNorm). The mean square is one reduction (a vector norm), with no x^2 tensor.
+- ``linear_cross_entropy(h, weight, targets)``: mean cross-entropy of h @ weight^T, a chunk of tokens at a time,
+  with the gradient computed in the same pass, so that the [N, V] logits never exist at once.
+
+benchmarks/bench_fused.py times each against its reference.
 """
 
 from __future__ import annotations
@@ -80,9 +84,8 @@ class _RopeQKV(torch.autograd.Function):
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """qkv [B, T, 3, H, D] -> [3, B, H, T, D]: RoPE applied to q and k, v passed through.
 
-    The result is laid out head-major (each of q, k, v is a contiguous [B, H, T, D]), which the CPU
-    flash-attention kernel reads about 5 % faster than views into the projection's [B, T, 3, H, D] output; the
-    transposition costs nothing extra, since the rotation writes every element anyway.
+    The result is laid out head-major, so each of q, k, v is a contiguous [B, H, T, D], the layout attention
+    takes; the transposition costs nothing extra, since the rotation writes every element anyway.
     """
     if qkv.dim() != 5 or qkv.shape[2] != 3 or qkv.shape[-1] % 2:
         raise ValueError(f"rope_qkv: qkv must be [B, T, 3, H, D] with D even, got {tuple(qkv.shape)}")
@@ -227,16 +230,17 @@ def _chunked_cross_entropy(h, weight, targets, ignore_index, rows, want_h, want_
         p.scatter_add_(1, tc, torch.full_like(tc, -1, dtype=p.dtype))  # d loss / d logits = softmax - onehot
         if not all_valid:
             p[~vc] = 0
-        if want_h:
-            if autocast or p.dtype != weight.dtype:
+        if autocast:
+            if want_h:
                 grad_h[start:end] = p @ weight
-            else:
-                torch.mm(p, weight, out=grad_h[start:end])
-        if want_w:
-            if autocast or p.dtype != hc.dtype:
+            if want_w:
                 grad_w += p.t() @ hc
-            else:
-                grad_w.addmm_(p.t(), hc)
+            continue
+        p = p.to(weight.dtype)  # back to the weights' precision (a no-op unless they are below float32)
+        if want_h:
+            torch.mm(p, weight, out=grad_h[start:end])
+        if want_w:
+            grad_w.addmm_(p.t(), hc)
     return loss, valid.sum(), grad_h, grad_w
 
 

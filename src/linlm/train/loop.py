@@ -32,11 +32,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from linlm.errors import CheckpointError, ConfigError, DataError, LinlmError
-from linlm.runtime import tune_allocator
 from linlm.io_utils import atomic_write_bytes
+from linlm.runtime import tune_allocator
 from linlm.train import checkpoint as ckpt
 from linlm.train import distributed as dist_utils
 from linlm.train.config import TrainConfig, config_diff
@@ -516,8 +515,8 @@ class _Run:
             for ids, targets in self.data.val:
                 ids, targets = ids.to(device), targets.to(device)
                 with self.autocast():
-                    logits = self.step_model(ids, return_aux=True).logits
-                total[0] += F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum").double()
+                    mean = self.step_model(ids, targets=targets, return_aux=True).loss
+                total[0] += mean.double() * targets.numel()
                 total[1] += targets.numel()
         finally:
             self.model.train()

@@ -1,0 +1,95 @@
+"""The fused functions of linlm.ops.fused against their composite references, forward + backward.
+
+Shapes are those of one paper-70m LLaMA layer (d_model 512, 4 heads of 128, SwiGLU width 1536, vocab 8192) at
+B=1, T=2048, float32. Each pair runs in this process, warmed up, timed in interleaved rounds (medians). Prints a
+table and writes benchmarks/results/bench_fused.json. These are the element-wise parts of a training step; the
+step itself is timed by bench_train_step.py.
+
+    python benchmarks/bench_fused.py [--seq-len 2048] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import meta, print_table, time_fn, write_json  # noqa: E402
+
+from linlm.ops import fused  # noqa: E402
+
+
+def rope_reference_qkv(qkv, cos, sin):
+    """The composite path the attention layer used before rope_qkv: views, then RoPE on q and k."""
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return fused.rope_reference(q, cos, sin), fused.rope_reference(k, cos, sin), v
+
+
+def cases(T: int, d: int = 512, H: int = 4, hidden: int = 1536, V: int = 8192):
+    """name -> (fused fn, reference fn, inputs); each fn maps the inputs to a tuple of outputs."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(1, T, 3, H, d // H, generator=g)
+    cos, sin = fused.rope_angles(torch.arange(T), d // H, 10000.0, torch.float32)
+    h = torch.randn(1, T, 2 * hidden, generator=g)
+    x = torch.randn(1, T, d, generator=g)
+    w = torch.rand(d, generator=g) + 0.5
+    hh = torch.randn(T, d, generator=g)
+    head = torch.randn(V, d, generator=g) * 0.02
+    t = torch.randint(0, V, (T,), generator=g)
+    return {
+        "rope_qkv": (lambda a: tuple(fused.rope_qkv(a, cos, sin).unbind(0)),
+                     lambda a: rope_reference_qkv(a, cos, sin), (qkv,)),
+        "glu (silu)": (lambda a: (fused.glu(a, "silu"),), lambda a: (fused.glu_reference(a, "silu"),), (h,)),
+        "rms_norm": (lambda a, b: (fused.rms_norm(a, b, 1e-6),),
+                     lambda a, b: (fused.rms_norm_reference(a, b, 1e-6),), (x, w)),
+        "linear_cross_entropy": (lambda a, b: (fused.linear_cross_entropy(a, b, t),),
+                                 lambda a, b: (fused.linear_cross_entropy_reference(a, b, t),), (hh, head)),
+    }
+
+
+def fwd_bwd(fn, inputs):
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    grads = None
+
+    def run():
+        nonlocal grads
+        outs = fn(*leaves)
+        if grads is None:
+            grads = [torch.randn_like(o) for o in outs]
+        torch.autograd.backward(outs, grads)
+        for leaf in leaves:
+            leaf.grad = None
+
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args(argv)
+    results = []
+    for name, (fast, ref, inputs) in cases(args.seq_len).items():
+        runs = {"fused": fwd_bwd(fast, inputs), "reference": fwd_bwd(ref, inputs)}
+        times = {k: [] for k in runs}
+        for run in runs.values():
+            run()
+        for i in range(args.repeat):
+            for k, run in (list(runs.items()) if i % 2 == 0 else list(runs.items())[::-1]):
+                times[k].append(time_fn(run, warmup=0, repeat=1))
+        fused_s, ref_s = statistics.median(times["fused"]), statistics.median(times["reference"])
+        results.append(dict(op=name, seq_len=args.seq_len, fused_seconds=fused_s, reference_seconds=ref_s,
+                            speedup=ref_s / fused_s, fused_times=times["fused"], reference_times=times["reference"]))
+    print_table(["op (fwd + bwd)", "fused ms", "reference ms", "reference / fused"],
+                [[r["op"], f"{1e3 * r['fused_seconds']:.2f}", f"{1e3 * r['reference_seconds']:.2f}",
+                  f"{r['speedup']:.2f}x"] for r in results])
+    write_json("bench_fused", dict(meta=meta(), results=results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
