@@ -31,6 +31,10 @@ class TokenizerError(LinlmError):
     """A tokenizer that cannot be loaded or does not fit the model."""
 
 
+class StorageError(LinlmError):
+    """A file linlm must write could not be written: disk full, read-only, no permission, a path under a file."""
+
+
 class LockedError(LinlmError):
     """A run directory or prepared-data directory that another live process holds (its message names the PID)."""
 

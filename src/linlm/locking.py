@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from linlm.errors import LinlmError, LockedError
+from linlm.errors import LinlmError, LockedError, StorageError
 
 log = logging.getLogger("linlm")
 
@@ -57,7 +57,7 @@ class DirLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise LinlmError(f"{self.what} {self.directory}: cannot create the lock file {self.path} "
+            raise StorageError(f"{self.what} {self.directory}: cannot create the lock file {self.path} "
                              f"({e.strerror}); choose a writable directory") from None
         said = False
         while True:

@@ -43,7 +43,7 @@ import numpy as np
 
 from linlm.data.sources import Source, SourceLike, open_source
 from linlm.data.tokenizer import Tokenizer, resolve_tokenizer
-from linlm.errors import ConfigError, DataError, LinlmError
+from linlm.errors import ConfigError, DataError, LinlmError, StorageError
 from linlm.io_utils import atomic_write_bytes
 from linlm.locking import LOCK_FILE, DirLock
 
@@ -151,7 +151,7 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
                     path.rmdir()
         raise
     except OSError as e:
-        raise DataError(f"output {out}: cannot write ({e.strerror or e}); the prepared data so far is kept and a "
+        raise StorageError(f"output {out}: cannot write ({e.strerror or e}); the prepared data so far is kept and a "
                         "rerun resumes it. Free disk space or fix the permissions, or choose another directory") \
             from None
     finally:
@@ -169,7 +169,7 @@ def _make_dir(out: Path) -> list[Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DataError(f"output {out}: cannot create it ({e.strerror or e}); choose a writable directory (for the "
+        raise StorageError(f"output {out}: cannot create it ({e.strerror or e}); choose a writable directory (for the "
                         "linlm cache, set LINLM_CACHE_DIR)") from None
     return created
 

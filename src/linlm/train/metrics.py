@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch
 
+from linlm.errors import StorageError
 from linlm.io_utils import atomic_write_bytes
 
 METRICS_FILE = "metrics.jsonl"
@@ -46,25 +47,45 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl, one line per step, flushed as written."""
+    """Appends records to metrics.jsonl, one line per step, flushed as written.
+
+    A failed write (disk full, ...) raises StorageError once; the log is then closed without a second attempt."""
 
     def __init__(self, path: str | Path, *, truncate_after: Optional[int] = None):
         self.path = Path(path)
-        if truncate_after is not None:
-            keep = [r for r in read_metrics(self.path) if r["step"] <= truncate_after]
-            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in keep).encode())
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._broken = False
+        try:
+            if truncate_after is not None:
+                keep = [r for r in read_metrics(self.path) if r["step"] <= truncate_after]
+                atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in keep).encode())
+            self._f = open(self.path, "a", encoding="utf-8")
+        except OSError as e:
+            raise StorageError(f"{self.path}: cannot write the metrics log ({e.strerror or e}); free disk space or "
+                               "fix the permissions, then run the command again") from None
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._f.write(json.dumps(clean) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(clean) + "\n")
+            self._f.flush()
+        except OSError as e:
+            self._broken = True
+            raise StorageError(f"{self.path}: cannot append step {record.get('step')} to the metrics log "
+                               f"({e.strerror or e}); the checkpoints are intact. Free disk space, then continue "
+                               "with --resume") from None
 
     def close(self) -> None:
-        if not self._f.closed:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._f.close()
+        if self._f.closed:
+            return
+        if self._broken:  # the error was reported once; flushing the same bytes again would only fail again
+            try:
+                self._f.close()
+            except OSError:
+                pass
+            return
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:

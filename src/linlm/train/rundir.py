@@ -35,7 +35,7 @@ from typing import Optional
 
 import yaml
 
-from linlm.errors import CheckpointError, ConfigError
+from linlm.errors import CheckpointError, ConfigError, StorageError
 from linlm.io_utils import atomic_write_bytes
 from linlm.locking import LOCK_FILE, DirLock
 from linlm.train import checkpoint as ckpt
@@ -93,7 +93,7 @@ class RunDir:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             self._created = []
-            raise ConfigError(f"out_dir: cannot create {out} ({e.strerror or e}); choose a writable directory") \
+            raise StorageError(f"out_dir: cannot create {out} ({e.strerror or e}); choose a writable directory") \
                 from None
         try:
             self.lock.acquire()
@@ -208,7 +208,7 @@ class RunDir:
         try:
             atomic_write_bytes(path, data)
         except OSError as e:
-            raise ConfigError(f"out_dir: cannot write {path} ({e.strerror or e}); nothing was half-written. Free "
+            raise StorageError(f"out_dir: cannot write {path} ({e.strerror or e}); nothing was half-written. Free "
                               "disk space or fix the permissions, then run the command again") from None
         return path
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from linlm.errors import CheckpointError, ConfigError, LinlmError, TrainingDiverged
+from linlm.errors import CheckpointError, LinlmError, TrainingDiverged
 from linlm.train import checkpoint as ckpt
 from linlm.train import distributed as dist_utils
 from linlm.train import guard
@@ -257,11 +257,7 @@ class Trainer:
         return result
 
     def _open_metrics(self, start_step: int) -> None:
-        try:
-            self.metrics = MetricsLog(self.out / METRICS_FILE, truncate_after=start_step)
-        except OSError as e:
-            raise ConfigError(f"out_dir: cannot write {self.out / METRICS_FILE} ({e.strerror or e}); free disk "
-                              "space or fix the permissions") from None
+        self.metrics = MetricsLog(self.out / METRICS_FILE, truncate_after=start_step)
 
     def _build(self, init_from: Optional[str]) -> None:
         cfg, info = self.cfg, self.info
