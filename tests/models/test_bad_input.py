@@ -63,5 +63,5 @@ def test_cli_error_exits_2_without_traceback():
 
 
 def test_cli_bad_override_exits_2(capsys):
-    assert main(["count", "--arch", "tnl", "--preset", "tiny", "--set", "d_model=65", "--json"]) == 2
+    assert main(["count", "--arch", "tnl", "--preset", "tiny", "--set", "model.overrides.d_model=65", "--json"]) == 2
     assert "d_model: 65 is not divisible by n_heads=2" in capsys.readouterr().err

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from linlm.config import from_dict
+from linlm.config import config_error, from_dict
 from linlm.errors import ConfigError, choices_text
 
 
@@ -62,21 +63,25 @@ class ModelConfig:
         from linlm.models.registry import ARCHITECTURES
 
         if self.arch not in ARCHITECTURES:
-            raise ConfigError(f"arch: unknown architecture {self.arch!r}; valid choices are {choices_text(ARCHITECTURES)}")
+            raise config_error("arch", f"unknown architecture {self.arch!r}; valid choices are "
+                                       f"{choices_text(ARCHITECTURES)}")
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "chunk_size", "d_state", "d_conv", "expand"):
             value = getattr(self, key)
             if value <= 0:
-                raise ConfigError(f"{key}: must be a positive integer, got {value}")
+                raise config_error(key, f"must be a positive integer, got {value}")
         for key in ("glu_dim", "dt_rank", "mlp_expert_dim", "shared_experts"):
             value = getattr(self, key)
             if value < 0:
-                raise ConfigError(f"{key}: must be >= 0 (0 means automatic), got {value}")
-        if self.norm_eps <= 0 or self.init_std <= 0:
-            raise ConfigError("norm_eps and init_std must be positive")
+                raise config_error(key, f"must be >= 0 (0 means automatic), got {value}")
+        for key in ("norm_eps", "init_std", "rope_theta"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):  # also when built directly, without from_dict
+                raise config_error(key, f"must be a positive finite number, got {value}")
         if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}; "
-                f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})"
+            raise config_error(
+                "d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}; "
+                f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})",
+                related=["n_heads"],
             )
         ARCHITECTURES[self.arch].validate(self)
         return self
