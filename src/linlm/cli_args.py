@@ -9,6 +9,7 @@ dotted keys of the training config (docs/training.md), e.g. ``optim.lr=1e-3`` or
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Optional, Sequence
 
 from linlm.config import is_override
@@ -29,16 +30,26 @@ def override_items(args: argparse.Namespace) -> list[str]:
 
 def parse_args(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """``parser.parse_args``, except that a ``KEY=VALUE`` word after a flag is an override too (argparse alone
-    takes a run of positional words only once, so ``train --steps 5 optim.lr=1`` would be refused)."""
+    takes a run of positional words only once, so ``train --steps 5 optim.lr=1`` would be refused).
+
+    Afterwards ``args.overrides`` holds every override (``--set`` ones and bare words) in command-line order, so
+    that a later one wins, and ``args.set_overrides`` is empty."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     words = [w for w in extra if is_override(w)]
     unknown = [w for w in extra if not is_override(w)]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if words:
-        if not hasattr(args, "overrides"):
+    if not hasattr(args, "overrides"):
+        if words:
             parser.error(f"unrecognized arguments: {' '.join(words)} (this command takes no KEY=VALUE overrides)")
-        args.overrides = list(args.overrides or []) + words
+        return args
+    position: dict[str, int] = {}
+    for i, word in enumerate(argv):
+        position.setdefault(word.removeprefix("--set="), i)
+    items = override_items(args) + words
+    args.overrides = sorted(items, key=lambda item: position.get(item, len(argv)))
+    args.set_overrides = []
     return args
 
 
