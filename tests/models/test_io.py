@@ -1,5 +1,5 @@
 import json
-import os
+import sys
 
 import pytest
 import torch
@@ -12,12 +12,15 @@ from linlm.models.format import config_checksum
 from linlm.models.registry import ARCHITECTURES
 
 
-def _edit_config(path, checksum=True, **changes):
-    """Change config.json's model config; with checksum=True also rewrite config_sha256 (a deliberate edit)."""
+def _edit_config(path, checksum=True, drop=(), **changes):
+    """Change config.json's model config; with checksum=True also rewrite config_sha256 (a deliberate edit).
+    ``drop``: top-level keys of config.json to delete afterwards."""
     meta = json.loads((path / "config.json").read_text())
     meta["config"].update(changes)
     if checksum:
         meta["config_sha256"] = config_checksum(meta["config"])
+    for key in drop:
+        del meta[key]
     (path / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -56,9 +59,7 @@ def test_truncated_weights_raise(tmp_path):
 
 def test_truncated_weights_without_checksum_raise(tmp_path):
     path = _saved(tmp_path)
-    meta = json.loads((path / "config.json").read_text())
-    del meta["weights_sha256"]
-    (path / "config.json").write_text(json.dumps(meta))
+    _edit_config(path, drop=["weights_sha256"])
     assert linlm.load(path) is not None
     w = path / "model.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size - 100])
@@ -68,9 +69,7 @@ def test_truncated_weights_without_checksum_raise(tmp_path):
 
 def test_wrong_shapes_raise(tmp_path):
     path = _saved(tmp_path)
-    meta = _edit_config(path, d_model=128)
-    del meta["weights_sha256"]
-    (path / "config.json").write_text(json.dumps(meta))
+    _edit_config(path, drop=["weights_sha256"], d_model=128)
     with pytest.raises(CheckpointError, match="shape"):
         linlm.load(path)
 
@@ -99,13 +98,17 @@ def test_save_over_existing_replaces_atomically(tmp_path):
 # ---- saving never removes what linlm did not write ----------------------------------------------------------
 
 
+def _assert_refused(target, match, overwrite=False):
+    """Saving to ``target`` raises CheckpointError and changes nothing under its parent (no temporaries either)."""
+    before = _tree(target.parent)
+    with pytest.raises(CheckpointError, match=match):
+        create_model("tnl", preset="tiny").save(target, overwrite=overwrite)
+    assert _tree(target.parent) == before
+
+
 def test_save_onto_existing_file_is_refused(tmp_path):
-    target = tmp_path / "notes.txt"
-    target.write_text("my notes")
-    with pytest.raises(CheckpointError, match="existing file.*nothing was written"):
-        create_model("tnl", preset="tiny").save(target, overwrite=True)
-    assert target.read_text() == "my notes"
-    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    (tmp_path / "notes.txt").write_text("my notes")
+    _assert_refused(tmp_path / "notes.txt", "existing file.*nothing was written", overwrite=True)
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
@@ -115,45 +118,27 @@ def test_save_into_foreign_directory_is_refused(tmp_path, overwrite):
     (run / "checkpoints" / "step_00000010" / "model.safetensors").write_bytes(b"weights")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     (run / "NOTES.md").write_text("do not delete")
-    before = _tree(run)
-    with pytest.raises(CheckpointError, match="not a saved linlm model.*NOTES.md"):
-        create_model("tnl", preset="tiny").save(run, overwrite=overwrite)
-    assert _tree(run) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    _assert_refused(run, "not a saved linlm model.*NOTES.md", overwrite)
 
 
 def test_save_into_empty_directory(tmp_path):
     (tmp_path / "m").mkdir()
-    model = create_model("tnl", preset="tiny")
-    model.save(tmp_path / "m")
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    create_model("tnl", preset="tiny").save(tmp_path / "m")
+    assert sorted(_tree(tmp_path)) == ["m/config.json", "m/model.safetensors"]
 
 
 def test_replacing_a_saved_model_needs_overwrite(tmp_path):
-    path = _saved(tmp_path)
-    before = _tree(path)
-    with pytest.raises(CheckpointError, match="pass overwrite=True"):
-        create_model("tnl", preset="tiny").save(path)
-    assert _tree(path) == before
+    _assert_refused(_saved(tmp_path), "pass overwrite=True")
 
 
 def test_overwrite_refuses_a_model_directory_holding_user_files(tmp_path):
     path = _saved(tmp_path)
     (path / "README.md").write_text("how I trained this")
-    before = _tree(path)
-    with pytest.raises(CheckpointError, match="did not write.*README.md"):
-        create_model("tnl", preset="tiny").save(path, overwrite=True)
-    assert _tree(path) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    _assert_refused(path, "did not write.*README.md", overwrite=True)
 
 
 def test_training_checkpoint_is_not_overwritten_by_save(tmp_path):
-    path = _checkpoint(tmp_path)
-    before = _tree(path)
-    with pytest.raises(CheckpointError, match="did not write"):
-        create_model("tnl", preset="tiny").save(path, overwrite=True)
-    assert _tree(path) == before
+    _assert_refused(_checkpoint(tmp_path), "did not write.*manifest.json", overwrite=True)
 
 
 def test_failed_overwrite_leaves_the_old_model(tmp_path, monkeypatch):
@@ -171,8 +156,15 @@ def test_failed_overwrite_leaves_the_old_model(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
-def test_commit_dir_removes_only_owned_files(tmp_path, caplog):
+@pytest.mark.parametrize("exchange", [True, False])
+def test_commit_dir_removes_only_owned_files(tmp_path, caplog, monkeypatch, exchange):
+    from linlm import io_utils
     from linlm.io_utils import commit_dir, temp_dir_beside
+
+    if exchange:
+        assert io_utils._exchange(tmp_path, tmp_path) or not sys.platform.startswith("linux")
+    else:  # systems without an atomic swap: two renames
+        monkeypatch.setattr(io_utils, "_exchange", lambda a, b: False)
 
     target = tmp_path / "d"
     target.mkdir()
@@ -199,10 +191,7 @@ def test_edited_config_is_refused(tmp_path):
 
 def test_removed_config_checksum_is_refused(tmp_path):
     path = _saved(tmp_path)
-    meta = json.loads((path / "config.json").read_text())
-    del meta["config_sha256"]
-    meta["config"]["norm_eps"] = 1e-2
-    (path / "config.json").write_text(json.dumps(meta))
+    _edit_config(path, drop=["config_sha256"], norm_eps=1e-2)
     with pytest.raises(CheckpointError, match="config_sha256 is missing"):
         linlm.load(path)
 
