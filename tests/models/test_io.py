@@ -121,6 +121,17 @@ def test_save_into_foreign_directory_is_refused(tmp_path, overwrite):
     _assert_refused(run, "not a saved linlm model.*NOTES.md", overwrite)
 
 
+def test_save_under_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    _assert_refused(tmp_path / "f" / "m", "cannot be written")
+
+
+def test_save_onto_a_symlink_is_refused(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    _assert_refused(tmp_path / "link", "symbolic link", overwrite=True)
+
+
 def test_save_into_empty_directory(tmp_path):
     (tmp_path / "m").mkdir()
     create_model("tnl", preset="tiny").save(tmp_path / "m")
@@ -150,7 +161,7 @@ def test_failed_overwrite_leaves_the_old_model(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(model_format, "write_model_files", fail)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointError, match="No space left on device.*unchanged"):
         create_model("tnl", preset="tiny").save(path, overwrite=True)
     assert _tree(path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

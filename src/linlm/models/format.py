@@ -98,13 +98,20 @@ def save_model(model, path, *, overwrite: bool = False) -> Path:
     """
     path = Path(path)
     check_save_target(path, overwrite)
-    tmp = temp_dir_beside(path)
+    try:
+        tmp = temp_dir_beside(path)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be written ({e.strerror or e}); choose a writable directory "
+                              f"(nothing was written)") from None
     try:
         write_model_files(tmp, model.state_dict(), model.config.to_dict())
         commit_dir(tmp, path, owned=MODEL_FILES)
-    except BaseException:
+    except BaseException as e:
         if tmp.is_dir():
             remove_owned(tmp, MODEL_FILES)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"{path}: the model could not be saved ({e.strerror or e}); free disk space or "
+                                  f"fix the permissions, then save again (whatever was at {path} is unchanged)") from e
         raise
     return path
 
