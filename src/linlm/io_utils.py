@@ -124,9 +124,13 @@ def commit_dir(tmp: Path, path: str | Path, owned: Optional[Iterable[str]] = Non
                 old = tmp
         else:
             os.replace(path, old)
-            os.replace(tmp, path)
-        fsync_path(path.parent)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                os.replace(old, path)  # put the old directory back: nothing has changed
+                raise
         try:
+            fsync_path(path.parent)
             left = remove_owned(old, owned)
         except OSError as e:
             left = [f"({e})"]
