@@ -253,15 +253,16 @@ def is_resumable_change(key: str) -> bool:
     """Whether the dotted config key ``key`` may differ when a run is resumed: the field (or a section above it)
     carries ``RESUMABLE`` metadata. Unknown keys, and every key under model.overrides, may not."""
     cls: Any = TrainConfig
-    for part in re.sub(r"\[\d+\]", "", key).split("."):
+    parts = re.sub(r"\[\d+\]", "", key).split(".")
+    for i, part in enumerate(parts):
         if not dataclasses.is_dataclass(cls):
             return False
         found = {f.name: f for f in dataclasses.fields(cls)}.get(part)
         if found is None:
             return False
-        if found.metadata.get("resumable"):
-            return True
         cls = typing.get_type_hints(cls).get(part)
+        if found.metadata.get("resumable"):
+            return i == len(parts) - 1 or dataclasses.is_dataclass(cls)  # a section marks every key below it
     return False
 
 
