@@ -139,3 +139,11 @@ def test_from_dict_takes_paths_and_tuples_and_refuses_other_objects(tmp_path):
     assert cfg.out_dir == str(tmp_path / "run") and cfg.optim.betas == [0.8, 0.9]
     with pytest.raises(ConfigError, match=r"^steps: .*not a config value"):
         from_dict(TrainConfig, {"steps": object()})
+
+
+def test_a_number_given_for_text_says_how_to_quote_it():
+    with pytest.raises(ConfigError, match=r"out_dir: expected a string, got 2024; YAML reads 2024 as an integer: "
+                                          r"quote it") as e:
+        load_train_config(None, ["out_dir=2024"])
+    assert str(e.value).endswith("(set on the command line)")
+    assert load_train_config(None, ['out_dir="2024"']).out_dir == "2024"

@@ -154,6 +154,9 @@ def _from_pydantic(cls: type, error: dict, prefix: str) -> ConfigError:
     if expected is None:  # anything else pydantic reports: its own message
         return config_error(key, f"{error['msg'][0].lower() + error['msg'][1:]}, got {got}")
     extra = " (nan and inf are refused)" if kind == "finite_number" else ""
+    if kind == "string_type" and isinstance(error.get("input"), (bool, int, float)):
+        what = {bool: "a boolean", int: "an integer", float: "a number"}[type(error["input"])]
+        extra = f"; YAML reads {got} as {what}: quote it to pass text ('\"{got}\"')"
     return config_error(key, f"expected {expected}, got {got}{extra}")
 
 
