@@ -54,7 +54,7 @@ class DataSection:
     seq_len: int = 256
     # Fraction of the source held out for validation when the data is prepared here.
     val_fraction: float = 0.01
-    # Pass the loader's document resets to the model, so packed documents do not attend across boundaries.
+    # Packed documents do not see each other: the model gets a reset at each document's first token.
     document_resets: bool = False
 
 
@@ -153,7 +153,7 @@ class TrainConfig:
     peak_flops: Optional[float] = field(default=None, metadata=RESUMABLE)
     # A log line (and progress update) every this many steps.
     log_every: int = field(default=10, metadata=RESUMABLE)
-    # A checkpoint (a run directory or a checkpoints/step-N folder) whose weights start this run.
+    # A checkpoint (or run directory) whose weights start this run; optimizer, schedule and data start afresh.
     init_from: Optional[str] = None
 
     def to_dict(self) -> dict:
