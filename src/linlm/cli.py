@@ -15,22 +15,26 @@ from linlm.errors import LinlmError
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_arch: Optional[str] = "llama") -> None:
+    from linlm.cli_args import add_overrides
+
     p.add_argument("--arch", default=default_arch, help="architecture (see `linlm archs`)")
     p.add_argument("--preset", default=None, help="size preset, e.g. paper-70m or tiny")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
+    add_overrides(p, example="model.overrides.vocab_size=8192")
 
 
-def _model_overrides(args) -> dict:
+def _model_config(args):
+    """The ModelConfig of --arch, --preset and the model.* overrides (the dialect of `linlm train`)."""
+    from linlm.cli_args import override_items
     from linlm.config import parse_overrides
+    from linlm.train.config import build_model_config
 
-    return parse_overrides(args.overrides)
+    return build_model_config(args.arch, args.preset, parse_overrides(override_items(args)))
 
 
 def cmd_count(args) -> int:
-    from linlm.models.counting import count_preset
+    from linlm.models.counting import count
 
-    result = count_preset(args.arch, args.preset, batch=args.batch, seq_len=args.seq_len, **_model_overrides(args))
+    result = count(_model_config(args), batch=args.batch, seq_len=args.seq_len)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -54,13 +58,15 @@ def cmd_archs(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linlm.cli_args import positive_int
+
     parser = argparse.ArgumentParser(prog="linlm", description="Linear-complexity language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("count", help="parameters and FLOPs of a config")
     _add_model_args(p)
-    p.add_argument("--batch", type=int, default=480, help="batch size b for flops_per_step (paper: 480)")
-    p.add_argument("--seq-len", type=int, default=8192, help="sequence length n (paper: 8192)")
+    p.add_argument("--batch", type=positive_int, default=480, help="batch size b for flops_per_step (paper: 480)")
+    p.add_argument("--seq-len", type=positive_int, default=8192, help="sequence length n (paper: 8192)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=cmd_count)
 
@@ -87,8 +93,10 @@ def _subsystem_clis():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from linlm.cli_args import parse_args
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     from linlm.runtime import tune_allocator
 
     tune_allocator()

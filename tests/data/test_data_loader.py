@@ -190,7 +190,7 @@ def test_damaged_or_missing_directories(prepared, tmp_path, corpus_dir, tiny_tok
     data[10] ^= 0xFF
     shard.write_bytes(bytes(data))
     TokenDataset(out)  # same size: only the checksum can tell
-    with pytest.raises(DataError, match="sha256 differs"):
+    with pytest.raises(DataError, match="do not match their sha256"):
         TokenDataset(out, verify=True)
     shard.write_bytes(bytes(data[:-2]))
     with pytest.raises(DataError, match=r"000001\.bin: expected 2000 bytes \(1000 tokens\), found 1998"):

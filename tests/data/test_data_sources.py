@@ -203,3 +203,30 @@ def test_hf_streams_local_files(tmp_path, monkeypatch):
     _write_jsonl(tmp_path / "other.jsonl", [{"body": "x"}])
     with pytest.raises(DataError, match="no field 'text' \\(fields: 'body'\\)"):
         list(iter_texts("hf:json", hf_kwargs={"data_files": str(tmp_path / "other.jsonl")}))
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_hf_malformed_local_files_are_one_line_data_errors(tmp_path, monkeypatch, kind):
+    pytest.importorskip("datasets", reason="the optional `datasets` package is not installed (extra: data)")
+    import os
+    import subprocess
+    from pathlib import Path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    data = tmp_path / "broken"
+    data.mkdir()
+    if kind == "jsonl":
+        (data / "train.jsonl").write_text('{"text": "ok"}\n{"text": broken\n')
+    else:
+        (data / "train.parquet").write_bytes(b"this is not a parquet file")
+    with pytest.raises(DataError, match=rf"source 'hf:{data}': cannot (read|load) dataset"):
+        list(iter_texts(f"hf:{data}"))
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "linlm", "data", "prepare", "--source", f"hf:{data}", "--tokenizer",
+                           "bpe:300", "--out", str(tmp_path / "out"), "--no-progress"], env=env, capture_output=True,
+                          text=True)
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("linlm: error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(ours) == 1 and f"hf:{data}" in ours[0]

@@ -117,3 +117,46 @@ def test_demo_command_trains(monkeypatch):
     assert main(["demo", "--steps", "5", "--out-dir", "x", "optim.lr=0.1"]) == 0
     assert seen["steps"] == 5 and seen["out_dir"] == "x" and seen["overrides"] == ["optim.lr=0.1"]
     assert seen["preset"] is None
+
+
+def test_the_tokenizer_too_large_hint_is_a_command_that_works(make_config, capsys):
+    """The hint's --set KEY=VALUE, added to the refused command line, makes `linlm train` accept it."""
+    import re
+
+    cfg = make_config("run")
+    args = ["train", "--data-dir", str(cfg.data.dir), "--out-dir", str(cfg.out_dir), "--quiet",
+            "model.overrides={n_layers: 1, d_model: 32, n_heads: 2, max_seq_len: 128, vocab_size: 256}",
+            "data.seq_len=32", "batch_size=4", "steps=1", "eval.every=0", "samples.max_new_tokens=0", "threads=1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    hint = re.search(r"--set (\S+?)\)", err)
+    assert hint, err
+    assert main(args + ["--set", hint.group(1)]) == 0, capsys.readouterr().err
+
+
+def test_resumable_keys_are_read_from_the_fields():
+    import dataclasses
+
+    from linlm.train.config import is_resumable_change
+
+    import typing
+
+    def all_keys(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from all_keys(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                yield prefix + f.name
+
+    resumable = {k for k in all_keys(TrainConfig) if is_resumable_change(k)}
+    sections = ("samples.", "distributed.", "debug.")
+    expected = {"out_dir", "steps", "eval.every", "checkpoint.every", "checkpoint.keep", "log_every", "device",
+                "compile", "threads", "peak_flops", "activation_checkpointing", "max_bad_steps", "data.dir",
+                "deterministic"}
+    assert {k for k in resumable if not k.startswith(sections)} == expected
+    assert all(is_resumable_change(k) for k in all_keys(TrainConfig) if k.startswith(sections))
+    assert is_resumable_change("samples.prompts[1]") and is_resumable_change("samples")
+    for key in ("optim.lr", "model.overrides", "model.overrides.vocab_size", "data.seq_len", "seed", "init_from",
+                "data.document_resets", "no.such.key", "steps.extra"):
+        assert not is_resumable_change(key), key

@@ -83,17 +83,21 @@ def first_loss_bound() -> float:
     return math.log(40)
 
 
-def test_training_and_benchmark_imports_leave_the_allocator_alone(make_config):
-    """tune_allocator is a process-wide setting: only the CLI (and a benchmark's __main__) may apply it."""
+def test_training_and_benchmark_imports_leave_the_allocator_alone(tiny_data, tmp_path):
+    """tune_allocator is a process-wide setting: only the CLI (and a benchmark's __main__) may apply it. Checked in
+    fresh processes (in this one, CLI tests may have applied it already)."""
+    import json
     import subprocess
     import sys
 
-    import linlm.runtime
+    from train_helpers import REPO, cli_env, tiny_config_dict
 
-    assert train(make_config("quiet", steps=2), verbose=False).step == 2
-    assert linlm.runtime._applied is None
-    from train_helpers import REPO, cli_env
-
+    cfg = json.dumps(tiny_config_dict(tiny_data, tmp_path / "run", steps=2))
+    probe = ("import json, sys, linlm.runtime as r; from linlm.train import TrainConfig, train; "
+             "train(TrainConfig.from_dict(json.loads(sys.argv[1])), verbose=False); print(r._applied)")
+    out = subprocess.run([sys.executable, "-c", probe, cfg], env=cli_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "None"
     probe = "import _common, linlm.runtime as r; print(r._applied)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO / "benchmarks", env=cli_env(), capture_output=True,
                          text=True, check=True)

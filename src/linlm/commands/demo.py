@@ -17,6 +17,8 @@ DEMO_MARK = ".demo-run"
 
 
 def register(subparsers) -> None:
+    from linlm.cli_args import add_overrides
+
     p = subparsers.add_parser("demo", help="the main job: train a small model on the built-in Shakespeare corpus, "
                                            "then print samples and where the loss curve and checkpoint are")
     p.add_argument("--archs", nargs="*", default=None,
@@ -25,16 +27,17 @@ def register(subparsers) -> None:
     p.add_argument("--out-dir", default=None, help="run directory (default: runs/demo; a demo run there is "
                                                    "replaced, any other run is refused)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from the demo config)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. optim.lr=1e-3")
+    add_overrides(p)
     p.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args) -> int:
+    from linlm.cli_args import override_items
     from linlm.train.cli import setup_logging
 
     setup_logging()
     result = run_demo(archs=args.archs, preset=args.preset, out_dir=args.out_dir, steps=args.steps,
-                      overrides=args.overrides)
+                      overrides=override_items(args))
     return 130 if result.interrupted else 0
 
 

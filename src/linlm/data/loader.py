@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from linlm.data.checksums import ShardVerifier
 from linlm.errors import ConfigError, DataError, choices_text
+
+log = logging.getLogger("linlm.data")
 
 META_FILE = "meta.json"
 
@@ -54,17 +58,26 @@ class TokenDataset:
         self.vocab_size: int = self.meta["vocab_size"]
         self.eos_id: int = self.meta["eos_id"]
         self._shards: list[np.memmap] = []
+        self._paths: list[Path] = []
+        self._verifiers: list[ShardVerifier] = []
         for shard in self.meta["splits"][split]["shards"]:
             path = self.directory / shard["file"]
             expected = shard["tokens"] * self.dtype.itemsize
             if not path.is_file() or path.stat().st_size != expected:
                 got = path.stat().st_size if path.is_file() else "missing"
                 raise DataError(f"{path}: expected {expected} bytes ({shard['tokens']} tokens), found {got}; the "
-                                "directory is damaged, prepare it again with --overwrite")
-            if verify and hashlib.sha256(path.read_bytes()).hexdigest() != shard["sha256"]:
-                raise DataError(f"{path}: sha256 differs from {META_FILE}; the shard is corrupt, prepare the "
-                                "directory again with --overwrite")
-            self._shards.append(np.memmap(path, dtype=self.dtype, mode="r"))
+                                f"directory is damaged; {self.prepare_again()}")
+            tokens = np.memmap(path, dtype=self.dtype, mode="r")
+            self._shards.append(tokens)
+            self._paths.append(path)
+            self._verifiers.append(ShardVerifier(tokens, shard))
+        unchecked = sum(not v.has_checksums for v in self._verifiers)
+        if unchecked:
+            log.warning("%s: %d shard(s) of split %r have no checksum in %s, so corruption cannot be detected; "
+                        "%s to add them", self.directory, unchecked, split, META_FILE, self.prepare_again())
+        if verify:
+            for i, tokens in enumerate(self._shards):
+                self._verify(i, 0, len(tokens))
         sizes = [len(s) for s in self._shards]
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_tokens = int(self._starts[-1])
@@ -91,10 +104,32 @@ class TokenDataset:
         while done < length:
             offset = start + done - int(self._starts[shard])
             take = min(length - done, len(self._shards[shard]) - offset)
-            out[done:done + take] = self._shards[shard][offset:offset + take]
+            self._verify(shard, offset, offset + take)
+            piece = out[done:done + take]
+            piece[:] = self._shards[shard][offset:offset + take]
+            if take and int(piece.max()) >= self.vocab_size:
+                bad = offset + int(np.argmax(piece >= self.vocab_size))
+                raise DataError(f"{self._paths[shard]}: token {bad} is id {int(piece.max())}, outside the data's "
+                                f"vocabulary of {self.vocab_size} ids ({META_FILE}): the shard is corrupt; "
+                                f"{self.prepare_again()}")
             done += take
             shard += 1
         return out
+
+    def _verify(self, shard: int, start: int, stop: int) -> None:
+        problem = self._verifiers[shard].check(start, stop)
+        if problem:
+            raise DataError(f"{self._paths[shard]}: {problem}: the shard was changed or corrupted after it was "
+                            f"prepared; {self.prepare_again()}")
+
+    def prepare_again(self) -> str:
+        """The command that rebuilds this directory (from the settings recorded in meta.json)."""
+        source = self.meta.get("source", {}).get("spec", "SOURCE")
+        tokenizer = str(self.meta.get("tokenizer", {}).get("spec", ""))
+        if not (tokenizer.startswith("bpe:") or Path(tokenizer).expanduser().exists()):
+            tokenizer = "TOKENIZER"  # made from a Tokenizer object, or a file that has moved
+        return (f"prepare it again with `linlm data prepare --source {source} --tokenizer {tokenizer} --out "
+                f"{self.directory} --overwrite` (settings as in {META_FILE})")
 
     def num_sequences(self, seq_len: int) -> int:
         return max(0, (self.num_tokens - 1) // seq_len)

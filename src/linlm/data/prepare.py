@@ -4,7 +4,9 @@ Output directory::
 
     meta.json               written last: its presence means the directory is complete
     tokenizer.json          the tokenizer used (plus tokenizer_config.json, so transformers can load it too)
-    train/000000.bin ...    raw token ids, little-endian uint16 (vocab <= 65536) or uint32, shard_tokens each
+    train/000000.bin ...    raw token ids, little-endian uint16 (vocab <= 65536) or uint32, shard_tokens each;
+                            meta.json records each shard's sha256 and the sha256 of each 4 MiB block of it
+                            (linlm.data.checksums), verified by the reader
     val/000000.bin ...      (the last shard of a split is shorter)
     .progress/              only while incomplete: state.json and the pending tail of each split
 
@@ -28,7 +30,6 @@ temporary name, fsynced and renamed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -41,6 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from linlm.data.checksums import shard_checksums
 from linlm.data.sources import Source, SourceLike, open_source
 from linlm.data.tokenizer import Tokenizer, resolve_tokenizer
 from linlm.errors import ConfigError, DataError, LinlmError, StorageError
@@ -363,7 +365,7 @@ class _SplitWriter:
         name = f"{self.split}/{len(self.record['shards']):06d}.bin"
         blob = tokens.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
         atomic_write_bytes(self.out / name, blob)
-        shard = {"file": name, "tokens": len(tokens), "sha256": hashlib.sha256(blob).hexdigest()}
+        shard = {"file": name, "tokens": len(tokens), **shard_checksums(blob)}
         self.record["shards"].append(shard)
         return shard
 

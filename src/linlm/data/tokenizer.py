@@ -150,7 +150,7 @@ class Tokenizer:
         if self.vocab_size > model_vocab_size:
             raise TokenizerError(f"the tokenizer has {self.vocab_size} token ids but the model's vocab_size is "
                                  f"{model_vocab_size}; set the model's vocab_size to at least {self.vocab_size} "
-                                 f"(e.g. --set vocab_size={_round_up(self.vocab_size, 64)})")
+                                 f"(linlm train: --set model.overrides.vocab_size={_round_up(self.vocab_size, 64)})")
 
 
 def _looks_like_path(text: str) -> bool:

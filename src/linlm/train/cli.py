@@ -22,14 +22,14 @@ FLAGS = {
 
 
 def register(subparsers) -> None:
+    from linlm.cli_args import add_overrides
+
     p = subparsers.add_parser(
         "train", help="train a language model (also under torchrun for DDP / FSDP)",
         description="Train a model from a YAML config plus overrides. Under `torchrun --nproc_per_node=N -m linlm "
                     "train ...` every process joins one data-parallel run. See docs/training.md.")
     p.add_argument("--config", help="a YAML file, or the name of a preset in configs/ (e.g. demo, paper-70m)")
-    p.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set optim.lr=1e-3 (repeatable)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="more overrides, e.g. steps=200")
+    add_overrides(p)
     p.add_argument("--resume", action="store_true", help="continue the run in out_dir from its newest valid checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete the run in out_dir and start over")
     p.add_argument("--print-config", action="store_true", help="print the validated config and exit")
@@ -68,6 +68,7 @@ def setup_logging(rank: int = 0) -> None:
 
 def config_from_args(args):
     """The validated TrainConfig an argparse namespace of `linlm train` describes."""
+    from linlm.cli_args import override_items
     from linlm.config import deep_merge, load_yaml, parse_overrides
     from linlm.errors import ConfigError
     from linlm.train.config import build_config, preset_path
@@ -82,7 +83,7 @@ def config_from_args(args):
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = value
-    overrides = deep_merge(flags, parse_overrides(args.set_overrides + args.overrides))
+    overrides = deep_merge(flags, parse_overrides(override_items(args)))
     path = None
     if args.config:
         path = preset_path(args.config) or Path(args.config)

@@ -1,0 +1,64 @@
+"""Command-line pieces every ``linlm`` command shares: dotted ``key=value`` overrides and checked numbers.
+
+One override dialect for every command (``linlm train``, ``linlm demo``, ``linlm count``): the keys are the
+dotted keys of the training config (docs/training.md), e.g. ``optim.lr=1e-3`` or
+``model.overrides.vocab_size=8192``. An override may be given as ``--set KEY=VALUE`` or as a bare
+``KEY=VALUE`` word anywhere on the command line, before or after flags (torchrun command lines put them last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from linlm.config import is_override
+
+
+def add_overrides(parser: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:
+    """``--set KEY=VALUE`` (repeatable) and bare ``KEY=VALUE`` words; read them with :func:`override_items`."""
+    parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a config key, e.g. --set {example} (repeatable; see docs/training.md)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help=f"more overrides, anywhere on the command line, e.g. {example}")
+
+
+def override_items(args: argparse.Namespace) -> list[str]:
+    """Every override of a parsed command line: the ``--set`` ones first, then the bare words in order."""
+    return list(getattr(args, "set_overrides", None) or []) + list(getattr(args, "overrides", None) or [])
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """``parser.parse_args``, except that a ``KEY=VALUE`` word after a flag is an override too (argparse alone
+    takes a run of positional words only once, so ``train --steps 5 optim.lr=1`` would be refused).
+
+    Afterwards ``args.overrides`` holds every override (``--set`` ones and bare words) in command-line order, so
+    that a later one wins, and ``args.set_overrides`` is empty."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    words = [w for w in extra if is_override(w)]
+    unknown = [w for w in extra if not is_override(w)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if not hasattr(args, "overrides"):
+        if words:
+            parser.error(f"unrecognized arguments: {' '.join(words)} (this command takes no KEY=VALUE overrides)")
+        return args
+    position: dict[str, int] = {}
+    for i, word in enumerate(argv):
+        position.setdefault(word.removeprefix("--set="), i)
+    items = override_items(args) + words
+    args.overrides = sorted(items, key=lambda item: position.get(item, len(argv)))
+    args.set_overrides = []
+    return args
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts and sizes: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value

@@ -1,0 +1,84 @@
+"""One override dialect for every command, accepted anywhere on the command line; checked numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from linlm.cli import main
+
+
+def test_train_takes_overrides_after_flags(capsys):
+    # torchrun command lines put the overrides last, after flags
+    argv = ["train", "--config", "demo", "steps=7", "--print-config", "optim.lr=0.01", "--quiet", "seed=3",
+            "--set", "eval.every=5"]
+    assert main(argv) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert (cfg["steps"], cfg["optim"]["lr"], cfg["seed"], cfg["eval"]["every"]) == (7, 0.01, 3, 5)
+
+
+def test_a_word_that_is_not_an_override_is_still_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--print-config", "steps=3", "--quiet", "stray"])
+    assert e.value.code == 2 and "unrecognized arguments: stray" in capsys.readouterr().err
+
+
+def test_demo_takes_overrides_after_flags(monkeypatch):
+    import linlm.commands.demo
+
+    seen = {}
+
+    class Result:
+        interrupted = None
+
+    monkeypatch.setattr(linlm.commands.demo, "run_demo", lambda **kw: seen.update(kw) or Result())
+    assert main(["demo", "optim.lr=0.1", "--steps", "5", "seed=2", "--set", "eval.every=0"]) == 0
+    assert seen["steps"] == 5 and seen["overrides"] == ["optim.lr=0.1", "seed=2", "eval.every=0"]
+
+
+def test_count_uses_the_train_dialect_anywhere_on_the_line(capsys):
+    assert main(["count", "--arch", "tnl", "model.overrides.vocab_size=1024", "--preset", "tiny", "--json",
+                 "--set", "model.overrides.n_layers=3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["vocab_size"] == 1024 and out["config"]["n_layers"] == 3
+    assert main(["count", "--preset", "tiny", "model.arch=hgrn2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["arch"] == "hgrn2"
+
+
+def test_count_old_spelling_names_the_new_one(capsys):
+    assert main(["count", "--arch", "tnl", "--preset", "tiny", "--set", "vocab_size=8192"]) == 2
+    err = capsys.readouterr().err
+    assert "model.overrides.vocab_size=8192" in err and "Traceback" not in err
+    assert main(["count", "--preset", "tiny", "steps=3"]) == 2
+    assert "model.overrides" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["count", "--set", "model.overrides.norm_eps=nan"], "model.overrides.norm_eps: expected a finite number"),
+    (["count", "model.overrides.init_std=inf"], "model.overrides.init_std: expected a finite number"),
+    (["train", "--print-config", "optim.lr=.inf"], "optim.lr: expected a finite number"),
+    (["train", "--print-config", "--lr", "nan"], "optim.lr: expected a finite number"),
+    (["train", "--print-config", "--set", "model.overrides.norm_eps=nan"], "norm_eps: expected a finite number"),
+])
+def test_non_finite_numbers_are_refused_on_the_command_line(capsys, argv, expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.rstrip().endswith("(set on the command line)") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag, value", [("--batch", "-5"), ("--batch", "0"), ("--seq-len", "-1"),
+                                         ("--batch", "x")])
+def test_count_refuses_a_batch_or_length_that_is_not_positive(capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        main(["count", "--preset", "tiny", flag, value])
+    assert e.value.code == 2 and "expected a positive integer" in capsys.readouterr().err
+
+
+def test_a_later_override_wins_whichever_its_form(capsys):
+    argv = ["train", "--print-config", "--set", "steps=1", "steps=2", "--quiet", "--set", "steps=3", "seed=1",
+            "--set=seed=2"]
+    assert main(argv) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert (cfg["steps"], cfg["seed"]) == (3, 2)
