@@ -35,6 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+    register_perplexity(subparsers)
 
 
 def _load(args):
@@ -64,4 +65,46 @@ def cmd_eval(args) -> int:
     print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
     if args.json:
         print(f"results: {write_json(args.json, results)}")
+    return 0
+
+
+def register_perplexity(subparsers) -> None:
+    from linlm.eval.perplexity import MODES
+
+    p = subparsers.add_parser(
+        "perplexity", help="perplexity and bits per byte of a model on any text source",
+        description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
+                    "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
+                    "perplexity. See docs/evaluation.md.")
+    _add_model(p)
+    p.add_argument("--source", required=True, help="text source spec (as for `linlm data prepare`)")
+    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="stateful: whole documents through the recurrent state; sliding: windows; auto: stateful "
+                        "unless the model has a position limit (LLaMA)")
+    p.add_argument("--window", type=int, default=None, help="sliding window length (default: max_seq_len or 2048)")
+    p.add_argument("--stride", type=int, default=None, help="sliding window stride (default: window / 2)")
+    p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
+    p.add_argument("--batch-size", type=int, default=4, help="documents (stateful) or windows (sliding) per pass")
+    p.add_argument("--max-docs", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
+    p.set_defaults(func=cmd_perplexity)
+
+
+def cmd_perplexity(args) -> int:
+    from linlm.data.sources import open_source
+    from linlm.eval.evaluator import write_json
+    from linlm.eval.perplexity import perplexity
+    from linlm.infer.report import print_table
+
+    source = open_source(args.source, text_field=args.text_field)
+    model, tok = _load(args)
+    res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
+                     batch_size=args.batch_size, max_docs=args.max_docs, max_tokens=args.max_tokens)
+    d = res.to_dict()
+    rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]
+    print_table(["quantity", "value"], rows, title=f"perplexity: {args.source}")
+    if args.json:
+        print(f"results: {write_json(args.json, {'model': str(args.model), 'source': args.source, **d}, 'linlm-perplexity')}")
     return 0
