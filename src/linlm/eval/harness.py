@@ -46,7 +46,7 @@ DEFAULT_MAX_GEN_TOKS = 256
 class LinlmLM(LM):
     """A linlm model and its tokenizer as an lm-eval ``LM``."""
 
-    def __init__(self, pretrained: str = None, tokenizer: Optional[str] = None, device: str = "cpu",
+    def __init__(self, pretrained: Optional[str] = None, tokenizer: Optional[str] = None, device: Optional[str] = "cpu",
                  batch_size: int | str = 8, max_length: Optional[int] = None, model=None, **kwargs) -> None:
         super().__init__()
         if model is not None:  # an already loaded (model, tokenizer)
@@ -57,8 +57,12 @@ class LinlmLM(LM):
 
                 raise ConfigError("model_args: pretrained=DIR is required (a run, checkpoint or model.save() "
                                   "directory)")
+            import torch
+
             from linlm.infer.generate import load_for_generation
 
+            if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+                device = "cpu"  # lm_eval's command line asks for cuda by default
             self.model, self.tok = load_for_generation(pretrained, tokenizer=tokenizer, device=device)
         self.model.eval()
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" -> 8
