@@ -93,3 +93,16 @@ def test_bad_requests_are_refused():
         score_requests(model, [Request([1], [[]])])
     with pytest.raises(ShapeError, match="does not fit"):
         score_requests(model, [Request([1], [list(range(10))])], max_length=5)
+
+
+def test_length_batches_group_equal_contexts():
+    from linlm.eval.scoring import length_batches
+
+    lengths = [5, 9, 9, 5, 9, 7, 9, 9, 5, 3]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches = length_batches(order, lengths, 2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) <= 2 for b in batches)
+    # The five requests of length 9 give two pure batches; one is left for a mixed batch.
+    pure9 = [b for b in batches if {lengths[i] for i in b} == {9}]
+    assert len(pure9) == 2 and all(len(b) == 2 for b in pure9)

@@ -76,7 +76,7 @@ def test_evaluate_matches_the_definition(model_dir, tokenizer, data_dir):
     for name in TASKS:
         for k in ("acc", "acc_norm", "perplexity"):
             if k in res["tasks"][name]:
-                assert res["tasks"][name][k] == pytest.approx(naive["tasks"][name][k], abs=1e-9), (name, k)
+                assert res["tasks"][name][k] == pytest.approx(naive["tasks"][name][k], rel=1e-5), (name, k)
     # hellaswag and winogrande recomputed here from full passes over the joined text.
     hs = [json.loads(l) for l in (data_dir / "hellaswag.jsonl").read_text().splitlines()]
     acc = acc_norm = 0

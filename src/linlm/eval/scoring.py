@@ -11,8 +11,9 @@ decoding from ``x`` would produce exactly ``c`` (LAMBADA's accuracy).
 Shared-context scoring (the default) runs each context once and reuses its recurrent state (or LLaMA's KV cache)
 for every continuation:
 
-1. Requests are sorted by context length (longest first, as lm-evaluation-harness does) and taken
-   ``batch_size`` at a time, so the contexts in a batch have nearly the same length.
+1. Requests are sorted by context length (longest first, as lm-evaluation-harness does) and batched
+   ``batch_size`` at a time: requests with one exact context length fill batches of their own, and the remainders
+   are pooled into batches of neighbouring lengths (:func:`length_batches`).
 2. The first P tokens of every context in the batch (P = the batch's shortest context) are prefilled together in
    one [B, P] forward with ``return_state=True``; no padding, so the state is exact for every architecture.
 3. The state is gathered to one row per (request, continuation). Each row runs the rest of its context (the few
@@ -30,7 +31,6 @@ The number of truncated requests is reported.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -109,9 +109,27 @@ def truncate(request: Request, max_length: Optional[int]) -> tuple[Request, int]
     return Request(request.context[cut:], request.continuations), cut
 
 
-def _batches(order: list[int], batch_size: int):
-    for i in range(0, len(order), batch_size):
-        yield order[i:i + batch_size]
+def length_batches(order: list[int], lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Batches of at most ``batch_size`` requests from ``order`` (sorted by context length, longest first): requests
+    of one exact context length fill batches of their own (nothing to run past the shared prefill); the remainders
+    of each length are pooled, in order, into mixed batches of neighbouring lengths."""
+    batches, pool = [], []
+    i = 0
+    while i < len(order):
+        j = i
+        while j < len(order) and lengths[order[j]] == lengths[order[i]]:
+            j += 1
+        same = order[i:j]
+        full = len(same) // batch_size * batch_size
+        batches.extend(same[k:k + batch_size] for k in range(0, full, batch_size))
+        pool.extend(same[full:])
+        if len(pool) >= batch_size:
+            batches.append(pool[:batch_size])
+            pool = pool[batch_size:]
+        i = j
+    if pool:
+        batches.append(pool)
+    return batches
 
 
 @torch.no_grad()
@@ -142,7 +160,8 @@ def score_requests(model, requests: Sequence[Request], *, batch_size: int = 8, s
     was_training = model.training
     model.eval()
     try:
-        for idx in _batches(order, batch_size):
+        lengths = [len(req.context) for req, _ in prepared]
+        for idx in length_batches(order, lengths, batch_size):
             batch = [prepared[i][0] for i in idx]
             out = _score_batch(model, batch, shared, stats)
             for i, (logliks, greedy) in zip(idx, out):
@@ -157,11 +176,11 @@ def score_requests(model, requests: Sequence[Request], *, batch_size: int = 8, s
 def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
     device = model.device
     P = min(len(r.context) for r in batch) if shared else 0
-    first_logp = state = None
+    first_logits = state = None
     if P > 0:
         ids = torch.tensor([r.context[:P] for r in batch], dtype=torch.long, device=device)
-        out = model(ids, return_state=True)
-        first_logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # predicts token P of each context
+        out = model(ids, return_state=True, logits_to_keep=1)
+        first_logits = out.logits[:, -1]  # predicts token P of each context
         state = out.state
         stats.forward_tokens += ids.numel()
     # One row per (request, continuation): the context past P, then the continuation.
@@ -172,7 +191,7 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
             owner.append(b)
             starts.append(len(r.context) - P)  # where the continuation starts in the row
     T = max(len(s) for s in rows) - 1  # the last token of a row is only a target
-    tail_logits = None
+    tail_logits, skip = None, 0
     if T > 0:
         ids = torch.full((len(rows), T), PAD_ID, dtype=torch.long, device=device)
         for i, s in enumerate(rows):
@@ -181,25 +200,41 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
         if state is not None:
             index = torch.tensor(owner, dtype=torch.long, device=device)
             row_state = map_state(state, lambda t: t.index_select(0, index))
-        tail_logits = model(ids, state=row_state) if row_state is not None else model(ids)
+        # Only positions from the earliest continuation on need logits (shared mode skips the head elsewhere;
+        # the naive mode computes every position's logits, as a plain full pass does).
+        skip = min(max(c0, 1) - 1 for c0 in starts) if shared else 0
+        tail_logits = model(ids, state=row_state, logits_to_keep=T - skip)
         stats.forward_tokens += sum(len(s) - 1 for s in rows)
-    per_request: list[tuple[list[float], list[bool]]] = [([], []) for _ in batch]
+    # Every scored token: the logits that predict it (position k of a row is predicted by tail logits k - 1, or
+    # by the prefill's last logits for k = 0), its row and its id. One logsumexp / argmax over all of them.
+    first_rows, first_of, first_tgt, tail_rows, tail_pos, tail_tgt = [], [], [], [], [], []
     for i, s in enumerate(rows):
         c0 = starts[i]
-        target = torch.tensor(s[c0:], dtype=torch.long, device=device)
-        # Position k of the row is predicted by tail logits k - 1, or by the prefill's last logits for k = 0.
-        pieces = []
         if c0 == 0:
-            pieces.append(first_logp[owner[i]][None])
-        k_lo = max(c0, 1)
-        if len(s) > k_lo:
-            pieces.append(torch.log_softmax(tail_logits[i, k_lo - 1:len(s) - 1].float(), dim=-1))
-        logp = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]
-        picked = logp.gather(-1, target[:, None]).squeeze(-1)
-        ll = float(picked.sum())
-        greedy = bool((logp.argmax(-1) == target).all())
-        if not math.isfinite(ll):
-            raise ShapeError("a continuation scored a non-finite log-likelihood; the model's weights hold NaN or inf")
-        per_request[owner[i]][0].append(ll)
-        per_request[owner[i]][1].append(greedy)
+            first_rows.append(owner[i])
+            first_of.append(i)
+            first_tgt.append(s[0])
+        for k in range(max(c0, 1), len(s)):
+            tail_rows.append(i)
+            tail_pos.append(k - 1 - skip)
+            tail_tgt.append(s[k])
+    tok_row, targets = first_of + tail_rows, first_tgt + tail_tgt
+    parts = []
+    if first_rows:
+        parts.append(first_logits.index_select(0, torch.tensor(first_rows, device=device)))
+    if tail_rows:
+        parts.append(tail_logits[torch.tensor(tail_rows, device=device), torch.tensor(tail_pos, device=device)])
+    logits = torch.cat(parts).float() if len(parts) > 1 else parts[0].float()
+    tgt = torch.tensor(targets, dtype=torch.long, device=device)
+    picked = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    missed = (logits.argmax(-1) != tgt).to(torch.int64)
+    row = torch.tensor(tok_row, dtype=torch.long, device=device)
+    ll = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, row, picked.double())
+    misses = torch.zeros(len(rows), dtype=torch.int64, device=device).index_add_(0, row, missed)
+    if not bool(torch.isfinite(ll).all()):
+        raise ShapeError("a continuation scored a non-finite log-likelihood; the model's weights hold NaN or inf")
+    per_request: list[tuple[list[float], list[bool]]] = [([], []) for _ in batch]
+    for i, (v, m) in enumerate(zip(ll.tolist(), misses.tolist())):
+        per_request[owner[i]][0].append(v)
+        per_request[owner[i]][1].append(m == 0)
     return per_request
