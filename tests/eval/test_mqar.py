@@ -1,0 +1,91 @@
+"""MQAR: the generator's layout, the stream's determinism and resume, and the accuracy measure."""
+
+import pytest
+import torch
+from torch import nn
+
+from linlm.errors import ConfigError, DataError
+from linlm.eval.mqar import IGNORE, MQARConfig, MQARStream, mqar_accuracy, mqar_batch, mqar_batches, state_floats
+
+
+def test_batch_layout():
+    cfg = MQARConfig(vocab_size=64, num_kv=6, num_queries=4)
+    ids, tgt = mqar_batch(cfg, 5, torch.Generator().manual_seed(0))
+    assert ids.shape == tgt.shape == (5, cfg.seq_len) == (5, 20)
+    K = cfg.num_keys
+    for b in range(5):
+        keys, values = ids[b, 0:12:2].tolist(), ids[b, 1:12:2].tolist()
+        assert len(set(keys)) == 6 and all(1 <= k <= K for k in keys) and all(K < v < 64 for v in values)
+        table = dict(zip(keys, values))
+        queries = ids[b, 12::2].tolist()
+        assert len(set(queries)) == 4 and set(queries) <= set(keys)
+        assert ids[b, 13::2].tolist() == [table[q] for q in queries]
+        # Only the positions of the query keys are targets, and each target is its value.
+        assert tgt[b, 12::2].tolist() == [table[q] for q in queries]
+        assert (tgt[b, :12] == IGNORE).all() and (tgt[b, 13::2] == IGNORE).all()
+    with pytest.raises(ConfigError, match="vocab_size"):
+        MQARConfig(vocab_size=10, num_kv=8).validate()
+    with pytest.raises(ConfigError, match="num_queries"):
+        MQARConfig(num_kv=4, num_queries=5).validate()
+
+
+def test_stream_is_a_function_of_seed_step_and_rank():
+    cfg = MQARConfig(vocab_size=64, num_kv=4)
+    a = MQARStream(cfg, 3, seed=7)
+    first = [next(a) for _ in range(5)]
+    b = MQARStream(cfg, 3, seed=7)
+    next(b), next(b)
+    saved = b.state_dict()
+    c = MQARStream(cfg, 3, seed=7)
+    c.load_state_dict(saved)
+    for x, y in zip(first[2:], [next(c) for _ in range(3)]):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+    assert not torch.equal(first[0][0], first[1][0])
+    other_rank = MQARStream(cfg, 3, seed=7, rank=1, world_size=2)
+    assert not torch.equal(next(other_rank)[0], first[0][0])
+    with pytest.raises(DataError, match="another MQAR config"):
+        MQARStream(MQARConfig(vocab_size=64, num_kv=5), 3, seed=7).load_state_dict(saved)
+    val = mqar_batches(cfg, 2, 4, 0, "val")
+    assert not torch.equal(val[0][0], mqar_batches(cfg, 2, 4, 0, "test")[0][0])
+    assert torch.equal(val[1][0], mqar_batches(cfg, 2, 4, 0, "val")[1][0])
+
+
+class Oracle(nn.Module):
+    """Looks each query up in the pairs before it; ``wrong`` answers of each sequence are replaced."""
+
+    def __init__(self, cfg, wrong=0):
+        super().__init__()
+        self.cfg, self.wrong = cfg, wrong
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    @property
+    def device(self):
+        return self.dummy.device
+
+    def forward(self, ids):
+        B, T = ids.shape
+        logits = torch.zeros(B, T, self.cfg.vocab_size)
+        n = self.cfg.num_kv
+        for b in range(B):
+            table = dict(zip(ids[b, 0:2 * n:2].tolist(), ids[b, 1:2 * n:2].tolist()))
+            for j, t in enumerate(range(2 * n, T, 2)):
+                v = table[int(ids[b, t])]
+                logits[b, t, v if j >= self.wrong else (v + 1) % self.cfg.vocab_size] = 1.0
+        return logits
+
+
+def test_accuracy():
+    cfg = MQARConfig(vocab_size=64, num_kv=4)
+    data = mqar_batches(cfg, 2, 8, 0, "test")
+    assert mqar_accuracy(Oracle(cfg), data) == {"accuracy": 1.0, "sequence_accuracy": 1.0, "answers": 64}
+    res = mqar_accuracy(Oracle(cfg, wrong=1), data)
+    assert res["accuracy"] == pytest.approx(3 / 4) and res["sequence_accuracy"] == 0.0
+
+
+def test_state_floats_constant_for_linear_models_and_growing_for_llama():
+    from linlm import create_model
+
+    tnl = create_model("tnl", preset="tiny", vocab_size=64)
+    llama = create_model("llama", preset="tiny", vocab_size=64)
+    assert state_floats(tnl, 8) == state_floats(tnl, 32) > 0
+    assert state_floats(llama, 32) == 4 * state_floats(llama, 8)
