@@ -36,6 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
     register_perplexity(subparsers)
+    register_niah(subparsers)
 
 
 def _load(args):
@@ -107,4 +108,52 @@ def cmd_perplexity(args) -> int:
     print_table(["quantity", "value"], rows, title=f"perplexity: {args.source}")
     if args.json:
         print(f"results: {write_json(args.json, {'model': str(args.model), 'source': args.source, **d}, 'linlm-perplexity')}")
+    return 0
+
+
+def register_niah(subparsers) -> None:
+    from linlm.eval.niah import MODES
+
+    p = subparsers.add_parser(
+        "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
+        description="Insert a needle (a magic number) at each depth of a haystack cut to each context length, ask "
+                    "for it, score greedy answers; print the mean and weighted accuracy, write JSON and a heatmap. "
+                    "See docs/evaluation.md for the weights.")
+    _add_model(p)
+    p.add_argument("--haystack", default="shakespeare", help="text source for the haystack (any `linlm data` source)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--mode", choices=MODES, default="standard")
+    p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
+    p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
+    p.add_argument("--trials", type=int, default=1, help="needles per cell")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
+    p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument("--plot", default=None, metavar="PNG", help="heatmap of the grid")
+    p.set_defaults(func=cmd_niah)
+
+
+def cmd_niah(args) -> int:
+    from linlm.data.sources import open_source
+    from linlm.eval.evaluator import write_json
+    from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
+
+    cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
+                     depths=parse_grid(args.depths, "depths"), mode=args.mode, trials=args.trials, seed=args.seed,
+                     length_ratio=args.length_ratio, depth_ratio=args.depth_ratio).validate()
+    source = open_source(args.haystack, text_field=args.text_field)
+    model, tok = _load(args)
+    res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
+    res.update(model=str(args.model), haystack=args.haystack)
+    print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "
+          f"{len(res['lengths'])} lengths x {len(res['depths'])} depths")
+    if res["skipped_lengths"]:
+        print(f"skipped lengths beyond the model's limit: {res['skipped_lengths']}")
+    if args.plot:
+        plot_heatmap(res, args.plot)
+        print(f"heatmap: {args.plot}")
+    if args.json:
+        print(f"results: {write_json(args.json, res, 'linlm-niah')}")
     return 0
