@@ -37,6 +37,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_eval)
     register_perplexity(subparsers)
     register_niah(subparsers)
+    register_mqar(subparsers)
 
 
 def _load(args):
@@ -156,4 +157,62 @@ def cmd_niah(args) -> int:
         print(f"heatmap: {args.plot}")
     if args.json:
         print(f"results: {write_json(args.json, res, 'linlm-niah')}")
+    return 0
+
+
+def register_mqar(subparsers) -> None:
+    p = subparsers.add_parser(
+        "mqar", help="train small models of each architecture on MQAR; accuracy vs width and state size",
+        description="Multi-query associative recall: trains every run (architecture x width, plus MossNet with one "
+                    "and with E SSM experts) with the Trainer on the same synthetic stream, measures test accuracy, "
+                    "prints a table and writes results.json and mqar.png into --out-dir.")
+    p.add_argument("--out-dir", required=True, help="one run directory per model is made below it")
+    p.add_argument("--archs", default="llama,tnl,hgrn2,cosformer2,mamba", help="comma-separated architectures")
+    p.add_argument("--widths", default="32,64", help="comma-separated d_model values")
+    p.add_argument("--experts", type=int, default=4, help="SSM experts of the MossNet run (0: no MossNet runs)")
+    p.add_argument("--vocab-size", type=int, default=128)
+    p.add_argument("--num-kv", type=int, default=8)
+    p.add_argument("--num-queries", type=int, default=0, help="0: every key is queried")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=16)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test-sequences", type=int, default=512)
+    p.add_argument("--overwrite", action="store_true", help="replace runs of an earlier experiment in --out-dir")
+    p.set_defaults(func=cmd_mqar)
+
+
+def cmd_mqar(args) -> int:
+    from pathlib import Path
+
+    from linlm.errors import ConfigError
+    from linlm.eval.evaluator import write_json
+    from linlm.eval.mqar import MQARConfig, default_runs, plot_experiment, run_experiment
+    from linlm.infer.report import print_table
+    from linlm.train.cli import setup_logging
+
+    setup_logging()
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError(f"--widths {args.widths!r}: expected comma-separated integers, e.g. 32,64") from None
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    runs = default_runs(widths, args.experts, archs) if args.experts else [r for r in default_runs(widths, 1, archs)
+                                                                           if r.arch != "mossnet"]
+    cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
+    rows = run_experiment(runs, cfg, args.out_dir, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                          n_layers=args.layers, head_dim=args.head_dim, seed=args.seed,
+                          test_sequences=args.test_sequences, overwrite=args.overwrite)
+    table = [[r["name"], r["d_model"], f"{r['active_params']:,}", f"{r['state_floats']:,}", f"{r['accuracy']:.3f}",
+              f"{r['sequence_accuracy']:.3f}", f"{r['final_loss']:.3f}"] for r in rows]
+    print_table(["model", "d", "active params", "state (floats)", "accuracy", "all answers right", "train loss"], table,
+                title=f"MQAR: {cfg.num_kv} pairs, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
+    out = Path(args.out_dir)
+    plot_experiment(rows, out / "mqar.png")
+    path = write_json(out / "results.json", {"mqar": {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv,
+                                                      "num_queries": cfg.queries, "seq_len": cfg.seq_len},
+                                             "settings": vars(args) | {"func": None}, "runs": rows}, "linlm-mqar")
+    print(f"results: {path}\nplot: {out / 'mqar.png'}")
     return 0
