@@ -12,14 +12,15 @@ from linlm import load  # noqa: E402
 from linlm.eval.evaluator import evaluate  # noqa: E402
 from linlm.eval.harness import LinlmLM  # noqa: E402
 
-CHOICE_TASK = """task: {name}
+TASK_HEAD = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {file}
 test_split: test
 output_type: multiple_choice
-doc_to_text: "{{{{query}}}}"
+"""
+CHOICE_TASK = TASK_HEAD + """doc_to_text: "{{{{query}}}}"
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{gold}}}}"
 metric_list:
@@ -27,15 +28,7 @@ metric_list:
   - metric: acc_norm
   - metric: acc_bytes
 """
-
-PARTIAL_TASK = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {file}
-test_split: test
-output_type: multiple_choice
-doc_to_text: !function fixture_utils.gold
+PARTIAL_TASK = TASK_HEAD + """doc_to_text: !function fixture_utils.gold
 doc_to_choice: "{{{{context_options}}}}"
 doc_to_target: "{{{{continuation}}}}"
 metric_list:

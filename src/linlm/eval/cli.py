@@ -40,6 +40,15 @@ def register(subparsers) -> None:
     register_mqar(subparsers)
 
 
+def _write_json(args, obj: dict, fmt: str) -> int:
+    """Write the results to --json OUT when given (never over a file linlm did not write); exit status 0."""
+    if args.json:
+        from linlm.eval.evaluator import write_json
+
+        print(f"results: {write_json(args.json, obj, fmt)}")
+    return 0
+
+
 def _load(args):
     from linlm.infer.generate import load_for_generation
     from linlm.train.cli import setup_logging
@@ -50,7 +59,7 @@ def _load(args):
 
 def cmd_eval(args) -> int:
     from linlm.errors import ConfigError
-    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows, write_json
+    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
     from linlm.eval.tasks import resolve_tasks
     from linlm.infer.report import print_table
 
@@ -65,9 +74,7 @@ def cmd_eval(args) -> int:
                        show_progress=not args.quiet)
     results["model"] = str(args.model)
     print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
-    if args.json:
-        print(f"results: {write_json(args.json, results)}")
-    return 0
+    return _write_json(args, results, "linlm-eval")
 
 
 def register_perplexity(subparsers) -> None:
@@ -96,7 +103,6 @@ def register_perplexity(subparsers) -> None:
 
 def cmd_perplexity(args) -> int:
     from linlm.data.sources import open_source
-    from linlm.eval.evaluator import write_json
     from linlm.eval.perplexity import perplexity
     from linlm.infer.report import print_table
 
@@ -107,9 +113,7 @@ def cmd_perplexity(args) -> int:
     d = res.to_dict()
     rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]
     print_table(["quantity", "value"], rows, title=f"perplexity: {args.source}")
-    if args.json:
-        print(f"results: {write_json(args.json, {'model': str(args.model), 'source': args.source, **d}, 'linlm-perplexity')}")
-    return 0
+    return _write_json(args, {"model": str(args.model), "source": args.source, **d}, "linlm-perplexity")
 
 
 def register_niah(subparsers) -> None:
@@ -138,7 +142,6 @@ def register_niah(subparsers) -> None:
 
 def cmd_niah(args) -> int:
     from linlm.data.sources import open_source
-    from linlm.eval.evaluator import write_json
     from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
@@ -155,9 +158,7 @@ def cmd_niah(args) -> int:
     if args.plot:
         plot_heatmap(res, args.plot)
         print(f"heatmap: {args.plot}")
-    if args.json:
-        print(f"results: {write_json(args.json, res, 'linlm-niah')}")
-    return 0
+    return _write_json(args, res, "linlm-niah")
 
 
 def register_mqar(subparsers) -> None:
