@@ -29,8 +29,7 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
     names = resolve_tasks(tasks)
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1, got {limit}")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        tokenizer.ensure_fits(model.config.vocab_size)
+    tokenizer.ensure_fits(model.config.vocab_size)
     data_dir = Path(data_dir).expanduser()
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")

@@ -200,13 +200,9 @@ class Doc:
 def build_doc(kind: str, rec: dict, tokenizer) -> Doc:
     if kind == "choice":
         query, choices = rec["query"], rec["choices"]
-        conts = []
-        ctx: list[int] = []
-        for c in choices:
-            ctx_c, cont = encode_pair(tokenizer, query, join(query, c))
-            ctx = ctx or ctx_c
-            conts.append(cont)
-        return Doc([Request(ctx, conts)], rec["gold"], [len(c.encode("utf-8")) for c in choices])
+        pairs = [encode_pair(tokenizer, query, join(query, c)) for c in choices]  # one context for all choices
+        return Doc([Request(pairs[0][0], [cont for _, cont in pairs])], rec["gold"],
+                   [len(c.encode("utf-8")) for c in choices])
     if kind == "partial":
         reqs = []
         for option in rec["context_options"]:
