@@ -89,3 +89,33 @@ def test_state_floats_constant_for_linear_models_and_growing_for_llama():
     llama = create_model("llama", preset="tiny", vocab_size=64)
     assert state_floats(tnl, 8) == state_floats(tnl, 32) > 0
     assert state_floats(llama, 32) == 4 * state_floats(llama, 8)
+
+
+def test_trainer_trains_on_mqar_and_the_experiment_reports(tmp_path):
+    """The data= factory plugs into the Trainer; the experiment writes one run per model and measures it."""
+    from linlm import load
+    from linlm.eval.mqar import MQARRun, mqar_data, run_experiment
+    from linlm.train import TrainData, build_config
+
+    cfg = MQARConfig(vocab_size=32, num_kv=3)
+    data = mqar_data(cfg)(build_config(None, {"batch_size": 4}), 0, 1)
+    assert isinstance(data, TrainData) and data.vocab_size == 32 and data.tokenizer is None
+    ids, tgt = next(data.train)
+    assert ids.shape == (4, cfg.seq_len) and (tgt != IGNORE).sum() == 4 * 3
+    moss = {"ssm_top_k": 1, "mlp_experts": 1, "mlp_top_k": 1}
+    runs = [MQARRun("mossnet", 16, f"mossnet-E{e}-d16", {"ssm_experts": e, **moss}) for e in (1, 2)]
+    rows = run_experiment(runs, cfg, tmp_path, steps=3, batch_size=4, head_dim=8, test_sequences=64)
+    assert [r["name"] for r in rows] == ["mossnet-E1-d16", "mossnet-E2-d16"]
+    for r in rows:
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["answers"] == 64 * 3 and r["steps"] == 3
+        model = load(next((tmp_path / r["name"] / "checkpoints").iterdir()))
+        assert model.config.vocab_size == 32 and model.config.d_model == 16
+        assert r["state_floats"] == state_floats(model, cfg.seq_len)
+    # Two SSM experts hold more state than one at (nearly) the same active size: only the router differs.
+    assert rows[1]["state_floats"] > rows[0]["state_floats"]
+    assert abs(rows[1]["active_params"] - rows[0]["active_params"]) < 0.05 * rows[0]["active_params"]
+    # A second run of the same experiment refuses to replace the first without overwrite.
+    from linlm.errors import LinlmError
+
+    with pytest.raises(LinlmError):
+        run_experiment(runs[:1], cfg, tmp_path, steps=3, batch_size=4, head_dim=8, test_sequences=64)

@@ -47,7 +47,7 @@ def test_weights_and_grid_parsing():
 
 
 def test_scores_equal_greedy_decoding_and_long_lengths_are_skipped(tokenizer):
-    from linlm.infer.generate import generate_ids
+    from linlm.models.generation import generate_ids
 
     model = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=300).eval()
     cfg = NIAHConfig(lengths=[120, 250, 400], depths=[0, 100], trials=2, mode="standard")

@@ -181,6 +181,7 @@ def register_mqar(subparsers) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-sequences", type=int, default=512)
+    p.add_argument("--threads", type=int, default=0, help="torch threads for training (0: torch's default)")
     p.add_argument("--overwrite", action="store_true", help="replace runs of an earlier experiment in --out-dir")
     p.set_defaults(func=cmd_mqar)
 
@@ -205,7 +206,7 @@ def cmd_mqar(args) -> int:
     cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
     rows = run_experiment(runs, cfg, args.out_dir, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                           n_layers=args.layers, head_dim=args.head_dim, seed=args.seed,
-                          test_sequences=args.test_sequences, overwrite=args.overwrite)
+                          test_sequences=args.test_sequences, threads=args.threads, overwrite=args.overwrite)
     table = [[r["name"], r["d_model"], f"{r['active_params']:,}", f"{r['state_floats']:,}", f"{r['accuracy']:.3f}",
               f"{r['sequence_accuracy']:.3f}", f"{r['final_loss']:.3f}"] for r in rows]
     print_table(["model", "d", "active params", "state (floats)", "accuracy", "all answers right", "train loss"], table,

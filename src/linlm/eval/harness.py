@@ -112,7 +112,7 @@ class LinlmLM(LM):
     # ---- generation -------------------------------------------------------------------------------------------
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from linlm.infer.generate import generate_ids
+        from linlm.models.generation import generate_ids
 
         out = []
         for req in requests:

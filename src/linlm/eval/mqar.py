@@ -208,7 +208,7 @@ def default_runs(widths=(32, 64), experts: int = 4, archs=("llama", "tnl", "hgrn
 
 def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int = 300, batch_size: int = 32,
                    lr: float = 3e-3, n_layers: int = 2, head_dim: int = 16, seed: int = 0, test_sequences: int = 512,
-                   overwrite: bool = False, hooks_factory=None) -> list[dict]:
+                   threads: int = 0, overwrite: bool = False, hooks_factory=None) -> list[dict]:
     """Train each run on MQAR with the Trainer (out_dir/NAME) and measure its test accuracy."""
     from pathlib import Path
 
@@ -231,6 +231,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
             "optim": {"lr": lr, "weight_decay": 0.1}, "schedule": {"kind": "cosine", "warmup_steps": min(50, steps // 10)},
             "eval": {"every": steps, "batches": 2}, "checkpoint": {"every": steps, "keep": 1},
             "data": {"seq_len": cfg.seq_len}, "samples": {"prompts": []}, "log_every": max(1, steps // 5),
+            "threads": threads,
         })
         hooks = hooks_factory(run) if hooks_factory else None
         result = Trainer(train_cfg, overwrite=overwrite, hooks=hooks, verbose=False, live=False,
