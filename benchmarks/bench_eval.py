@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import meta, print_table, write_json  # noqa: E402
+from _common import apply_runtime_settings, meta, print_table, write_json  # noqa: E402
 
 from linlm import create_model  # noqa: E402
 from linlm.eval.scoring import Request, ScoreStats, score_requests  # noqa: E402
@@ -51,6 +51,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
+    apply_runtime_settings()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
