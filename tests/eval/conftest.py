@@ -15,15 +15,6 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def _no_allocator_tuning(monkeypatch):
-    """The CLI tunes the process's allocator (linlm.runtime); tests that call it in-process must not change the
-    test worker for the tests that run after them."""
-    import linlm.runtime
-
-    monkeypatch.setattr(linlm.runtime, "tune_allocator", lambda: None)
-
-
 def fixture_texts() -> list[str]:
     texts = []
     for f in sorted(DATA.glob("*.jsonl")):
