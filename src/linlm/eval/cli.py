@@ -1,0 +1,220 @@
+"""``linlm eval``, ``linlm perplexity``, ``linlm niah`` and ``linlm mqar``: parse, call linlm.eval, print."""
+
+from __future__ import annotations
+
+import os
+
+DATA_ENV = "LINLM_EVAL_DATA"
+
+
+def _add_model(p) -> None:
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="a run directory (its newest valid checkpoint), a checkpoint directory, or a model.save() "
+                        "directory; the tokenizer is the tokenizer.json beside the weights")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json to use instead of the one beside the weights")
+    p.add_argument("--device", default="cpu")
+
+
+def register(subparsers) -> None:
+    from linlm.eval.tasks import GROUPS, TASKS
+
+    p = subparsers.add_parser(
+        "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA",
+        description="Score multiple-choice tasks and LAMBADA from local JSON Lines files. Tasks: "
+                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. See docs/evaluation.md.")
+    _add_model(p)
+    p.add_argument("--tasks", required=True, help="comma-separated tasks or groups, e.g. piqa,hellaswag or commonsense")
+    p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
+                   help=f"directory holding the task files (default: ${DATA_ENV})")
+    p.add_argument("--limit", type=int, default=None, help="only the first N documents of each task")
+    p.add_argument("--batch-size", type=int, default=8, help="contexts per forward pass")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
+    p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate longer inputs from the left (default: the model's limit; none for linear models)")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+    register_perplexity(subparsers)
+    register_niah(subparsers)
+    register_mqar(subparsers)
+
+
+def _write_json(args, obj: dict, fmt: str) -> int:
+    """Write the results to --json OUT when given (never over a file linlm did not write); exit status 0."""
+    if args.json:
+        from linlm.eval.evaluator import write_json
+
+        print(f"results: {write_json(args.json, obj, fmt)}")
+    return 0
+
+
+def _load(args):
+    from linlm.infer.generate import load_for_generation
+    from linlm.train.cli import setup_logging
+
+    setup_logging()
+    return load_for_generation(args.model, tokenizer=args.tokenizer, device=args.device)
+
+
+def cmd_eval(args) -> int:
+    from linlm.errors import ConfigError
+    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
+    from linlm.eval.tasks import resolve_tasks
+    from linlm.infer.report import print_table
+
+    resolve_tasks(args.tasks)  # an unknown task fails before the model loads
+    if not args.data_dir:
+        raise ConfigError(f"--data-dir: not given and ${DATA_ENV} is not set; pass the directory holding the task "
+                          "JSON Lines files (see docs/evaluation.md for their formats)")
+    model, tok = _load(args)
+    results = evaluate(model, tok, args.tasks, args.data_dir, limit=args.limit, batch_size=args.batch_size,
+                       skip_bad=args.skip_bad_lines, shared=not args.naive,
+                       max_length=args.max_length if args.max_length is not None else -1,
+                       show_progress=not args.quiet)
+    results["model"] = str(args.model)
+    print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
+    return _write_json(args, results, "linlm-eval")
+
+
+def register_perplexity(subparsers) -> None:
+    from linlm.eval.perplexity import MODES
+
+    p = subparsers.add_parser(
+        "perplexity", help="perplexity and bits per byte of a model on any text source",
+        description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
+                    "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
+                    "perplexity. See docs/evaluation.md.")
+    _add_model(p)
+    p.add_argument("--source", required=True, help="text source spec (as for `linlm data prepare`)")
+    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="stateful: whole documents through the recurrent state; sliding: windows; auto: stateful "
+                        "unless the model has a position limit (LLaMA)")
+    p.add_argument("--window", type=int, default=None, help="sliding window length (default: max_seq_len or 2048)")
+    p.add_argument("--stride", type=int, default=None, help="sliding window stride (default: window / 2)")
+    p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
+    p.add_argument("--batch-size", type=int, default=4, help="documents (stateful) or windows (sliding) per pass")
+    p.add_argument("--max-docs", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
+    p.set_defaults(func=cmd_perplexity)
+
+
+def cmd_perplexity(args) -> int:
+    from linlm.data.sources import open_source
+    from linlm.eval.perplexity import perplexity
+    from linlm.infer.report import print_table
+
+    source = open_source(args.source, text_field=args.text_field)
+    model, tok = _load(args)
+    res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
+                     batch_size=args.batch_size, max_docs=args.max_docs, max_tokens=args.max_tokens)
+    d = res.to_dict()
+    rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]
+    print_table(["quantity", "value"], rows, title=f"perplexity: {args.source}")
+    return _write_json(args, {"model": str(args.model), "source": args.source, **d}, "linlm-perplexity")
+
+
+def register_niah(subparsers) -> None:
+    from linlm.eval.niah import MODES
+
+    p = subparsers.add_parser(
+        "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
+        description="Insert a needle (a magic number) at each depth of a haystack cut to each context length, ask "
+                    "for it, score greedy answers; print the mean and weighted accuracy, write JSON and a heatmap. "
+                    "See docs/evaluation.md for the weights.")
+    _add_model(p)
+    p.add_argument("--haystack", default="shakespeare", help="text source for the haystack (any `linlm data` source)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--mode", choices=MODES, default="standard")
+    p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
+    p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
+    p.add_argument("--trials", type=int, default=1, help="needles per cell")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
+    p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument("--plot", default=None, metavar="PNG", help="heatmap of the grid")
+    p.set_defaults(func=cmd_niah)
+
+
+def cmd_niah(args) -> int:
+    from linlm.data.sources import open_source
+    from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
+
+    cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
+                     depths=parse_grid(args.depths, "depths"), mode=args.mode, trials=args.trials, seed=args.seed,
+                     length_ratio=args.length_ratio, depth_ratio=args.depth_ratio).validate()
+    source = open_source(args.haystack, text_field=args.text_field)
+    model, tok = _load(args)
+    res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
+    res.update(model=str(args.model), haystack=args.haystack)
+    print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "
+          f"{len(res['lengths'])} lengths x {len(res['depths'])} depths")
+    if res["skipped_lengths"]:
+        print(f"skipped lengths beyond the model's limit: {res['skipped_lengths']}")
+    if args.plot:
+        plot_heatmap(res, args.plot)
+        print(f"heatmap: {args.plot}")
+    return _write_json(args, res, "linlm-niah")
+
+
+def register_mqar(subparsers) -> None:
+    p = subparsers.add_parser(
+        "mqar", help="train small models of each architecture on MQAR; accuracy vs width and state size",
+        description="Multi-query associative recall: trains every run (architecture x width, plus MossNet with one "
+                    "and with E SSM experts) with the Trainer on the same synthetic stream, measures test accuracy, "
+                    "prints a table and writes results.json and mqar.png into --out-dir.")
+    p.add_argument("--out-dir", required=True, help="one run directory per model is made below it")
+    p.add_argument("--archs", default="llama,tnl,hgrn2,cosformer2,mamba", help="comma-separated architectures")
+    p.add_argument("--widths", default="32,64", help="comma-separated d_model values")
+    p.add_argument("--experts", type=int, default=4, help="SSM experts of the MossNet run (0: no MossNet runs)")
+    p.add_argument("--vocab-size", type=int, default=128)
+    p.add_argument("--num-kv", type=int, default=8)
+    p.add_argument("--num-queries", type=int, default=0, help="0: every key is queried")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=16)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test-sequences", type=int, default=512)
+    p.add_argument("--threads", type=int, default=0, help="torch threads for training (0: torch's default)")
+    p.add_argument("--overwrite", action="store_true", help="replace runs of an earlier experiment in --out-dir")
+    p.set_defaults(func=cmd_mqar)
+
+
+def cmd_mqar(args) -> int:
+    from pathlib import Path
+
+    from linlm.errors import ConfigError
+    from linlm.eval.evaluator import write_json
+    from linlm.eval.mqar import MQARConfig, default_runs, plot_experiment, run_experiment
+    from linlm.infer.report import print_table
+    from linlm.train.cli import setup_logging
+
+    setup_logging()
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError(f"--widths {args.widths!r}: expected comma-separated integers, e.g. 32,64") from None
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    runs = default_runs(widths, args.experts, archs) if args.experts else [r for r in default_runs(widths, 1, archs)
+                                                                           if r.arch != "mossnet"]
+    cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
+    rows = run_experiment(runs, cfg, args.out_dir, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                          n_layers=args.layers, head_dim=args.head_dim, seed=args.seed,
+                          test_sequences=args.test_sequences, threads=args.threads, overwrite=args.overwrite)
+    table = [[r["name"], r["d_model"], f"{r['active_params']:,}", f"{r['state_floats']:,}", f"{r['accuracy']:.3f}",
+              f"{r['sequence_accuracy']:.3f}", f"{r['final_loss']:.3f}"] for r in rows]
+    print_table(["model", "d", "active params", "state (floats)", "accuracy", "all answers right", "train loss"], table,
+                title=f"MQAR: {cfg.num_kv} pairs, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
+    out = Path(args.out_dir)
+    plot_experiment(rows, out / "mqar.png")
+    path = write_json(out / "results.json", {"mqar": {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv,
+                                                      "num_queries": cfg.queries, "seq_len": cfg.seq_len},
+                                             "settings": vars(args) | {"func": None}, "runs": rows}, "linlm-mqar")
+    print(f"results: {path}\nplot: {out / 'mqar.png'}")
+    return 0

@@ -1,0 +1,119 @@
+"""Run zero-shot tasks on a model: ``evaluate(model, tokenizer, ["piqa", "hellaswag"], data_dir)`` -> results dict.
+
+The results hold, per task, the metrics with standard errors (see :mod:`linlm.eval.tasks`), the number of
+documents, the requests whose context was truncated from the left and the malformed lines skipped; plus the
+commonsense average when all 7 of its tasks were run. :func:`write_results` writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from linlm.errors import ConfigError, DataError
+from linlm.eval.scoring import ScoreStats, score_requests
+from linlm.eval.tasks import TASKS, aggregate, build_doc, commonsense_average, doc_metrics, load_task, resolve_tasks
+
+log = logging.getLogger("linlm.eval")
+
+RESULTS_FORMAT = "linlm-eval"
+
+
+def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path, *, limit: Optional[int] = None,
+             batch_size: int = 8, skip_bad: bool = False, shared: bool = True, max_length: Optional[int] = -1,
+             show_progress: bool = False) -> dict[str, Any]:
+    """Evaluate ``model`` on ``tasks`` read from ``data_dir`` (the JSON Lines files named in tasks.TASKS)."""
+    names = resolve_tasks(tasks)
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be >= 1, got {limit}")
+    tokenizer.ensure_fits(model.config.vocab_size)
+    data_dir = Path(data_dir).expanduser()
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")
+    results: dict[str, Any] = {}
+    for name in names:
+        spec = TASKS[name]
+        t0 = time.perf_counter()
+        records, skipped = load_task(spec, data_dir, limit=limit, skip_bad=skip_bad)
+        if not records:
+            raise DataError(f"{data_dir / spec.filename}: holds no usable document")
+        docs = [build_doc(spec.kind, r, tokenizer) for r in records]
+        flat = [req for d in docs for req in d.requests]
+        stats = ScoreStats()
+        bar = _progress(name, len(flat)) if show_progress else None
+        try:
+            scored = score_requests(model, flat, batch_size=batch_size, shared=shared, max_length=max_length,
+                                    stats=stats, progress=(lambda n: bar[0].advance(bar[1], n)) if bar else None)
+        finally:
+            if bar:
+                bar[0].stop()
+        per_doc, i = [], 0
+        for d in docs:
+            per_doc.append(doc_metrics(spec.kind, d, scored[i:i + len(d.requests)]))
+            i += len(d.requests)
+        res = aggregate(spec.kind, per_doc)
+        res.update(metric=spec.metric, file=str(data_dir / spec.filename), skipped_lines=len(skipped),
+                   truncated_requests=stats.truncated_requests, seconds=round(time.perf_counter() - t0, 3))
+        if stats.truncated_requests:
+            log.warning("%s: %d of %d requests were longer than the model takes; their contexts were truncated "
+                        "from the left", name, stats.truncated_requests, stats.requests)
+        results[name] = res
+    out: dict[str, Any] = {"format": RESULTS_FORMAT, "tasks": results,
+                           "settings": {"limit": limit, "batch_size": batch_size, "shared_context": shared}}
+    avg = commonsense_average(results)
+    if avg is not None:
+        out["commonsense_avg"] = avg
+    return out
+
+
+def _progress(name: str, total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    p = Progress(TextColumn(name), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+    task = p.add_task(name, total=total)
+    p.start()
+    return p, task
+
+
+def results_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Table rows: task, the paper's metric, value +- stderr, acc, acc_norm, perplexity, n."""
+
+    def pm(d, k, scale=100.0):
+        if k not in d:
+            return "-"
+        return f"{scale * d[k]:.2f} ± {scale * d[k + '_stderr']:.2f}"
+
+    rows = []
+    for name, d in results["tasks"].items():
+        rows.append([name, d["metric"], pm(d, d["metric"]), pm(d, "acc"), pm(d, "acc_norm"),
+                     pm(d, "perplexity", 1.0), str(d["n"])])
+    avg = results.get("commonsense_avg")
+    if avg:
+        rows.append(["commonsense avg (7)", "per task", f"{100 * avg['score']:.2f} ± {100 * avg['stderr']:.2f}",
+                     "-", "-", "-", "-"])
+    return rows
+
+
+RESULTS_HEADERS = ["task", "metric", "score (%)", "acc (%)", "acc_norm (%)", "perplexity", "n"]
+
+
+def write_json(path: str | Path, obj: dict[str, Any], fmt: str = RESULTS_FORMAT) -> Path:
+    """Write ``obj`` (with ``"format": fmt``) atomically; refuse to replace a file that linlm did not write."""
+    from linlm.io_utils import atomic_write_bytes
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"--json {path}: is a directory; give a file name such as results.json")
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = None
+        if not (isinstance(old, dict) and old.get("format") == fmt):
+            raise ConfigError(f"--json {path}: exists and was not written by linlm; choose another path or remove it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps({**obj, "format": fmt}, indent=2, default=str) + "\n").encode())
+    return path

@@ -1,0 +1,150 @@
+"""lm-evaluation-harness adapter: the lm-eval model ``linlm`` (needs ``pip install 'linlm[eval]'``).
+
+Importing this module registers the model, so that from Python::
+
+    import lm_eval, linlm.eval.harness  # noqa: F401  (registers "linlm")
+    results = lm_eval.simple_evaluate(model="linlm", model_args="pretrained=runs/demo", tasks=["hellaswag"])
+
+or with an instance: ``simple_evaluate(model=LinlmLM(pretrained="runs/demo"), tasks=[...])``. lm-eval has no plugin
+discovery for models, so its own ``lm_eval`` command cannot see a model registered by another package; this module
+is that command with ``linlm`` registered, taking the same arguments::
+
+    python -m linlm.eval.harness --model linlm --model_args pretrained=DIR --tasks hellaswag,piqa
+    linlm-lm-eval --model linlm --model_args pretrained=DIR --tasks hellaswag,piqa     (the same, as a script)
+
+``pretrained`` is anything ``linlm eval --model`` takes (a run directory, a checkpoint, a model.save() directory);
+other model_args: ``tokenizer`` (a tokenizer.json), ``device``, ``batch_size``, ``max_length``.
+
+The three request types:
+
+- ``loglikelihood``: requests sharing a context are scored together from one prefill of that context
+  (:func:`linlm.eval.scoring.score_requests`), with the harness's encoding of context/continuation pairs and its
+  left truncation. The same code path serves ``linlm eval``, so the two give identical acc and acc_norm.
+- ``loglikelihood_rolling``: the summed log-likelihood of each whole document, after the end-of-text token:
+  stateful (exact, whole document) for models without a position limit, disjoint windows of max_length for LLaMA.
+- ``generate_until``: greedy decoding from the recurrent state, stopped at the first ``until`` string, at
+  ``max_gen_toks`` (default 256) or at end-of-text.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("the lm-evaluation-harness adapter needs lm-eval: pip install 'linlm[eval]'") from e
+
+from linlm.eval.scoring import Request, model_max_length, score_requests
+from linlm.eval.tasks import encode_pair
+
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+@register_model("linlm")
+class LinlmLM(LM):
+    """A linlm model and its tokenizer as an lm-eval ``LM``."""
+
+    def __init__(self, pretrained: Optional[str] = None, tokenizer: Optional[str] = None, device: Optional[str] = "cpu",
+                 batch_size: int | str = 8, max_length: Optional[int] = None, model=None, **kwargs) -> None:
+        super().__init__()
+        if model is not None:  # an already loaded (model, tokenizer)
+            self.model, self.tok = model, tokenizer
+        else:
+            if pretrained is None:
+                from linlm.errors import ConfigError
+
+                raise ConfigError("model_args: pretrained=DIR is required (a run, checkpoint or model.save() "
+                                  "directory)")
+            import torch
+
+            from linlm.infer.generate import load_for_generation
+
+            if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+                device = "cpu"  # lm_eval's command line asks for cuda by default
+            self.model, self.tok = load_for_generation(pretrained, tokenizer=tokenizer, device=device)
+        self.model.eval()
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" -> 8
+        self.max_length = int(max_length) if max_length else model_max_length(self.model)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tok.eos_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return "linlm-" + self.tok.fingerprint()[:16]
+
+    # ---- loglikelihood ----------------------------------------------------------------------------------------
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [encode_pair(self.tok, *req.args[:2]) for req in requests]
+        # Requests with the same context tokens share one prefill.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, (ctx, _) in enumerate(pairs):
+            groups.setdefault(tuple(ctx), []).append(i)
+        batch = [Request(list(ctx), [pairs[i][1] for i in members]) for ctx, members in groups.items()]
+        scored = score_requests(self.model, batch, batch_size=self.batch_size, max_length=self.max_length)
+        out: list[Optional[tuple[float, bool]]] = [None] * len(requests)
+        for members, s in zip(groups.values(), scored):
+            for j, i in enumerate(members):
+                out[i] = (s.logliks[j], s.greedy[j])
+                self.cache_hook.add_partial("loglikelihood", requests[i].args, out[i])
+        return out  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from linlm.eval.perplexity import perplexity
+
+        out = []
+        for req in requests:
+            text = req.args[0]
+            if self.max_length is None:
+                res = perplexity(self.model, self.tok, [text], mode="stateful")
+            else:
+                res = perplexity(self.model, self.tok, [text], mode="sliding", window=self.max_length,
+                                 stride=self.max_length)
+            ll = -res.nll if res.documents else 0.0
+            out.append(ll)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
+        return out
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from linlm.models.generation import generate_ids
+
+        out = []
+        for req in requests:
+            context, kwargs = req.args[0], dict(req.args[1] or {})
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            ids = self.tok.encode(context) or [self.tok.eos_id]
+            if self.max_length is not None:
+                ids = ids[-max(1, self.max_length - max_new):]
+            new = generate_ids(self.model, ids, max_new, temperature=0.0, top_k=0, eos_id=self.tok.eos_id)
+            if new and new[-1] == self.tok.eos_id:
+                new = new[:-1]
+            text = self.tok.decode(new)
+            for stop in until:
+                if stop and stop in text:
+                    text = text[:text.index(stop)]
+            out.append(text)
+            self.cache_hook.add_partial("generate_until", req.args, text)
+        return out
+
+
+def main(argv=None) -> None:
+    """The ``lm_eval`` command with the ``linlm`` model registered (same arguments)."""
+    import sys
+
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Needle in a haystack: can a model find one fact placed anywhere in a long context?
+
+A haystack (the first tokens of any text source, documents joined by blank lines) is cut to fit each context
+length L of the grid; a needle sentence holding a random 7-digit number is inserted at depth d (0 % = the start of
+the context, 100 % = just before the question); the question follows. The cell (L, d) is right when greedy decoding
+after the question reproduces the number exactly (every token the argmax; scored from one prefill with
+:func:`linlm.eval.scoring.score_requests`, no sampling).
+
+Two modes (arXiv 2406.16690):
+
+- ``standard``: only the answer is in the context: the needle is "The special magic number is N." and the question
+  at the end is "What is the special magic number? Answer:"; the model has to connect the two.
+- ``easy``: the question and the answer both are: the needle is "What is the special magic number? Answer: N." and
+  the same question ends the context, so copying what followed its earlier occurrence suffices.
+
+Scores: the mean accuracy over the grid and a weighted accuracy. The paper weights long contexts and deep needles
+geometrically without giving its constants; here the weight of cell (i, j) (i-th length, j-th depth, both in
+increasing order) is
+
+    w_ij = length_ratio ** (i / (n_lengths - 1)) * depth_ratio ** (j / (n_depths - 1))
+
+so the longest context weighs ``length_ratio`` (default 4) times the shortest and the deepest needle (100 %)
+``depth_ratio`` (default 2) times the shallowest (0 %); a ratio below 1 reverses the emphasis, 1 removes it. The
+paper's grid (the defaults) is 35 lengths from 1,000 to 16,000 tokens x 35 depths from 0 % to 100 %.
+
+Lengths beyond a position-limited model's max_seq_len (LLaMA) are skipped and reported, never truncated silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Optional
+
+from linlm.errors import ConfigError, DataError
+from linlm.eval.scoring import Request, model_max_length, score_requests
+
+log = logging.getLogger("linlm.eval")
+
+MODES = ("standard", "easy")
+QUESTION = "What is the special magic number? Answer:"
+NEEDLES = {"standard": "The special magic number is {n}.", "easy": QUESTION + " {n}."}
+
+
+def geometric_lengths(lo: int, hi: int, n: int) -> list[int]:
+    if n == 1:
+        return [lo]
+    return sorted({round(lo * (hi / lo) ** (i / (n - 1))) for i in range(n)})
+
+
+def linear_depths(n: int) -> list[float]:
+    return [100.0 * i / (n - 1) for i in range(n)] if n > 1 else [50.0]
+
+
+@dataclass
+class NIAHConfig:
+    lengths: list[int] = field(default_factory=lambda: geometric_lengths(1000, 16000, 35))
+    depths: list[float] = field(default_factory=lambda: linear_depths(35))
+    mode: str = "standard"
+    trials: int = 1  # needles (different numbers) per cell
+    seed: int = 0
+    length_ratio: float = 4.0
+    depth_ratio: float = 2.0
+
+    def validate(self) -> "NIAHConfig":
+        if self.mode not in MODES:
+            raise ConfigError(f"mode: unknown NIAH mode {self.mode!r}; valid choices are {', '.join(MODES)}")
+        if not self.lengths or min(self.lengths) < 16:
+            raise ConfigError(f"lengths: give context lengths of at least 16 tokens, got {self.lengths}")
+        if not self.depths or not all(0.0 <= d <= 100.0 for d in self.depths):
+            raise ConfigError(f"depths: give depths in percent between 0 and 100, got {self.depths}")
+        if self.trials < 1 or self.length_ratio <= 0 or self.depth_ratio <= 0:
+            raise ConfigError("trials must be >= 1 and the weight ratios positive")
+        self.lengths = sorted(set(int(x) for x in self.lengths))
+        self.depths = sorted(set(float(x) for x in self.depths))
+        return self
+
+
+def parse_grid(spec: str, kind: str) -> list[float]:
+    """``"1000,2000,4000"`` or ``"LO:HI:N"`` (geometric for lengths, linear for depths)."""
+    try:
+        if ":" in spec:
+            lo, hi, n = spec.split(":")
+            if kind == "lengths":
+                return geometric_lengths(int(lo), int(hi), int(n))
+            lo_f, hi_f, k = float(lo), float(hi), int(n)
+            return [lo_f + (hi_f - lo_f) * i / (k - 1) for i in range(k)] if k > 1 else [lo_f]
+        return [float(x) if kind == "depths" else int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--{kind} {spec!r}: expected a comma-separated list or LO:HI:N") from None
+
+
+def cell_weights(cfg: NIAHConfig) -> list[list[float]]:
+    """w[j][i] for depth j and length i (see the module doc)."""
+    nl, nd = len(cfg.lengths), len(cfg.depths)
+    wl = [cfg.length_ratio ** (i / (nl - 1)) if nl > 1 else 1.0 for i in range(nl)]
+    wd = [cfg.depth_ratio ** (j / (nd - 1)) if nd > 1 else 1.0 for j in range(nd)]
+    return [[wd[j] * wl[i] for i in range(nl)] for j in range(nd)]
+
+
+def build_haystack(tokenizer, texts: Iterable[str], n_tokens: int) -> list[int]:
+    """The first ``n_tokens`` tokens of the documents joined by blank lines."""
+    ids: list[int] = []
+    sep = tokenizer.encode("\n\n")
+    for text in texts:
+        if ids:
+            ids.extend(sep)
+        ids.extend(tokenizer.encode(text))
+        if len(ids) >= n_tokens:
+            return ids[:n_tokens]
+    raise DataError(f"the haystack source holds {len(ids)} tokens, fewer than the {n_tokens} the longest context "
+                    "needs; use a larger corpus or shorter --lengths")
+
+
+def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list[int]) -> list[tuple]:
+    """(length index, depth index, trial, Request) for every cell and trial."""
+    rng = random.Random(cfg.seed)
+    question = tokenizer.encode("\n\n" + QUESTION)
+    out = []
+    for i, L in enumerate(lengths):
+        for j, d in enumerate(cfg.depths):
+            for t in range(cfg.trials):
+                number = str(rng.randrange(1_000_000, 10_000_000))
+                needle = tokenizer.encode(" " + NEEDLES[cfg.mode].format(n=number) + " ")
+                n_hay = L - len(needle) - len(question)
+                if n_hay < 1:
+                    raise ConfigError(f"context length {L} is too short for the needle and the question "
+                                      f"({len(needle) + len(question)} tokens)")
+                at = round(n_hay * d / 100.0)
+                ctx = haystack[:at] + needle + haystack[at:n_hay] + question
+                out.append((i, j, t, Request(ctx, [tokenizer.encode(" " + number)])))
+    return out
+
+
+def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] = None, *, batch_size: int = 4,
+             progress=None) -> dict:
+    """Score the grid; returns accuracy[depth][length], the mean and weighted scores, and the settings."""
+    cfg = (cfg or NIAHConfig()).validate()
+    limit = model_max_length(model)
+    lengths = [L for L in cfg.lengths if limit is None or L <= limit]
+    skipped = [L for L in cfg.lengths if L not in lengths]
+    if skipped:
+        log.warning("NIAH: context lengths %s exceed this %s model's max_seq_len=%s and are skipped", skipped,
+                    model.config.arch, limit)
+    if not lengths:
+        raise ConfigError(f"every context length exceeds this model's max_seq_len={limit}; give shorter --lengths")
+    haystack = build_haystack(tokenizer, texts, max(lengths))
+    reqs = niah_requests(tokenizer, haystack, cfg, lengths)
+    scored = score_requests(model, [r[3] for r in reqs], batch_size=batch_size, max_length=None, progress=progress)
+    hits = [[0] * len(lengths) for _ in cfg.depths]
+    for (i, j, _, _), s in zip(reqs, scored):
+        hits[j][i] += int(s.greedy[0])
+    acc = [[h / cfg.trials for h in row] for row in hits]
+    kept = NIAHConfig(**{**asdict(cfg), "lengths": lengths}).validate()
+    w = cell_weights(kept)
+    total_w = sum(sum(r) for r in w)
+    weighted = sum(w[j][i] * acc[j][i] for j in range(len(cfg.depths)) for i in range(len(lengths))) / total_w
+    mean = sum(sum(r) for r in acc) / (len(lengths) * len(cfg.depths))
+    return {"mode": cfg.mode, "lengths": lengths, "depths": cfg.depths, "accuracy": acc, "mean": mean,
+            "weighted": weighted, "weights": {"length_ratio": cfg.length_ratio, "depth_ratio": cfg.depth_ratio},
+            "trials": cfg.trials, "seed": cfg.seed, "skipped_lengths": skipped}
+
+
+def plot_heatmap(result: dict, path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = result["accuracy"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.3 * len(result["lengths"]) + 2), max(4.0, 0.25 * len(acc) + 1.5)))
+    im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
+    ax.set_xticks(range(len(result["lengths"])))
+    ax.set_xticklabels([str(L) for L in result["lengths"]], rotation=90, fontsize=7)
+    ax.set_yticks(range(len(result["depths"])))
+    ax.set_yticklabels([f"{d:.0f}" for d in result["depths"]], fontsize=7)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth (%)")
+    ax.set_title(title or f"NIAH ({result['mode']}): mean {result['mean']:.3f}, weighted {result['weighted']:.3f}")
+    fig.colorbar(im, ax=ax, label="accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

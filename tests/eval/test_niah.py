@@ -1,0 +1,80 @@
+"""Needle in a haystack: the contexts, the weights, the scores against greedy decoding, and the CLI."""
+
+import json
+
+import pytest
+
+from linlm import create_model
+from linlm.errors import ConfigError, DataError
+from linlm.eval.niah import (NEEDLES, QUESTION, NIAHConfig, build_haystack, cell_weights, niah_requests,
+                             parse_grid, run_niah)
+
+HAY = ["The rain had stopped and the grass was wet. She walked out into the garden and looked at the trees. " * 3,
+       "He counted the coins twice. There were ten of them, all silver, and he put them back in the box. " * 3] * 4
+
+
+def test_contexts_have_the_grid_length_and_the_needle_at_its_depth(tokenizer):
+    cfg = NIAHConfig(lengths=[120, 200], depths=[0, 50, 100], mode="easy", trials=2).validate()
+    hay = build_haystack(tokenizer, HAY, 200)
+    reqs = niah_requests(tokenizer, hay, cfg, cfg.lengths)
+    assert len(reqs) == 2 * 3 * 2
+    question = tokenizer.encode("\n\n" + QUESTION)
+    for i, j, t, req in reqs:
+        L = cfg.lengths[i]
+        assert len(req.context) == L and req.context[-len(question):] == question
+        number = tokenizer.decode(req.continuations[0]).strip()
+        needle = tokenizer.encode(" " + NEEDLES["easy"].format(n=number) + " ")
+        n_hay = L - len(needle) - len(question)
+        at = round(n_hay * cfg.depths[j] / 100)
+        assert req.context[at:at + len(needle)] == needle
+        assert req.context[:at] == hay[:at]
+    with pytest.raises(DataError, match="fewer than"):
+        build_haystack(tokenizer, HAY[:1], 10_000)
+
+
+def test_weights_and_grid_parsing():
+    cfg = NIAHConfig(lengths=[100, 200, 400], depths=[0, 50, 100], length_ratio=4, depth_ratio=2).validate()
+    w = cell_weights(cfg)
+    assert w[0][0] == 1 and w[0][2] == pytest.approx(4) and w[2][0] == pytest.approx(2) and w[2][2] == pytest.approx(8)
+    assert w[1][1] == pytest.approx(2 * 2 ** 0.5)
+    assert parse_grid("1000:16000:5", "lengths") == [1000, 2000, 4000, 8000, 16000]
+    assert parse_grid("0:100:3", "depths") == [0, 50, 100]
+    assert len(NIAHConfig().validate().lengths) == 35 and len(NIAHConfig().depths) == 35
+    with pytest.raises(ConfigError, match="mode"):
+        NIAHConfig(mode="hard").validate()
+    with pytest.raises(ConfigError, match="LO:HI:N"):
+        parse_grid("a,b", "lengths")
+
+
+def test_scores_equal_greedy_decoding_and_long_lengths_are_skipped(tokenizer):
+    from linlm.models.generation import generate_ids
+
+    model = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=300).eval()
+    cfg = NIAHConfig(lengths=[120, 250, 400], depths=[0, 100], trials=2, mode="standard")
+    res = run_niah(model, tokenizer, HAY, cfg, batch_size=3)
+    assert res["lengths"] == [120, 250] and res["skipped_lengths"] == [400]
+    hay = build_haystack(tokenizer, HAY, 250)
+    hits = {}
+    for i, j, t, req in niah_requests(tokenizer, hay, NIAHConfig(**{**cfg.__dict__, "lengths": [120, 250]}).validate(),
+                                      [120, 250]):
+        answer = req.continuations[0]
+        out = generate_ids(model, req.context, len(answer), temperature=0.0, top_k=0, stop_at_eos=False)
+        hits[(j, i)] = hits.get((j, i), 0) + int(out == answer)
+    assert res["accuracy"] == [[hits[(j, i)] / 2 for i in range(2)] for j in range(2)]
+    w = cell_weights(NIAHConfig(lengths=[120, 250], depths=[0, 100]).validate())
+    acc = res["accuracy"]
+    expect = sum(w[j][i] * acc[j][i] for j in range(2) for i in range(2)) / sum(map(sum, w))
+    assert res["weighted"] == pytest.approx(expect)
+
+
+def test_niah_cli(model_dir, tmp_path):
+    from linlm.cli import main
+
+    hay = tmp_path / "hay.txt"
+    hay.write_text("\n\n".join(HAY))
+    out, png = tmp_path / "niah.json", tmp_path / "niah.png"
+    assert main(["niah", "--model", str(model_dir), "--haystack", str(hay), "--lengths", "120,200", "--depths", "0:100:3",
+                 "--mode", "easy", "--json", str(out), "--plot", str(png)]) == 0
+    res = json.loads(out.read_text())
+    assert res["lengths"] == [120, 200] and len(res["accuracy"]) == 3 and 0 <= res["weighted"] <= 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
