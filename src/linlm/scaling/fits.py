@@ -62,15 +62,13 @@ class Curve:
 
 
 def smooth(loss: np.ndarray, window: int) -> np.ndarray:
-    """A trailing mean over ``window`` points (training loss is noisy step to step); window 1 is the identity."""
+    """A centred moving mean over ``window`` logged losses (training loss is noisy step to step); window <= 1
+    leaves the curve as it is."""
     if window <= 1 or len(loss) < 2:
         return loss
-    c = np.cumsum(np.insert(loss, 0, 0.0))
-    out = np.empty_like(loss)
-    for i in range(len(loss)):
-        lo = max(0, i - window + 1)
-        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
-    return out
+    from linlm.train.plot import smooth as centred_mean
+
+    return np.asarray(centred_mean(loss.tolist(), window))
 
 
 # ---- power laws ------------------------------------------------------------------------------------------
@@ -248,10 +246,11 @@ def fit_envelope(curves: Sequence[Curve], *, points: int = 60, smooth_window: in
 
 
 def crossover(a: PowerLaw, b: PowerLaw) -> Optional[float]:
-    """The x where beta_a x^alpha_a = beta_b x^alpha_b, or None for parallel laws."""
+    """The x where beta_a x^alpha_a = beta_b x^alpha_b, or None for parallel laws (or a crossing beyond 1e304)."""
     if a.alpha == b.alpha:
         return None
-    return math.exp((math.log(b.beta) - math.log(a.beta)) / (a.alpha - b.alpha))
+    log_x = (math.log(b.beta) - math.log(a.beta)) / (a.alpha - b.alpha)
+    return math.exp(log_x) if abs(log_x) < 700 else None  # beyond float range: as good as parallel
 
 
 @dataclass
@@ -272,7 +271,7 @@ class Crossover:
 def crossover_between(name_a: str, a: PowerLaw, name_b: str, b: PowerLaw) -> Crossover:
     x = crossover(a, b)
     lower = None
-    if x is not None:
+    if x is not None:  # a steeper (more negative) exponent wins beyond the crossing
         lower = name_a if a.alpha < b.alpha else name_b
     ci = (math.nan, math.nan)
     if a.samples is not None and b.samples is not None:
@@ -281,8 +280,9 @@ def crossover_between(name_a: str, a: PowerLaw, name_b: str, b: PowerLaw) -> Cro
         lb, ab = b.samples[:m, 0], b.samples[:m, 1]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             logs = (lb - la) / (aa - ab)
-        ci_log = _percentile_ci(logs)
-        ci = (math.exp(min(ci_log[0], 700)), math.exp(min(ci_log[1], 700))) if np.isfinite(ci_log).all() else ci
+        lo, hi = _percentile_ci(logs)
+        if math.isfinite(lo) and math.isfinite(hi):
+            ci = (math.exp(max(min(lo, 700), -700)), math.exp(max(min(hi, 700), -700)))
     return Crossover(name_a, name_b, x, ci, lower)
 
 
@@ -372,17 +372,18 @@ def _fit_parametric_once(ln, ld, ll, starts: np.ndarray, delta: float) -> tuple[
     from scipy.optimize import minimize
 
     best, best_val = None, math.inf
-    bounds = [(None, None), (None, None), (None, None), (0.0, 5.0), (0.0, 5.0)]
+    # log A, log B within Hoffmann et al.'s range and a margin; log E below 10 nats; exponents in [0, 5].
+    bounds = [(-30.0, 60.0), (-30.0, 60.0), (-20.0, 2.5), (0.0, 5.0), (0.0, 5.0)]
     for x0 in starts:
         res = minimize(_parametric_objective, x0, args=(ln, ld, ll, delta), jac=True, method="L-BFGS-B",
-                       bounds=bounds, options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12})
+                       bounds=bounds, options={"maxiter": 500, "ftol": 1e-14, "gtol": 1e-10})
         if res.fun < best_val:
             best, best_val = res.x, float(res.fun)
     return best, best_val
 
 
 def fit_parametric(params: Sequence[float], tokens: Sequence[float], loss: Sequence[float], *,
-                   bootstrap: int = 200, seed: int = 0, starts: int = 16, delta: float = HUBER_DELTA,
+                   bootstrap: int = 200, seed: int = 0, starts: int = 8, delta: float = HUBER_DELTA,
                    what: str = "L(N, D)") -> ParametricFit:
     n = np.asarray(params, dtype=np.float64)
     d = np.asarray(tokens, dtype=np.float64)
@@ -403,7 +404,7 @@ def fit_parametric(params: Sequence[float], tokens: Sequence[float], loss: Seque
     if bootstrap:
         rng = np.random.default_rng(seed)
         reps = []
-        starts_b = np.vstack([theta[None], grid[: max(2, starts // 4)]])
+        starts_b = theta[None]  # each resample starts from the full-data optimum
         for _ in range(bootstrap):
             idx = rng.integers(0, len(ll), len(ll))
             t, _ = _fit_parametric_once(ln[idx], ld[idx], ll[idx], starts_b, delta)
