@@ -50,3 +50,33 @@ def arch_beta(k: int) -> float:
 @pytest.fixture
 def sweep(tmp_path) -> Path:
     return synthetic_sweep(tmp_path / "sweep")
+
+
+@pytest.fixture(scope="session")
+def cache_env(tmp_path_factory):
+    """A private linlm cache (prepared data lands here, never in the user's cache)."""
+    import os
+
+    path = tmp_path_factory.mktemp("linlm-cache")
+    old = os.environ.get("LINLM_CACHE_DIR")
+    os.environ["LINLM_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("LINLM_CACHE_DIR", None)
+    else:
+        os.environ["LINLM_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory, cache_env) -> Path:
+    """Generated sentences (no network): about 80k tokens under the smoke ladder's 300-entry BPE."""
+    import random
+
+    words = ("the king queen lord lady sword crown castle night day love death war peace heart blood gold fair "
+             "foul speak hath thou thee doth good ill").split()
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "."
+             for _ in range(4000)]
+    path = tmp_path_factory.mktemp("text") / "tiny.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path

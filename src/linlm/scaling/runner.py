@@ -389,7 +389,8 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
     return result
 
 
-def print_plan(rows: list[PlanRow], ladder: Ladder, *, timed: str, out=sys.stdout) -> None:
+def print_plan(rows: list[PlanRow], ladder: Ladder, *, timed: str, out=None) -> None:
+    out = out or sys.stdout
     head, body = plan_table(rows)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     print(f"ladder {ladder.name}: {len(rows)} runs", file=out)
