@@ -55,16 +55,10 @@ def sweep(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def cache_env(tmp_path_factory):
     """A private linlm cache (prepared data lands here, never in the user's cache)."""
-    import os
-
-    path = tmp_path_factory.mktemp("linlm-cache")
-    old = os.environ.get("LINLM_CACHE_DIR")
-    os.environ["LINLM_CACHE_DIR"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("LINLM_CACHE_DIR", None)
-    else:
-        os.environ["LINLM_CACHE_DIR"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("linlm-cache")
+        mp.setenv("LINLM_CACHE_DIR", str(path))
+        yield path
 
 
 @pytest.fixture(scope="session")

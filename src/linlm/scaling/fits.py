@@ -153,6 +153,19 @@ def fit_power_law(x: Sequence[float], y: Sequence[float], *, bootstrap: int = 10
 # ---- the envelope (approach 1) ---------------------------------------------------------------------------
 
 
+def _usable(curves: Sequence[Curve], smooth_window: int, min_tokens_fraction: float, min_points: int = 2):
+    """(curve, compute, smoothed loss, tokens) of each curve's finite points after its first
+    ``min_tokens_fraction`` of tokens; curves with fewer than ``min_points`` such points are left out."""
+    out = []
+    for cv in curves:
+        keep = np.isfinite(cv.loss) & (cv.tokens > 0)
+        if min_tokens_fraction > 0 and keep.any():
+            keep &= cv.tokens >= min_tokens_fraction * cv.tokens[keep].max()
+        if keep.sum() >= min_points:
+            out.append((cv, cv.compute[keep], smooth(cv.loss[keep], smooth_window), cv.tokens[keep]))
+    return out
+
+
 @dataclass
 class Envelope:
     """The lowest loss at each compute value over a set of runs (compute in FLOPs)."""
@@ -180,13 +193,7 @@ def envelope(curves: Sequence[Curve], *, points: int = 60, smooth_window: int = 
     ``min_tokens_fraction`` drops the start of each run (its first fraction of tokens), where warmup dominates.
     The grid spans from the smallest compute any run reaches to the largest; a grid value no run covers is left out.
     """
-    usable = []
-    for cv in curves:
-        keep = np.isfinite(cv.loss) & (cv.tokens > 0)
-        if min_tokens_fraction > 0 and keep.any():
-            keep &= cv.tokens >= min_tokens_fraction * cv.tokens[keep].max()
-        if keep.sum() >= 2:
-            usable.append((cv, cv.compute[keep], smooth(cv.loss[keep], smooth_window), cv.tokens[keep]))
+    usable = _usable(curves, smooth_window, min_tokens_fraction)
     _need(len(usable), 1, "envelope (runs with at least 2 logged losses)")
     lo = min(c.min() for _, c, _, _ in usable)
     hi = max(c.max() for _, c, _, _ in usable)
@@ -421,13 +428,7 @@ def parametric_points(curves: Sequence[Curve], per_run: int = 20,
                       min_tokens_fraction: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(N, D, L) points for the parametric fit: up to ``per_run`` log-spaced logged points of each run."""
     ns, ds, ls = [], [], []
-    for cv in curves:
-        keep = np.isfinite(cv.loss) & (cv.tokens > 0)
-        if min_tokens_fraction > 0 and keep.any():
-            keep &= cv.tokens >= min_tokens_fraction * cv.tokens[keep].max()
-        t, l = cv.tokens[keep], cv.loss[keep]
-        if len(t) == 0:
-            continue
+    for cv, _, l, t in _usable(curves, 1, min_tokens_fraction, min_points=1):
         idx = np.unique(np.round(np.geomspace(1, len(t), min(per_run, len(t)))).astype(int) - 1)
         ns.append(np.full(len(idx), cv.params))
         ds.append(t[idx])
@@ -465,13 +466,7 @@ class IsoFlopFit:
 def isoflop(curves: Sequence[Curve], *, levels: int = 8, smooth_window: int = 1, bootstrap: int = 1000,
             seed: int = 0, min_tokens_fraction: float = 0.0, what: str = "IsoFLOP") -> IsoFlopFit:
     """Profiles at ``levels`` log-spaced compute values where at least 3 runs of different sizes meet."""
-    usable = []
-    for cv in curves:
-        keep = np.isfinite(cv.loss) & (cv.tokens > 0)
-        if min_tokens_fraction > 0 and keep.any():
-            keep &= cv.tokens >= min_tokens_fraction * cv.tokens[keep].max()
-        if keep.sum() >= 2:
-            usable.append((cv, cv.compute[keep], smooth(cv.loss[keep], smooth_window)))
+    usable = [(cv, c, l) for cv, c, l, _ in _usable(curves, smooth_window, min_tokens_fraction)]
     _need(len({cv.params for cv, _, _ in usable}), MIN_ISOFLOP_RUNS, f"{what} (runs of different sizes)")
     lo = min(c.min() for _, c, _ in usable)
     hi = max(c.max() for _, c, _ in usable)

@@ -54,6 +54,18 @@ def _legend(ax, size: int) -> None:
         ax.legend(fontsize=size)
 
 
+def _log_axes(ax, ylabel: str, title: Optional[str] = None) -> None:
+    """Log-log axes against compute, with a grid and a legend."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("compute C (PFLOP/s-days)")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.25)
+    _legend(ax, 7)
+
+
 def _plain_y(ax) -> None:
     """Loss ticks as plain numbers on a log axis."""
     from matplotlib.ticker import FormatStrFormatter
@@ -94,14 +106,8 @@ def plot_loss_vs_compute(a: Analysis) -> bytes:
             law = f.envelope.loss
             ax.plot(c, law(c), "--", color="k", linewidth=1.2,
                     label=f"L = {law.beta:.3g} C^{law.alpha:.4f} (R² {law.r2:.3f})")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log_axes(ax, "training loss (nats/token)", arch)
         _plain_y(ax)
-        ax.set_xlabel("compute C (PFLOP/s-days)")
-        ax.set_ylabel("training loss (nats/token)")
-        ax.set_title(arch)
-        ax.grid(True, which="both", alpha=0.25)
-        _legend(ax, 7)
     fig.tight_layout()
     return _png(fig)
 
@@ -125,12 +131,7 @@ def plot_optimal(a: Analysis) -> bytes:
                 an.plot([p.compute / PFLOPS_DAY for p in inside], [p.n_opt for p in inside], "s", color=col,
                         markerfacecolor="none", markersize=6, label=f"{arch}: IsoFLOP minima")
     for ax, what in ((an, "N_opt (non-embedding parameters)"), (ad, "D_opt (tokens)")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("compute C (PFLOP/s-days)")
-        ax.set_ylabel(what)
-        ax.grid(True, which="both", alpha=0.25)
-        _legend(ax, 7)
+        _log_axes(ax, what)
     fig.tight_layout()
     return _png(fig)
 
