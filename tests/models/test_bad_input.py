@@ -65,3 +65,10 @@ def test_cli_error_exits_2_without_traceback():
 def test_cli_bad_override_exits_2(capsys):
     assert main(["count", "--arch", "tnl", "--preset", "tiny", "--set", "d_model=65", "--json"]) == 2
     assert "d_model: 65 is not divisible by n_heads=2" in capsys.readouterr().err
+
+
+def test_unknown_norm_type_is_refused():
+    with pytest.raises(ConfigError, match="norm_type: unknown norm 'batch'; valid choices are 'auto', 'layer'"):
+        create_model("llama", preset="tiny", norm_type="batch")
+    with pytest.raises(ConfigError, match="tnl_slopes: unknown rule 'linear'"):
+        create_model("tnl", preset="tiny", tnl_slopes="linear")

@@ -36,3 +36,11 @@ def test_linlm_to_hf_and_back_is_exact():
     back = from_hf_llama(hf)
     for name, value in ours.state_dict().items():
         assert torch.equal(back.state_dict()[name], value), name
+
+
+def test_layernorm_llama_is_refused():
+    from linlm.errors import ConfigError
+
+    ours = create_model("llama", preset="tiny", norm_type="layer")
+    with pytest.raises(ConfigError, match="norm_type"):
+        to_hf_llama(ours)

@@ -34,6 +34,9 @@ def hf_config_from(cfg: ModelConfig):
 
     if cfg.arch != "llama":
         raise ConfigError(f"arch: only 'llama' models convert to LlamaForCausalLM, got {cfg.arch!r}")
+    if cfg.norm_type not in ("auto", "rms"):
+        raise ConfigError(f"norm_type: LlamaForCausalLM uses RMSNorm, got norm_type={cfg.norm_type!r}; only "
+                          f"norm_type 'auto' or 'rms' converts")
     kwargs = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.glu_hidden,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,

@@ -34,6 +34,8 @@ class CosFormer2Mixer(nn.Module):
         self.gate = LowRankGate(d, K)
         self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
         self.out = nn.Linear(d, d, bias=False)
+        # The authors gate before the norm: Norm(o * gate) W_o. False is TNL's order, linlm's earlier choice.
+        self.gate_before_norm = cfg.cosformer2_gate_before_norm
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape
@@ -43,7 +45,9 @@ class CosFormer2Mixer(nn.Module):
         q, k = lrpe(F.silu(qkv[:, :, :2]), factors).unbind(2)
         v = qkv[:, :, 2]
         o, new_state = run_gla(q, k, v, None, state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size)
-        return self.out(self.norm(o.reshape(B, T, d)) * self.gate(x)), new_state
+        o, g = o.reshape(B, T, d), self.gate(x)
+        y = self.norm(o * g) if self.gate_before_norm else self.norm(o) * g
+        return self.out(y), new_state
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         return gla_flops_per_token(self.n_heads, 2 * self.head_dim, self.head_dim, self.chunk_size)

@@ -29,9 +29,15 @@ class RMSNorm(nn.Module):
         return f"{self.dim}, eps={self.eps}, weight={self.weight is not None}"
 
 
-def make_norm(kind: str, dim: int, eps: float) -> RMSNorm:
+NORM_KINDS = ("rms", "srms", "layer")
+
+
+def make_norm(kind: str, dim: int, eps: float) -> nn.Module:
+    """"rms": RMSNorm with a weight; "srms": SRMSNorm (no weight); "layer": LayerNorm with a weight and a bias."""
     if kind == "rms":
         return RMSNorm(dim, eps, weight=True)
     if kind == "srms":
         return RMSNorm(dim, eps, weight=False)
-    raise ValueError(f"unknown norm kind {kind!r}")
+    if kind == "layer":
+        return nn.LayerNorm(dim, eps=eps)
+    raise ValueError(f"unknown norm kind {kind!r}; valid choices are {NORM_KINDS}")

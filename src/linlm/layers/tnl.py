@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,9 +10,35 @@ from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_
 from linlm.layers.norm import RMSNorm
 
 
-def tnl_log_decay(n_heads: int, layer_idx: int, n_layers: int) -> torch.Tensor:
-    """log lambda_{h,l} = -s_h (1 - l/(L-1) + 1e-5), s_h = 2^(-8(h+1)/H), following the authors' code."""
-    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)], dtype=torch.float64)
+SLOPE_RULES = ("alibi", "pow2")
+
+
+def _pow2_slopes(n: int) -> list[float]:
+    """s_h = 2^(-8 (h+1) / n) for h = 0..n-1: the ALiBi set when n is a power of two."""
+    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+
+def tnl_slopes(n_heads: int, rule: str = "alibi") -> list[float]:
+    """The per-head decay rates s_h.
+
+    ``"alibi"`` builds them as the authors' code builds ALiBi slopes: for H a power of two, 2^(-8 (h+1) / H);
+    otherwise, with n = 2^floor(log2 H), the n slopes of the power-of-two set for n, followed by the first H - n
+    entries of every other slope (indices 0, 2, 4, ...) of the set for 2n. ``"pow2"`` applies 2^(-8 (h+1) / H)
+    to every H (what linlm did before, kept so that models saved then compute what they computed).
+    """
+    if rule == "pow2":
+        return _pow2_slopes(n_heads)
+    if rule != "alibi":
+        raise ValueError(f"unknown slope rule {rule!r}; valid choices are {SLOPE_RULES}")
+    n = 1 << (n_heads.bit_length() - 1)
+    if n == n_heads:
+        return _pow2_slopes(n)
+    return _pow2_slopes(n) + _pow2_slopes(2 * n)[0::2][: n_heads - n]
+
+
+def tnl_log_decay(n_heads: int, layer_idx: int, n_layers: int, rule: str = "alibi") -> torch.Tensor:
+    """log lambda_{h,l} = -s_h (1 - l/(L-1) + 1e-5), with s_h from :func:`tnl_slopes`, following the authors' code."""
+    slopes = torch.tensor(tnl_slopes(n_heads, rule), dtype=torch.float64)
     depth = layer_idx / max(n_layers - 1, 1)
     return (-slopes * (1.0 - depth + 1e-5)).to(torch.float32)
 
@@ -27,13 +52,15 @@ class TNLMixer(nn.Module):
         self.gate = LowRankGate(d, cfg.head_dim)
         self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
         self.out = nn.Linear(d, d, bias=False)
-        self.register_buffer("log_decay", tnl_log_decay(H, layer_idx, cfg.n_layers), persistent=False)
+        # The authors apply SiLU to v as well as to q and k; tnl_v_silu=False is linlm's earlier v (no activation).
+        self.v_silu = cfg.tnl_v_silu
+        self.register_buffer("log_decay", tnl_log_decay(H, layer_idx, cfg.n_layers, cfg.tnl_slopes), persistent=False)
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         o, new_state = run_gla(
-            F.silu(q), F.silu(k), v, self.log_decay,
+            F.silu(q), F.silu(k), F.silu(v) if self.v_silu else v, self.log_decay,
             state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size,
         )
         y = self.out(self.norm(o.reshape(B, T, d)) * self.gate(x))

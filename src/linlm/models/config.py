@@ -1,4 +1,9 @@
-"""The model config: one flat dataclass shared by every architecture."""
+"""The model config: one flat dataclass shared by every architecture.
+
+Options added after models were first saved default to the authors' choice for new models. A saved config that
+predates such an option (its config.json lacks the key) is read with :meth:`ModelConfig.from_saved`, which fills
+the key with the value linlm used before (``SAVED_BEFORE``), so an old checkpoint computes exactly what it did.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from typing import Any, Mapping
 
 from linlm.config import from_dict
 from linlm.errors import ConfigError, choices_text
+from linlm.layers.norm import NORM_KINDS
+from linlm.models.registry import ARCHITECTURES
 
 
 @dataclass
@@ -28,6 +35,17 @@ class ModelConfig:
     init_std: float = 0.02
     # cosFormer2: apply the Toeplitz positional encoding to the embeddings.
     tpe: bool = True
+    # Norm of the blocks and the final norm: "auto" is the architecture's own (RMSNorm with a weight for LLaMA, Mamba
+    # and MossNet; SRMSNorm without one for TNL, HGRN2, cosFormer2); "rms", "srms" or "layer" (LayerNorm with a
+    # weight and a bias) replace it. docs/architectures.md: "layer" reproduces the paper's printed LLaMA counts.
+    norm_type: str = "auto"
+    # TNL decay slopes: "alibi" builds them as the authors' code does (it differs from 2^(-8(h+1)/H) when H is not a
+    # power of two); "pow2" is 2^(-8(h+1)/H) for every H, what linlm used before.
+    tnl_slopes: str = "alibi"
+    # TNL applies SiLU to v as well as to q and k (the authors' code); False leaves v linear, as linlm did before.
+    tnl_v_silu: bool = True
+    # cosFormer2 gates before the norm, Norm(o * gate) W_o (the authors' code); False is Norm(o) * gate, as before.
+    cosformer2_gate_before_norm: bool = True
 
     # Mamba / MossNet time mixer.
     d_state: int = 16
@@ -59,8 +77,6 @@ class ModelConfig:
         return (g + 63) // 64 * 64
 
     def validate(self) -> "ModelConfig":
-        from linlm.models.registry import ARCHITECTURES
-
         if self.arch not in ARCHITECTURES:
             raise ConfigError(f"arch: unknown architecture {self.arch!r}; valid choices are {choices_text(ARCHITECTURES)}")
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "chunk_size", "d_state", "d_conv", "expand"):
@@ -73,6 +89,9 @@ class ModelConfig:
                 raise ConfigError(f"{key}: must be >= 0 (0 means automatic), got {value}")
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ConfigError("norm_eps and init_std must be positive")
+        if self.norm_type != "auto" and self.norm_type not in NORM_KINDS:
+            raise ConfigError(f"norm_type: unknown norm {self.norm_type!r}; valid choices are "
+                              f"{choices_text(('auto', *NORM_KINDS))}")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}; "
@@ -88,8 +107,17 @@ class ModelConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
         return from_dict(cls, data).validate()
 
+    @classmethod
+    def from_saved(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        """A config read back from a saved model or checkpoint: keys it lacks take the values of ``SAVED_BEFORE``."""
+        return cls.from_dict({**SAVED_BEFORE, **data})
+
     def replace(self, **overrides: Any) -> "ModelConfig":
         return ModelConfig.from_dict({**self.to_dict(), **overrides})
+
+
+# Options whose default changed: the value a config saved before the option existed was computed with.
+SAVED_BEFORE: dict[str, Any] = {"tnl_slopes": "pow2", "tnl_v_silu": False, "cosformer2_gate_before_norm": False}
 
 
 def _divisors(n: int) -> list[int]:

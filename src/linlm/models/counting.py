@@ -1,9 +1,6 @@
 """Parameter and FLOP counting, from modules instantiated on the meta device (no memory, no formula).
 
-A module may refine the walk with two hooks:
-- ``flops_per_token(seq_len)``: its whole forward FLOPs per token (the walk does not descend into it);
-- ``mixing_flops_per_token(seq_len)``: FLOPs of its sequence mixing, added to its linear layers;
-- ``active_params()``: the parameters one token uses (mixture-of-experts layers).
+The walks themselves (and their hooks) live in models/measure.py.
 """
 
 from __future__ import annotations
@@ -11,34 +8,17 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
 from linlm.models.config import ModelConfig
+from linlm.models.lm import CausalLM
+from linlm.models.measure import active_params, forward_flops_per_token
 from linlm.models.presets import preset_config
 from linlm.models.registry import get_arch
 
-
-def forward_flops_per_token(module: nn.Module, seq_len: int) -> float:
-    if hasattr(module, "flops_per_token"):
-        return float(module.flops_per_token(seq_len))
-    if isinstance(module, nn.Linear):
-        return 2.0 * module.in_features * module.out_features
-    total = sum(forward_flops_per_token(c, seq_len) for c in module.children())
-    if hasattr(module, "mixing_flops_per_token"):
-        total += float(module.mixing_flops_per_token(seq_len))
-    return total
+__all__ = ["active_params", "count", "count_preset", "forward_flops_per_token", "meta_model"]
 
 
-def active_params(module: nn.Module) -> int:
-    if hasattr(module, "active_params"):
-        return int(module.active_params())
-    own = sum(p.numel() for p in module.parameters(recurse=False))
-    return own + sum(active_params(c) for c in module.children())
-
-
-def meta_model(cfg: ModelConfig):
-    from linlm.models.lm import CausalLM
-
+def meta_model(cfg: ModelConfig) -> CausalLM:
     with torch.device("meta"):
         return CausalLM(cfg)
 

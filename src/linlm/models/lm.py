@@ -1,8 +1,11 @@
-"""One generic causal language model for every architecture in the registry."""
+"""One generic causal language model for every architecture in the registry.
+
+Block lives in models/block.py and is imported here under its old name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -12,7 +15,10 @@ from torch import nn
 from linlm.errors import ShapeError
 from linlm.layers.norm import make_norm
 from linlm.layers.state import ModelState
+from linlm.models.block import Block
 from linlm.models.config import ModelConfig
+from linlm.models.format import save_model
+from linlm.models.presets import preset_config
 from linlm.models.registry import get_arch
 from linlm.ops.fused import linear_cross_entropy
 
@@ -26,29 +32,6 @@ class LMOutput:
     aux_loss: Optional[torch.Tensor] = None
     # Mean next-token cross-entropy over the targets that are not ignore_index (float32), when targets were given.
     loss: Optional[torch.Tensor] = None
-
-
-class Block(nn.Module):
-    """x = x + mixer(norm(x)); x = x + mlp(norm(x))."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int, spec):
-        super().__init__()
-        self.norm1 = make_norm(spec.norm, cfg.d_model, cfg.norm_eps)
-        self.mixer = spec.mixer(cfg, layer_idx)
-        self.mlp = spec.mlp(cfg, layer_idx) if spec.mlp is not None else None
-        self.norm2 = make_norm(spec.norm, cfg.d_model, cfg.norm_eps) if self.mlp is not None else None
-
-    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
-        out = self.mixer(self.norm1(x), state=state, reset=reset, offset=offset, return_state=return_state, ctx=ctx)
-        h, new_state, aux = out if len(out) == 3 else (*out, None)
-        x = x + h
-        if self.mlp is not None:
-            m = self.mlp(self.norm2(x))
-            if isinstance(m, tuple):
-                m, mlp_aux = m
-                aux = mlp_aux if aux is None else aux + mlp_aux
-            x = x + m
-        return x, new_state, aux
 
 
 class CausalLM(nn.Module):
@@ -75,7 +58,7 @@ class CausalLM(nn.Module):
         self.embed_mixer = spec.embed_mixer(config) if spec.embed_mixer is not None and config.tpe else None
         self.shared = spec.shared(config) if spec.shared is not None else None
         self.layers = nn.ModuleList(Block(config, i, spec) for i in range(config.n_layers))
-        self.norm = make_norm(spec.norm, d, config.norm_eps)
+        self.norm = make_norm(spec.norm_kind(config), d, config.norm_eps)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -182,14 +165,12 @@ class CausalLM(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.embed.weight.numel() if non_embedding else n
 
-    def save(self, path) -> None:
-        from linlm.models.io import save_model
-
-        save_model(self, path)
+    def save(self, path, *, overwrite: bool = False) -> Path:
+        """Save as a directory (models/format.py): a new path, an empty directory, or with ``overwrite=True`` a
+        saved model's directory holding nothing else. Anything else is refused and left untouched."""
+        return save_model(self, path, overwrite=overwrite)
 
 
 def create_model(arch: str = "llama", preset: Optional[str] = None, **overrides: Any) -> CausalLM:
     """Build a model: ``create_model("tnl", preset="paper-70m", vocab_size=8192)``."""
-    from linlm.models.presets import preset_config
-
     return CausalLM(preset_config(arch, preset, **overrides))

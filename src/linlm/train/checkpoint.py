@@ -41,11 +41,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from linlm.errors import CheckpointError
-from linlm.io_utils import commit_dir, fsync_path, sha256_file, temp_dir_beside
-from linlm.models.io import CONFIG as MODEL_CONFIG_FILE
-from linlm.models.io import FORMAT as MODEL_FORMAT
-from linlm.models.io import FORMAT_VERSION as MODEL_FORMAT_VERSION
-from linlm.models.io import WEIGHTS as MODEL_WEIGHTS
+from linlm.io_utils import MANIFEST, commit_dir, file_digests, fsync_path, temp_dir_beside, verify_manifest
+from linlm.models.format import CONFIG as MODEL_CONFIG_FILE
+from linlm.models.format import WEIGHTS as MODEL_WEIGHTS
+from linlm.models.format import write_model_files
 
 log = logging.getLogger("linlm.train")
 
@@ -55,7 +54,6 @@ OPTIM_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 STATE_FILE = "state.json"
 CONFIG_FILE = "train_config.yaml"
-MANIFEST = "manifest.json"
 REQUIRED = (MODEL_WEIGHTS, MODEL_CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, CONFIG_FILE)
 _NAME = re.compile(r"^step_(\d{8})$")
 
@@ -176,11 +174,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = temp_dir_beside(final)
-        weights = {k: v.detach().cpu().contiguous() for k, v in model_state.items()}
-        save_file(weights, str(tmp / MODEL_WEIGHTS), metadata={"format": MODEL_FORMAT})
-        _write_json(tmp / MODEL_CONFIG_FILE, {
-            "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "config": model_config,
-            "weights_sha256": sha256_file(tmp / MODEL_WEIGHTS)})
+        write_model_files(tmp, model_state, model_config)
         opt_tensors, opt_meta = split_optimizer_state(optimizer_state)
         save_file(opt_tensors, str(tmp / OPTIM_FILE), metadata={"format": FORMAT})
         rng_tensors, rng_rest = capture_rng()
@@ -192,9 +186,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copyfile(Path(tokenizer_dir) / name, tmp / name)
-        files = sorted(p.name for p in tmp.iterdir())
-        _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": {
-            name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)} for name in files}})
+        _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": file_digests(tmp)})
         if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
             commit_dir(tmp, final)
         else:
@@ -254,27 +246,7 @@ def clean_temporaries(root: str | Path) -> None:
 
 def verify(path: str | Path) -> None:
     """Raise CheckpointError unless every file of the manifest is present with its size and sha256."""
-    path = Path(path)
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{path}: no {MANIFEST} (the checkpoint was not finished)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{manifest_path}: unreadable manifest ({e})") from None
-    for name in REQUIRED:
-        if name not in files:
-            raise CheckpointError(f"{path}: the manifest does not list {name}")
-    for name, info in files.items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{file}: missing")
-        size = file.stat().st_size
-        if size != info.get("bytes"):
-            raise CheckpointError(f"{file}: {size} bytes, the manifest says {info.get('bytes')} (truncated?)")
-        if sha256_file(file) != info.get("sha256"):
-            raise CheckpointError(f"{file}: sha256 differs from the manifest (corrupt)")
+    verify_manifest(path, REQUIRED)
 
 
 def latest_valid(root: str | Path, *, quarantine: bool = True,

@@ -1,0 +1,2 @@
+"""One module per architecture: its ArchSpec (what it builds, its norm, its FLOP formula, its preset rule, its
+validation). The registry (models/registry.py) lists them, one line each."""

@@ -1,0 +1,78 @@
+"""What an architecture entry holds, and the pieces several entries share.
+
+An architecture module defines ``SPEC = ArchSpec(...)``; models/registry.py registers it with one line.
+Modules here never import ModelConfig: they receive the config (or a plain dict of its fields) as an argument,
+so that the registry stays below models/config.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from torch import nn
+
+from linlm.layers.glu import GLU
+
+# (values: a full dict of ModelConfig fields) -> (parameters, active parameters) of one block, counted on the meta
+# device. Preset rules receive it, so that no parameter count is written out as a formula.
+LayerCounter = Callable[[dict], "tuple[int, int]"]
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str
+    mixer: Callable[..., nn.Module]  # (cfg, layer_idx) -> token mixer
+    mlp: Optional[Callable[..., nn.Module]]  # (cfg, layer_idx) -> channel mixer, or None (Mamba)
+    norm: str  # the architecture's own norm: "rms" (with weight) or "srms" (no weight); cfg.norm_type may replace it
+    description: str
+    # FLOPs of one training step (fwd + bwd) by the paper's formula, embeddings excluded: (cfg, b, n) -> float
+    paper_flops: Optional[Callable[..., float]] = None
+    # Model-level module whose output every layer receives as ctx (HGRN2's lower-bound table).
+    shared: Optional[Callable[..., nn.Module]] = None
+    # Applied once to the embeddings (cosFormer2's TPE), when the config enables it.
+    embed_mixer: Optional[Callable[..., nn.Module]] = None
+    # True when the decoding state does not grow with the context.
+    constant_state: bool = True
+    # True when inputs longer than cfg.max_seq_len must be refused.
+    position_limit: bool = False
+    # (cfg) -> None; raises ConfigError for settings this architecture cannot build.
+    extra_validate: Optional[Callable[..., None]] = None
+    # (preset name, row: full dict of ModelConfig fields, layer counter) -> the row this architecture uses.
+    preset_rule: Optional[Callable[[str, dict, LayerCounter], dict]] = None
+
+    def validate(self, cfg) -> None:
+        if self.extra_validate is not None:
+            self.extra_validate(cfg)
+
+    def norm_kind(self, cfg) -> str:
+        """The norm of the blocks and of the final norm: the config's norm_type, or this architecture's own."""
+        kind = getattr(cfg, "norm_type", "auto")
+        return self.norm if kind == "auto" else kind
+
+    def preset_row(self, preset: str, row: dict, layer_params: LayerCounter) -> dict:
+        return self.preset_rule(preset, dict(row), layer_params) if self.preset_rule is not None else row
+
+
+def swiglu(cfg, layer_idx: int) -> nn.Module:
+    return GLU(cfg.d_model, cfg.glu_hidden, activation="silu")
+
+
+def sglu(cfg, layer_idx: int) -> nn.Module:
+    return GLU(cfg.d_model, cfg.glu_hidden, activation=None)
+
+
+def paper_base_flops(cfg, b: int, n: int) -> float:
+    """72 b n l d^2: the leading term every formula of arXiv 2406.16690 shares."""
+    return 72.0 * b * n * cfg.n_layers * cfg.d_model**2
+
+
+def layers_on(presets: dict[str, int]) -> Callable[[str, dict, Any], dict]:
+    """A preset rule that changes only the layer count on the named presets (TNL and cosFormer2 at paper-410m)."""
+
+    def rule(preset: str, row: dict, layer_params) -> dict:
+        if preset in presets:
+            row["n_layers"] = presets[preset]
+        return row
+
+    return rule

@@ -1,0 +1,17 @@
+"""cosFormer2: linear attention with learnable LRPE, no decay, and a Toeplitz positional encoding (TPE)."""
+
+from __future__ import annotations
+
+from linlm.layers.cosformer2 import TPE, CosFormer2Mixer
+from linlm.models.archs.base import ArchSpec, layers_on, paper_base_flops, sglu
+from linlm.models.archs.tnl import PAPER_LAYERS
+
+
+def paper_flops(cfg, b, n):
+    """72 b n l d^2 (1 + 3/(4h) + 23/(72d)) + 12 b n d^2/h."""
+    d, h = cfg.d_model, cfg.n_heads
+    return paper_base_flops(cfg, b, n) * (1 + 3 / (4 * h) + 23 / (72 * d)) + 12.0 * b * n * d**2 / h
+
+
+SPEC = ArchSpec("cosformer2", CosFormer2Mixer, sglu, "srms", "cosFormer2: linear attention with LRPE and TPE, no decay",
+                paper_flops=paper_flops, embed_mixer=TPE, preset_rule=layers_on(PAPER_LAYERS))
