@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -21,9 +22,14 @@ from linlm.runtime import tune_allocator
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-# As the linlm CLI and trainer do (see linlm/runtime.py), for every model a script runs alike.
-# LINLM_ALLOCATOR=system measures with the allocator's defaults.
-ALLOCATOR = tune_allocator()
+_ALLOCATOR: Optional[dict] = None
+
+
+def apply_runtime_settings() -> None:
+    """What the linlm CLI does at start (linlm/runtime.py), for every model a script runs alike. Each script calls
+    this from its ``__main__`` block, never on import. LINLM_ALLOCATOR=system measures with the defaults."""
+    global _ALLOCATOR
+    _ALLOCATOR = tune_allocator()
 
 
 def _git_revision() -> str:
@@ -62,7 +68,7 @@ def meta() -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-        "allocator_settings": ALLOCATOR,
+        "allocator_settings": _ALLOCATOR,
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

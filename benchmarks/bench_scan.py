@@ -150,4 +150,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from _common import apply_runtime_settings
+
+    apply_runtime_settings()
     sys.exit(main())

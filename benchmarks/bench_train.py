@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, write_json  # noqa: E402
 
 from linlm.train.config import build_config, preset_path  # noqa: E402
-from linlm.train.loop import train  # noqa: E402
+from linlm.train import train  # noqa: E402
 from linlm.train.metrics import read_metrics  # noqa: E402
 
 
@@ -101,4 +101,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from _common import apply_runtime_settings
+
+    apply_runtime_settings()
     sys.exit(main())

@@ -159,4 +159,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from _common import apply_runtime_settings
+
+    apply_runtime_settings()
     sys.exit(main())

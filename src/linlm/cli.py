@@ -53,24 +53,9 @@ def cmd_archs(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from linlm.train.cli import cmd_demo as train_demo
-
-    return train_demo(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linlm", description="Linear-complexity language models.")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("demo", help="the main job: train a small model on the built-in Shakespeare corpus, "
-                                    "then print samples and where the loss curve and checkpoint are")
-    p.add_argument("--archs", nargs="*", default=None, help="architecture to train instead of the demo's (the first one given)")
-    p.add_argument("--preset", default=None, help="train this size preset instead of the demo's shape")
-    p.add_argument("--out-dir", default=None, help="run directory (default: runs/demo; replaced each time)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from the demo config)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. optim.lr=1e-3")
-    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("count", help="parameters and FLOPs of a config")
     _add_model_args(p)
@@ -91,7 +76,8 @@ def _subsystem_clis():
     import importlib
 
     mods = []
-    for name in ("linlm.data.cli", "linlm.train.cli", "linlm.infer.cli", "linlm.eval.cli", "linlm.scaling.cli"):
+    for name in ("linlm.commands.demo", "linlm.data.cli", "linlm.train.cli", "linlm.commands.check", "linlm.infer.cli",
+                 "linlm.eval.cli", "linlm.scaling.cli"):
         try:
             mods.append(importlib.import_module(name))
         except ModuleNotFoundError as e:

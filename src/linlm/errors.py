@@ -31,6 +31,14 @@ class TokenizerError(LinlmError):
     """A tokenizer that cannot be loaded or does not fit the model."""
 
 
+class LockedError(LinlmError):
+    """A run directory or prepared-data directory that another live process holds (its message names the PID)."""
+
+
+class TrainingDiverged(LinlmError):
+    """Training stopped: too many non-finite steps in a row, or an update that blew up the weights."""
+
+
 def choices_text(choices) -> str:
     """Format valid choices for an error message."""
     return ", ".join(repr(c) for c in sorted(choices))

@@ -11,7 +11,8 @@ not change beyond noise.
 ``tune_allocator()`` keeps freed memory in the process for reuse: blocks up to 1 GiB come from the heap, the
 heap is not trimmed until 4 GiB of it are free, and each heap extension adds 256 MiB of slack. The price is a
 resident size that stays near its peak, which is what a training process reaches every step anyway.
-The linlm CLI calls it at start, ``linlm.train`` calls it, and the benchmarks call it for every model alike.
+The linlm CLI calls it at start and the benchmark scripts from their ``__main__`` blocks; the library (``linlm.train``
+included) never does, so importing or training in-process changes nothing process-wide.
 Set LINLM_ALLOCATOR=system to leave the allocator alone. Only glibc is tuned; anywhere else this does nothing.
 """
 

@@ -102,7 +102,7 @@ def test_check_command_keeps_the_decode_table(capsys):
 
 def test_demo_command_trains(monkeypatch):
     """`linlm demo` is the training demo now; its arguments reach run_demo (stubbed: the real one takes minutes)."""
-    import linlm.demo
+    import linlm.commands.demo
 
     seen = {}
 
@@ -113,7 +113,7 @@ def test_demo_command_trains(monkeypatch):
         seen.update(kwargs)
         return Result()
 
-    monkeypatch.setattr(linlm.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(linlm.commands.demo, "run_demo", fake_run_demo)
     assert main(["demo", "--steps", "5", "--out-dir", "x", "optim.lr=0.1"]) == 0
     assert seen["steps"] == 5 and seen["out_dir"] == "x" and seen["overrides"] == ["optim.lr=0.1"]
     assert seen["preset"] is None

@@ -11,7 +11,7 @@ import pytest
 from train_helpers import cli_env, tiny_config_dict, write_yaml
 
 from linlm.train.config import TrainConfig
-from linlm.train.loop import train
+from linlm.train import train
 from linlm.train.metrics import read_metrics
 
 STEPS = 6

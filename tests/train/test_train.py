@@ -14,7 +14,7 @@ from train_helpers import assert_bitwise_equal, final_weights
 from linlm.cli import main
 from linlm.errors import CheckpointError, ConfigError, DataError, TokenizerError
 from linlm.train import checkpoint as ckpt
-from linlm.train.loop import TrainingDiverged, train
+from linlm.train import TrainingDiverged, train
 from linlm.train.metrics import read_metrics
 
 

@@ -45,6 +45,7 @@ from linlm.data.sources import Source, SourceLike, open_source
 from linlm.data.tokenizer import Tokenizer, resolve_tokenizer
 from linlm.errors import ConfigError, DataError, LinlmError
 from linlm.io_utils import atomic_write_bytes
+from linlm.locking import LOCK_FILE, DirLock
 
 log = logging.getLogger("linlm.data")
 
@@ -91,7 +92,8 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
             val_fraction: float = 0.005, seed: int = 0, shard_tokens: int = DEFAULT_SHARD_TOKENS,
             split_chars: int = DEFAULT_SPLIT_CHARS, text_field: str = "text", num_workers: int = 2,
             overwrite: bool = False, progress: bool = True, bpe_train_chars: Optional[int] = 1 << 30,
-            hf_kwargs: Optional[dict] = None, on_shard: Optional[ShardHook] = None) -> dict:
+            hf_kwargs: Optional[dict] = None, on_shard: Optional[ShardHook] = None,
+            wait_for_lock: bool = True) -> dict:
     """Tokenise ``source`` into ``out_dir`` and return the metadata (also written to ``out_dir/meta.json``).
 
     ``source``: see :mod:`linlm.data.sources` (``hf_kwargs`` go to ``datasets.load_dataset``).
@@ -101,6 +103,8 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
     thread pool, whose size is fixed when it first starts (``RAYON_NUM_THREADS``, set here to ``num_workers``
     if unset; else all cores). That beat a pool of processes in benchmarks/bench_data.py.
     ``on_shard(split, shard)`` is called after each shard is committed (progress reporting, tests).
+    ``out_dir`` is locked while it is written (``out_dir/.lock``): a second process preparing the same directory
+    waits for the first (``wait_for_lock``; else LockedError naming the holder), then finds it complete.
 
     A complete ``out_dir`` with the same source, tokenizer and settings is returned as is; an incomplete one
     is resumed; one made from anything else is refused (DataError) unless ``overwrite=True``.
@@ -121,13 +125,15 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
         "val_fraction": float(val_fraction), "seed": int(seed), "shard_tokens": shard_tokens,
         "split_chars": split_chars}
 
-    state = _open_out_dir(out, config, overwrite)
-    if state is None:  # complete, same config
-        return json.loads((out / META_FILE).read_text())
-
-    fresh = state["next_piece"] == 0 and not any(state["splits"][s]["shards"] for s in SPLITS)
-    spec = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else "Tokenizer object"
+    created = _make_dir(out)
+    lock = DirLock(out, "output").acquire(wait=wait_for_lock)
+    fresh = False
     try:
+        state = _open_out_dir(out, config, overwrite)
+        if state is None:  # complete, same config
+            return json.loads((out / META_FILE).read_text())
+        fresh = state["next_piece"] == 0 and not any(state["splits"][s]["shards"] for s in SPLITS)
+        spec = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else "Tokenizer object"
         with _parallelism(num_workers):
             if tok is None:
                 tok = _bpe_for(out, state, src, bpe_vocab, val_fraction, seed, split_chars, bpe_train_chars)
@@ -136,15 +142,36 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
             return _tokenise(out, state, config, src, tok, tokenizer_spec=spec, progress=progress,
                              on_shard=on_shard)
     except LinlmError:
-        if fresh:  # a mistake in the input, in a run that started from nothing: leave nothing behind
+        if fresh or not existed:  # a mistake in the input, in a run that started from nothing: leave nothing
             _remove_ours(out)
-            if not existed:
+        if not existed:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            for path in created:
                 with contextlib.suppress(OSError):
-                    out.rmdir()
+                    path.rmdir()
         raise
+    except OSError as e:
+        raise DataError(f"output {out}: cannot write ({e.strerror or e}); the prepared data so far is kept and a "
+                        "rerun resumes it. Free disk space or fix the permissions, or choose another directory") \
+            from None
+    finally:
+        lock.release()
 
 
 # ---- output directory ------------------------------------------------------------------------------------
+
+
+def _make_dir(out: Path) -> list[Path]:
+    """Create ``out`` (and missing parents); returns the directories made, deepest first. One-line errors."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"output {out} is a file; choose a directory")
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"output {out}: cannot create it ({e.strerror or e}); choose a writable directory (for the "
+                        "linlm cache, set LINLM_CACHE_DIR)") from None
+    return created
 
 
 def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
@@ -172,7 +199,7 @@ def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
             _remove_strays(out, state)
             return state
         previous = state.get("config", {})
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+    elif out.exists() and (not out.is_dir() or any(p.name != LOCK_FILE for p in out.iterdir())):
         if not overwrite:
             what = "is a file" if not out.is_dir() else "holds other files"
             raise DataError(f"output {out} {what} and was not made by `linlm data prepare`; choose a new or empty "

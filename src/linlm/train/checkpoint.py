@@ -249,23 +249,46 @@ def verify(path: str | Path) -> None:
     verify_manifest(path, REQUIRED)
 
 
-def latest_valid(root: str | Path, *, quarantine: bool = True,
-                 warn: Callable[[str], None] = log.warning) -> Optional[Path]:
-    """The newest checkpoint under ``root`` that verifies; corrupt newer ones are reported (and renamed aside)."""
+def scan(root: str | Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
+    """(the newest checkpoint under ``root`` that verifies, or None; the newer ones that failed, with why)."""
+    corrupt = []
     for _, path in reversed(list_checkpoints(root)):
         try:
             verify(path)
-            return path
+            return path, corrupt
         except CheckpointError as e:
-            aside = path.with_name(f"{path.name}.corrupt")
-            msg = f"checkpoint {path} is corrupt and is skipped: {e}"
-            if quarantine:
-                if aside.exists():
-                    shutil.rmtree(aside, ignore_errors=True)
-                os.replace(path, aside)
-                msg += f" (moved to {aside.name})"
-            warn(msg)
-    return None
+            corrupt.append((path, str(e)))
+    return None, corrupt
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt checkpoint aside (``*.corrupt``) so that it is never tried again."""
+    aside = path.with_name(f"{path.name}.corrupt")
+    if aside.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)
+    return aside
+
+
+def latest_valid(root: str | Path, *, quarantine: bool = True,
+                 warn: Callable[[str], None] = log.warning) -> Optional[Path]:
+    """The newest checkpoint under ``root`` that verifies; corrupt newer ones are reported (and renamed aside)."""
+    found, corrupt = scan(root)
+    for path, why in corrupt:
+        msg = f"checkpoint {path} is corrupt and is skipped: {why}"
+        if quarantine:
+            msg += f" (moved to {set_aside(path).name})"
+        warn(msg)
+    return found
+
+
+def read_state(path: str | Path) -> dict:
+    """A checkpoint's state.json ({} when unreadable)."""
+    try:
+        state = json.loads((Path(path) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def resolve_checkpoint(path: str | Path, *, quarantine: bool = False) -> Path:

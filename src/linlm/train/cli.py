@@ -1,4 +1,4 @@
-"""``linlm train`` and ``linlm check``: parse, call :func:`linlm.train.loop.train`, print.
+"""``linlm train``: parse, run a :class:`linlm.train.Trainer`, print.
 
 Where a value comes from, lowest priority first: the TrainConfig defaults; on ``--resume`` without ``--config``,
 the run's saved config.yaml; the ``--config`` YAML file; flags such as ``--steps``; dotted overrides
@@ -17,7 +17,7 @@ FLAGS = {
     "out_dir": "out_dir", "steps": "steps", "arch": "model.arch", "preset": "model.preset", "device": "device",
     "data_dir": "data.dir", "source": "data.source", "tokenizer": "data.tokenizer", "seq_len": "data.seq_len",
     "batch_size": "batch_size", "grad_accum": "grad_accum", "lr": "optim.lr", "precision": "precision",
-    "seed": "seed", "strategy": "distributed.strategy",
+    "seed": "seed", "strategy": "distributed.strategy", "init_from": "init_from",
 }
 
 
@@ -50,13 +50,10 @@ def register(subparsers) -> None:
     g.add_argument("--precision", choices=["fp32", "bf16"])
     g.add_argument("--seed", type=int)
     g.add_argument("--strategy", choices=["ddp", "fsdp"])
+    g.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="start from the weights of this checkpoint (or run directory) with this config's optimizer "
+                        "and schedule; recorded as init_from in the run's config.yaml")
     p.set_defaults(func=cmd_train)
-
-    p = subparsers.add_parser("check", help="build every architecture, check decoding against a full pass, "
-                                            "print a table")
-    p.add_argument("--archs", nargs="*", default=None, help="architectures to include (default: all)")
-    p.add_argument("--preset", default="tiny")
-    p.set_defaults(func=cmd_check)
 
 
 def setup_logging(rank: int = 0) -> None:
@@ -74,7 +71,7 @@ def config_from_args(args):
     from linlm.config import deep_merge, load_yaml, parse_overrides
     from linlm.errors import ConfigError
     from linlm.train.config import build_config, preset_path
-    from linlm.train.loop import CONFIG_FILE
+    from linlm.train.rundir import CONFIG_FILE
 
     flags: dict = {}
     for attr, key in FLAGS.items():
@@ -101,7 +98,7 @@ def config_from_args(args):
 
 
 def cmd_train(args) -> int:
-    from linlm.train.loop import train
+    from linlm.train.trainer import train
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
@@ -121,20 +118,4 @@ def cmd_train(args) -> int:
             print(f"loss curve: {result.plot}")
     if result.interrupted:
         return 143 if result.interrupted == "SIGTERM" else 130
-    return 0
-
-
-def cmd_demo(args) -> int:
-    from linlm.demo import run_demo
-
-    setup_logging()
-    result = run_demo(archs=args.archs, preset=args.preset, out_dir=args.out_dir, steps=args.steps,
-                      overrides=args.overrides)
-    return 130 if result.interrupted else 0
-
-
-def cmd_check(args) -> int:
-    from linlm.demo import run_check
-
-    run_check(archs=args.archs, preset=args.preset)
     return 0

@@ -44,6 +44,8 @@ class DataSection:
     seq_len: int = 256
     # Fraction of the source held out for validation when the data is prepared here.
     val_fraction: float = 0.01
+    # Packed documents do not see each other: the model gets a reset at each document's first token.
+    document_resets: bool = False
 
 
 @dataclass
@@ -141,6 +143,8 @@ class TrainConfig:
     peak_flops: Optional[float] = None
     # A log line (and progress update) every this many steps.
     log_every: int = 10
+    # A checkpoint (or run directory) whose weights start this run; optimizer, schedule and data start afresh.
+    init_from: Optional[str] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -223,6 +227,17 @@ class TrainConfig:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# Keys that may change when a run is resumed: they do not change what the run computes.
+RESUMABLE_CHANGES = ("out_dir", "steps", "eval.every", "checkpoint.every", "checkpoint.keep", "samples.",
+                     "log_every", "device", "compile", "threads", "peak_flops", "distributed.",
+                     "activation_checkpointing", "max_bad_steps", "debug.", "data.dir", "deterministic")
+
+
+def is_resumable_change(key: str) -> bool:
+    """True when dotted ``key`` may differ between a run and its resumption."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_CHANGES)
 
 
 # ---- building a config from files and overrides ------------------------------------------------------------

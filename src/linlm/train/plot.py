@@ -25,17 +25,15 @@ def smooth(values: list[float], window: int = 0) -> list[float]:
 
 def plot_loss_curve(records: list[dict], path: str | Path, title: Optional[str] = None) -> Optional[Path]:
     """Write a PNG of the loss curve (atomically); returns its path, or None when there is nothing to plot."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry is touched
 
     train = [(r["tokens"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
     if not train and not val:
         return None
     path = Path(path)
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig = Figure(figsize=(7, 4.2), dpi=120)
+    ax = fig.subplots()
     if train:
         x, y = zip(*train)
         ax.plot(x, y, color="tab:blue", alpha=0.25, linewidth=0.8, label="train (per step)")
@@ -54,7 +52,6 @@ def plot_loss_curve(records: list[dict], path: str | Path, title: Optional[str] 
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)
     finally:
-        plt.close(fig)
         if tmp.exists():
             tmp.unlink()
     return path

@@ -1,57 +1,46 @@
 """``linlm demo``: train a small model on the built-in Shakespeare corpus in a few minutes on a CPU, then print
 samples and where the loss curve and checkpoint are (configs/demo.yaml).
 
-``linlm check``: build every architecture at a small size, check that incremental decoding matches one full
-forward pass, and print parameters, FLOPs per token and decoding-state sizes."""
+The demo trains into ``runs/demo`` (or ``--out-dir``) and marks its runs with a ``.demo-run`` file. It replaces
+a run there only when the run carries that mark; any other run is refused and left as it is.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
+from linlm.errors import ConfigError
+from linlm.train.trainer import TrainHooks
 
-from linlm.models.counting import count
-from linlm.models.lm import create_model
-from linlm.models.registry import ARCHITECTURES
-
-SAMPLE = "Linear attention keeps a fixed-size state, so decoding costs the same at every position."
+DEMO_MARK = ".demo-run"
 
 
-def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
-    """Max |logit difference| between prefill + token-by-token steps and one full pass, and state bytes."""
-    with torch.no_grad():
-        full = model(ids)
-        out = model(ids[:, :prefill], return_state=True)
-        pieces, state = [out.logits], out.state
-        for t in range(prefill, ids.shape[1]):
-            step = model(ids[:, t : t + 1], state=state, return_state=True)
-            pieces.append(step.logits)
-            state = step.state
-        inc = torch.cat(pieces, dim=1)
-    return float((inc - full).abs().max()), state.nbytes()
+def register(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="the main job: train a small model on the built-in Shakespeare corpus, "
+                                           "then print samples and where the loss curve and checkpoint are")
+    p.add_argument("--archs", nargs="*", default=None,
+                   help="architecture to train instead of the demo's (the first one given)")
+    p.add_argument("--preset", default=None, help="train this size preset instead of the demo's shape")
+    p.add_argument("--out-dir", default=None, help="run directory (default: runs/demo; a demo run there is "
+                                                   "replaced, any other run is refused)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from the demo config)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. optim.lr=1e-3")
+    p.set_defaults(func=cmd_demo)
 
 
-def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed: int = 0) -> list[dict]:
-    from linlm.infer.report import print_table
+def cmd_demo(args) -> int:
+    from linlm.train.cli import setup_logging
 
-    archs = list(archs or ARCHITECTURES)
-    ids = torch.tensor([list(SAMPLE.encode("utf-8"))], dtype=torch.long)
-    rows, results = [], []
-    for arch in archs:
-        torch.manual_seed(seed)
-        model = create_model(arch, preset=preset, vocab_size=256).eval()
-        counts = count(model.config, batch=1, seq_len=ids.shape[1])
-        diff, state_bytes = decode_check(model, ids, prefill=ids.shape[1] // 2)
-        results.append(dict(arch=arch, params=counts["total_params"], flops_per_token=counts["flops_per_token"],
-                            max_logit_diff=diff, state_bytes=state_bytes))
-        rows.append([arch, f"{counts['total_params']:,}", f"{counts['flops_per_token']:.3g}", f"{diff:.2e}",
-                     f"{state_bytes:,}"])
-    print_table(["arch", "params", "train FLOPs/token", "max |logit diff|", "state bytes/seq"], rows,
-                title=f"linlm check: preset {preset!r}, {ids.shape[1]}-token sample, prefill half then decode")
-    worst = max(r["max_logit_diff"] for r in results)
-    print(f"incremental decoding matches the full pass for every architecture (worst |diff| {worst:.1e})"
-          if worst < 1e-3 else f"WARNING: decoding differs from the full pass by up to {worst:.2e}")
-    return results
+    setup_logging()
+    result = run_demo(archs=args.archs, preset=args.preset, out_dir=args.out_dir, steps=args.steps,
+                      overrides=args.overrides)
+    return 130 if result.interrupted else 0
+
+
+class _MarkDemoRun(TrainHooks):
+    def on_start(self, info: dict) -> None:
+        (Path(info["out_dir"]) / DEMO_MARK).write_text("written by `linlm demo`; the next demo may replace this run\n")
 
 
 def unigram_entropy(data_dir, split: str = "train") -> float:
@@ -75,9 +64,10 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     import time
 
     from linlm.config import load_yaml, parse_overrides
-    from linlm.errors import ConfigError
     from linlm.train.config import build_config, preset_path
-    from linlm.train.loop import prepared_data_dir, train
+    from linlm.train.pipeline import prepared_data_dir
+    from linlm.train.rundir import RunDir
+    from linlm.train.trainer import train
 
     path = preset_path("demo")
     if path is None:
@@ -93,8 +83,14 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     if steps:
         base["steps"] = steps
     cfg = build_config(None, parse_overrides(list(overrides or [])), base=base)
+    run = RunDir(cfg.out_dir)
+    ours = (run.path / DEMO_MARK).is_file()
+    if run.has_run() and not ours:
+        raise ConfigError(f"out_dir: {run.path} holds a run that `linlm demo` did not make; nothing was changed. "
+                          f"Choose another --out-dir, or continue that run with `linlm train --resume --out-dir "
+                          f"{run.path}`")
     started = time.perf_counter()
-    result = train(cfg, overwrite=True)
+    result = train(cfg, overwrite=ours and run.has_run(), hooks=_MarkDemoRun())
     data_dir = cfg.data.dir or prepared_data_dir(cfg)
     entropy = unigram_entropy(data_dir)
     val = f"{result.val_loss:.3f}" if result.val_loss is not None else "n/a"

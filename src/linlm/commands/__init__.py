@@ -1,0 +1,4 @@
+"""CLI-level commands that use several subsystems at once (``linlm demo``, ``linlm check``).
+
+They sit above train, infer and models, so nothing below ever imports them.
+"""

@@ -1,0 +1,96 @@
+"""Advisory directory locks that die with their process.
+
+``DirLock(directory, what)`` takes an exclusive ``fcntl.flock`` on ``directory/.lock`` and writes the holder's
+PID and host into it. The kernel drops a flock when the file descriptor closes, which includes a process killed
+with SIGKILL, so a lock left by a dead process never blocks the next one: the stale file is simply locked again.
+The file itself stays (deleting a lock file races with a process that has just opened it).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from linlm.errors import LinlmError, LockedError
+
+log = logging.getLogger("linlm")
+
+LOCK_FILE = ".lock"
+
+
+def holder_of(lock_path: Path) -> str:
+    """'PID 1234 on host' from a lock file, or 'another process' when it cannot be read yet."""
+    try:
+        text = lock_path.read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        text = []
+    if not text:
+        return "another process"
+    host = text[1] if len(text) > 1 else ""
+    return f"PID {text[0]}" + (f" on {host}" if host and host != socket.gethostname() else "")
+
+
+class DirLock:
+    """An exclusive lock on ``directory`` (which must exist) for the life of this object or ``with`` block."""
+
+    def __init__(self, directory: str | Path, what: str):
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self.what = what
+        self._fd: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, wait: bool = False, poll_s: float = 0.2) -> "DirLock":
+        """Take the lock. Held elsewhere: raise LockedError naming the holder, or with ``wait`` block until free."""
+        import fcntl
+
+        if self._fd is not None:
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise LinlmError(f"{self.what} {self.directory}: cannot create the lock file {self.path} "
+                             f"({e.strerror}); choose a writable directory") from None
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise LinlmError(f"{self.what} {self.directory}: cannot lock {self.path} ({e.strerror})") from None
+                if not wait:
+                    os.close(fd)
+                    raise LockedError(f"{self.what} {self.directory} is in use by {holder_of(self.path)}; wait for "
+                                      "it to finish (or stop it), or choose another directory") from None
+                if not said:
+                    log.info("%s %s is in use by %s; waiting for it", self.what, self.directory, holder_of(self.path))
+                    said = True
+                time.sleep(poll_s)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass  # the lock holds without the note; a rival then reports "another process"
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing drops the flock
+
+    def __enter__(self) -> "DirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,470 @@
+"""The Trainer: one TrainConfig in, a TrainResult out, hooks for progress and metrics.
+
+``Trainer(cfg, resume=..., overwrite=..., hooks=..., data=...).run()`` (or ``train(cfg, ...)``) runs a config from
+start, or from its last checkpoint, to the end. Order of work, so that a mistake costs nothing and leaves nothing
+on disk: validate the config; lock the out_dir and decide what to do with a run already there
+(:mod:`linlm.train.rundir`); open the data (:mod:`linlm.train.pipeline`); build the model and restore the
+checkpoint; only then write config.yaml and train. The end-of-run report is :mod:`linlm.train.report`.
+
+Determinism: the data order is a pure function of (seed, step), the learning rate a pure function of the step,
+and a checkpoint holds the weights, the optimizer state, every RNG state and the data position, so a resumed run
+repeats the uninterrupted one; on CPU the final weights are bitwise equal.
+
+No process-wide side effects beyond the run: no allocator tuning; signal handlers only on the main thread and
+only while ``run()`` trains; ``deterministic`` and ``threads`` set torch's global switches, as asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import math
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from linlm.errors import CheckpointError, ConfigError, LinlmError, TrainingDiverged
+from linlm.train import checkpoint as ckpt
+from linlm.train import distributed as dist_utils
+from linlm.train import guard
+from linlm.train.config import TrainConfig
+from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops, use_live_display
+from linlm.train.optim import build_optimizer, lr_at, set_lr
+from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data, split_batch
+from linlm.train.report import read_summary, write_report
+from linlm.train.rundir import RunDir
+
+log = logging.getLogger("linlm.train")
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int
+    checkpoint: Optional[Path] = None
+    interrupted: Optional[str] = None  # the signal's name when stopped by SIGINT / SIGTERM
+    loss: Optional[float] = None
+    val_loss: Optional[float] = None
+    skipped_steps: int = 0
+    samples: list[tuple[str, str]] = field(default_factory=list)
+    plot: Optional[Path] = None
+    seconds: float = 0.0
+    finished: bool = False  # the run has reached cfg.steps
+    flops: float = 0.0  # model FLOPs of the steps done so far (linlm.models.counting), all processes together
+
+
+class TrainHooks:
+    """Override any of these; the Trainer calls them on rank 0."""
+
+    def on_start(self, info: dict) -> None:
+        """info: arch, params, start_step, steps, tokens_per_step, flops_per_token, out_dir."""
+
+    def on_step(self, record: dict) -> None:
+        """The record written to metrics.jsonl for this step."""
+
+    def on_end(self, result: TrainResult) -> None:
+        """The result, once the report is written."""
+
+
+def _on_main(info: dist_utils.DistInfo, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0; every rank returns its result or raises its LinlmError."""
+    result, error = None, None
+    if info.is_main:
+        try:
+            result = fn()
+        except LinlmError as e:
+            error = e
+    result, error = dist_utils.broadcast_object((result, error), info)
+    if error is not None:
+        raise error
+    return result
+
+
+def apply_activation_checkpointing(model) -> None:
+    """Recompute each block's activations in the backward pass (torch.utils.checkpoint, non-reentrant)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.layers:
+        inner = block.forward
+
+        def forward(x, _inner=inner, **kwargs):
+            if torch.is_grad_enabled():
+                return checkpoint(_inner, x, use_reentrant=False, **kwargs)
+            return _inner(x, **kwargs)
+
+        block.forward = forward
+
+
+def weight_norm(params: list, info: dist_utils.DistInfo) -> float:
+    """The global L2 norm of ``params`` (summed over FSDP shards)."""
+    total = torch.zeros((), dtype=torch.float64, device=info.device)
+    sharded = False
+    for p in params:
+        t = p.detach()
+        if hasattr(t, "to_local"):
+            t, sharded = t.to_local(), True
+        total += t.double().pow(2).sum()
+    if sharded:
+        dist_utils.all_reduce_sum(total, info)
+    return math.sqrt(float(total))
+
+
+class _StopSignal:
+    """SIGINT / SIGTERM set a flag; the loop writes a checkpoint after the current step and stops."""
+
+    def __init__(self):
+        self.name: Optional[str] = None
+        self._old: dict = {}
+
+    def __enter__(self) -> "_StopSignal":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.name = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, writing a checkpoint, then stopping", self.name)
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+                 hooks: Optional[TrainHooks] = None, verbose: bool = False, live: Optional[bool] = False,
+                 data: Optional[DataFactory] = None):
+        self.cfg, self.resume, self.overwrite = cfg, resume, overwrite
+        self.hooks = hooks or TrainHooks()
+        self.verbose, self.live, self.data_factory = verbose, live, data
+        self.run_dir = RunDir(cfg.out_dir)
+        self.out = self.run_dir.path
+
+    def say(self, text: str) -> None:
+        if self.verbose and self.info.is_main:
+            print(text, flush=True)
+
+    # -- the run --
+
+    def run(self) -> TrainResult:
+        """Train. Under torchrun every process calls this; rank 0 writes the outputs."""
+        self.cfg.validate()
+        self.info = dist_utils.init(self.cfg.device, self.cfg.distributed.backend)
+        try:
+            _on_main(self.info, lambda: self.run_dir.open() and None)
+            try:
+                result = self._run()
+            finally:
+                if self.info.is_main:
+                    self.run_dir.close()
+            if self.info.enabled:
+                # Free the (possibly sharded) model and optimizer while the process group is alive, then wait for
+                # rank 0's report: tearing the group down under a peer can abort the gloo transport at exit.
+                self.raw = self.model = self.optimizer = self.step_model = None
+                gc.collect()
+                dist_utils.barrier(self.info)
+            return result
+        finally:
+            dist_utils.shutdown(self.info)
+
+    def _run(self) -> TrainResult:
+        cfg, info = self.cfg, self.info
+        started = time.perf_counter()
+        plan = _on_main(info, lambda: self.run_dir.plan(cfg, self.resume, self.overwrite))
+        if plan.finished:
+            summary = _on_main(info, lambda: read_summary(self.run_dir))
+            if summary is not None:
+                return self._already_finished(plan, summary, started)
+        show = self.verbose and info.is_main and (use_live_display() if self.live is None else self.live)
+        if self.data_factory is None:
+            data_dir = Path(_on_main(info, lambda: str(resolve_data(cfg, show))))
+            self.data = open_prepared(cfg, data_dir, info.rank, info.world_size)
+        else:
+            self.data = self.data_factory(cfg, info.rank, info.world_size)
+        self.model_config = cfg.model_config(vocab_size=self.data.vocab_size)
+        if self.data.tokenizer is not None and hasattr(self.data.tokenizer, "ensure_fits"):
+            self.data.tokenizer.ensure_fits(self.model_config.vocab_size)
+        self._build(init_from=cfg.init_from if plan.checkpoint is None else None)
+        start_step, self.skipped, last_val = 0, 0, None
+        if plan.checkpoint is not None:
+            start_step, last_val = self._restore(Path(plan.checkpoint))
+        _on_main(info, lambda: self.run_dir.start(cfg, plan, self.overwrite))
+
+        from linlm.models.counting import count
+
+        counts = count(self.model_config, batch=cfg.batch_size, seq_len=cfg.data.seq_len)
+        self.flops_per_token = counts["flops_per_token"] + counts["lm_head_flops_per_token"]
+        self.tokens_per_step = cfg.batch_size * cfg.data.seq_len
+        n_params = sum(p.numel() for p in self.raw.parameters())
+        self.say(f"{'resuming' if plan.checkpoint else 'training'} {self.model_config.arch} ({n_params:,} "
+                 f"parameters) in {self.out} from step {start_step} of {cfg.steps}")
+        if info.is_main:
+            self.hooks.on_start({"arch": self.model_config.arch, "params": n_params, "start_step": start_step,
+                                 "steps": cfg.steps, "tokens_per_step": self.tokens_per_step,
+                                 "flops_per_token": self.flops_per_token, "out_dir": self.out})
+        bf16 = cfg.precision == "bf16"
+        self.peak = cfg.peak_flops or measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32)
+        self.autocast = ((lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)) if bf16
+                         else contextlib.nullcontext)
+
+        result = TrainResult(self.out, start_step, val_loss=last_val, skipped_steps=self.skipped)
+        self.metrics = None
+        _on_main(info, lambda: self._open_metrics(start_step))
+        try:
+            with _StopSignal() as stop:
+                self._loop(start_step, stop, result)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+        result.finished = result.step >= cfg.steps and result.interrupted is None
+        result.flops = float(self.flops_per_token * self.tokens_per_step * result.step)
+        if start_step >= cfg.steps and info.is_main:
+            result.checkpoint = plan.checkpoint
+            self.say(f"{self.out} is already complete at step {cfg.steps}")
+        if info.is_main:
+            write_report(self.run_dir, result, title=f"{self.model_config.arch}: {self.out.name}",
+                         tokenizer=self.data.tokenizer, cfg=cfg, device=info.device, say=self.say)
+        result.seconds = time.perf_counter() - started
+        if info.is_main:
+            self.hooks.on_end(result)
+        return result
+
+    def _already_finished(self, plan, summary: dict, started: float) -> TrainResult:
+        """--resume on a complete run: report it, change nothing."""
+        result = TrainResult(self.out, int(summary.get("step") or self.cfg.steps), checkpoint=plan.checkpoint,
+                             loss=summary.get("loss"), val_loss=summary.get("val_loss"),
+                             skipped_steps=int(summary.get("skipped_steps") or 0), finished=True,
+                             flops=float(summary.get("flops") or 0.0),
+                             plot=Path(summary["loss_curve"]) if summary.get("loss_curve") else None)
+        self.say(f"{self.out} is already complete at step {result.step} (steps={self.cfg.steps}); nothing to do. "
+                 "Raise steps to train further")
+        result.seconds = time.perf_counter() - started
+        if self.info.is_main:
+            self.hooks.on_end(result)
+        return result
+
+    def _open_metrics(self, start_step: int) -> None:
+        try:
+            self.metrics = MetricsLog(self.out / METRICS_FILE, truncate_after=start_step)
+        except OSError as e:
+            raise ConfigError(f"out_dir: cannot write {self.out / METRICS_FILE} ({e.strerror or e}); free disk "
+                              "space or fix the permissions") from None
+
+    def _build(self, init_from: Optional[str]) -> None:
+        cfg, info = self.cfg, self.info
+        if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        from linlm.models.lm import CausalLM
+
+        raw = CausalLM(self.model_config).to(info.device)
+        raw.train()
+        self.raw = raw
+        if init_from:  # weights before wrapping, so that FSDP shards the loaded ones
+            self._init_from(init_from)
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(raw)
+        self.model = dist_utils.wrap(raw, cfg.distributed.strategy, info)
+        self.optimizer = build_optimizer(raw, cfg.optim)
+        self.step_model = torch.compile(self.model) if cfg.compile else self.model
+
+    def _init_from(self, source: str) -> None:
+        """Load the weights of a checkpoint (or a run's newest) into the fresh model."""
+        path = ckpt.resolve_checkpoint(source)
+        c = ckpt.load_checkpoint(path, verified=True)
+        theirs = json.loads((path / "config.json").read_text()).get("config", {})
+        mine = self.model_config.to_dict()
+        differ = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+        if differ:
+            raise CheckpointError(f"init_from: {path} holds a model with a different {', '.join(differ[:6])} "
+                                  f"({', '.join(f'{k}={theirs.get(k)!r}' for k in differ[:6])}); use the model "
+                                  "settings it was trained with")
+        if not all(torch.isfinite(t).all() for t in c.model.values() if t.is_floating_point()):
+            raise CheckpointError(f"init_from: {path} holds non-finite weights; choose an earlier checkpoint")
+        self.raw.load_state_dict(c.model, strict=True)
+        self.say(f"weights from {path}")
+
+    def _restore(self, path: Path) -> tuple[int, Optional[float]]:
+        c = ckpt.load_checkpoint(path, verified=True)
+        try:
+            dist_utils.load_full_state_dicts(self.raw, self.optimizer, c.model, c.optimizer)
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{path}: does not match this run's model or optimizer ({e}); resume with the "
+                                  "config the run was started with") from None
+        saved_fp = c.state.get("data_fingerprint", "")
+        if saved_fp and self.data.fingerprint and saved_fp != self.data.fingerprint:
+            raise CheckpointError(f"{path}: was trained on other data (fingerprint {saved_fp[:12]}, this run's is "
+                                  f"{self.data.fingerprint[:12]}); resume with the same data")
+        self.data.train.load_state_dict(c.state["data"])
+        ckpt.restore_rng(c.rng["tensors"], c.rng["rest"])
+        self.skipped = int(c.state.get("skipped_steps", 0))
+        self.say(f"resumed from {path}")
+        return c.step, c.state.get("val_loss")
+
+    # -- the loop --
+
+    def _loop(self, start_step: int, stop: _StopSignal, result: TrainResult) -> None:
+        cfg, info = self.cfg, self.info
+        device, A = info.device, cfg.grad_accum
+        params = [p for p in self.raw.parameters() if p.requires_grad]
+        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        nan_steps = set(cfg.debug.nan_steps)
+        bad_streak = 0
+        norm_before = weight_norm(params, info)
+        progress = Progress(cfg.steps, start_step, cfg.log_every, enabled=self.verbose and info.is_main,
+                            live=self.live)
+        run_t0 = time.perf_counter()
+        try:
+            for step in range(start_step, cfg.steps):
+                n = step + 1  # steps completed after this one
+                lr = lr_at(step, cfg.optim.lr, cfg.steps, cfg.schedule)
+                set_lr(self.optimizer, lr)
+                t0 = time.perf_counter()
+                ce_sum = torch.zeros((), device=device)
+                aux_sum = torch.zeros((), device=device)
+                data_s = 0.0
+                for micro in range(A):
+                    t_data = time.perf_counter()
+                    ids, targets, reset = split_batch(next(self.data.train))
+                    ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                    reset = reset.to(device, non_blocking=True) if reset is not None else None
+                    data_s += time.perf_counter() - t_data
+                    with dist_utils.no_grad_sync(self.model, info.enabled and micro < A - 1):
+                        with self.autocast():
+                            out = self.step_model(ids, targets=targets, reset=reset, return_aux=True)
+                        ce = out.loss
+                        if n in nan_steps:
+                            ce = ce * float("nan")
+                        aux = out.aux_loss.float()
+                        ((ce + aux) / A).backward()
+                    ce_sum += ce.detach()
+                    aux_sum += aux.detach()
+                stats = torch.stack([ce_sum / A, aux_sum / A,
+                                     torch.tensor(1.0 if stop.name else 0.0, device=device)]).double()
+                dist_utils.all_reduce_sum(stats, info)
+                loss_value = float(stats[0]) / info.world_size
+                aux_value = float(stats[1]) / info.world_size
+                stop_now = bool(stats[2] > 0)
+                norm = dist_utils.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, clip))
+                why = guard.bad_step(loss_value, norm)
+                blown = None
+                if why is None:
+                    self.optimizer.step()
+                    norm_after = weight_norm(params, info)
+                    blown = guard.exploded(norm_before, norm_after)
+                    norm_before = norm_after
+                    bad_streak = 0
+                else:
+                    self.skipped += 1
+                    bad_streak += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                dt = time.perf_counter() - t0
+                tps = self.tokens_per_step / dt
+                rec: dict[str, Any] = {
+                    "step": n, "tokens": n * self.tokens_per_step, "loss": loss_value, "lr": lr,
+                    "grad_norm": norm, "param_norm": norm_before, "tokens_per_s": tps, "step_s": dt,
+                    "data_s": data_s, "mfu": tps / info.world_size * self.flops_per_token / self.peak,
+                    "skipped": why is not None, "skipped_steps": self.skipped, "time": time.perf_counter() - run_t0}
+                if aux_value:
+                    rec["aux_loss"] = aux_value
+                if why is not None:
+                    log.warning("step %d: %s; the update was skipped (%d in a row)", n, why, bad_streak)
+                if cfg.eval.every and (n % cfg.eval.every == 0 or n == cfg.steps) and blown is None:
+                    rec["val_loss"] = self._evaluate()
+                    result.val_loss = rec["val_loss"]
+                if self.metrics is not None:
+                    self.metrics.write(rec)
+                if info.is_main:
+                    self.hooks.on_step(rec)
+                progress.update(rec)
+                result.step, result.loss, result.skipped_steps = n, loss_value, self.skipped
+                if blown is not None or bad_streak >= cfg.max_bad_steps:
+                    what = (f"{blown} (lr={lr:g})" if blown else
+                            f"{bad_streak} steps in a row were bad ({why}; max_bad_steps={cfg.max_bad_steps})")
+                    raise TrainingDiverged(f"stopped at step {n}: {what}; {self._advice()}")
+                # A bad step writes no periodic checkpoint: the newest one stays the last good state.
+                due = (why is None and cfg.checkpoint.every and n % cfg.checkpoint.every == 0) or n == cfg.steps
+                if due or stop_now:
+                    result.checkpoint = self._save(n, result.val_loss, loss_value, why is None)
+                if stop_now:
+                    result.interrupted = stop.name or "signal"
+                    progress.print(f"stopped by {result.interrupted} at step {n}; checkpoint {result.checkpoint}; "
+                                   "continue with --resume")
+                    return
+        finally:
+            progress.close()
+
+    def _advice(self) -> str:
+        if not self.info.is_main:
+            return "see rank 0's message"
+        last = guard.last_good_checkpoint(self.run_dir.checkpoints)
+        if last is None and self.cfg.init_from:
+            last = ckpt.resolve_checkpoint(self.cfg.init_from)
+        return guard.advice(self.cfg, self.out, last)
+
+    @torch.no_grad()
+    def _evaluate(self) -> float:
+        device = self.info.device
+        self.model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=device)
+        try:
+            for batch in self.data.val:
+                ids, targets, reset = split_batch(batch)
+                ids, targets = ids.to(device), targets.to(device)
+                reset = reset.to(device) if reset is not None else None
+                with self.autocast():
+                    mean = self.step_model(ids, targets=targets, reset=reset, return_aux=True).loss
+                counted = int((targets != -100).sum())
+                if counted:
+                    total[0] += mean.double() * counted
+                    total[1] += counted
+        finally:
+            self.model.train()
+        dist_utils.all_reduce_sum(total, self.info)
+        return float(total[0] / total[1])
+
+    def _save(self, step: int, val_loss: Optional[float], loss: float, sane: bool) -> Optional[Path]:
+        model_sd, optim_sd = dist_utils.full_state_dicts(self.raw, self.optimizer, self.info)
+
+        def write() -> str:
+            state = {"data": self.data.train.state_dict(), "data_fingerprint": self.data.fingerprint,
+                     "skipped_steps": self.skipped, "val_loss": val_loss, "world_size": self.info.world_size,
+                     "schedule_step": step, "loss": loss if math.isfinite(loss) else None, "sane": sane}
+            path = ckpt.save_checkpoint(
+                self.run_dir.checkpoints, step, model_state=model_sd, model_config=self.model_config.to_dict(),
+                optimizer_state=optim_sd, state=state, config_yaml=self.cfg.to_yaml(),
+                tokenizer_dir=self.data.directory, keep=self.cfg.checkpoint.keep)
+            return str(path)
+
+        return Path(_on_main(self.info, write))
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, hooks: Optional[TrainHooks] = None,
+          verbose: bool = True, live: Optional[bool] = None, data: Optional[DataFactory] = None) -> TrainResult:
+    """``Trainer(cfg, ...).run()``."""
+    return Trainer(cfg, resume=resume, overwrite=overwrite, hooks=hooks, verbose=verbose, live=live,
+                   data=data).run()
+
+
+__all__ = ["Trainer", "TrainHooks", "TrainResult", "TrainData", "train"]
