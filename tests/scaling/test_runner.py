@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from linlm.cli import main
-from linlm.errors import ConfigError
+from linlm.errors import ConfigError, LockedError
+from linlm.locking import DirLock
 from linlm.scaling.ladder import builtin_ladders, load_ladder, plan_runs
-from linlm.scaling.runner import LockedError, locked, run_grid
+from linlm.scaling.runner import run_grid
 
 
 def test_smoke_ladder_end_to_end_then_report(tmp_path, text_file, capsys):
@@ -55,8 +56,9 @@ def test_interrupted_run_resumes_and_log_reads_as_one_run(tmp_path, text_file):
 
 def test_directory_is_locked(tmp_path, text_file):
     out = tmp_path / "sweep"
-    with locked(out):
-        with pytest.raises(LockedError, match=r"in use by another .* \(PID \d+\)"):
+    out.mkdir()
+    with DirLock(out, "scaling directory"):
+        with pytest.raises(LockedError, match=r"in use by PID \d+"):
             run_grid(load_ladder("smoke"), ["llama"], out, overrides={"data": {"source": str(text_file)}},
                      say=lambda s: None)
 

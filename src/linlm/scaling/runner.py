@@ -17,46 +17,19 @@ import os
 import shlex
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from linlm.errors import ConfigError, DataError, LinlmError
+from linlm.errors import ConfigError, DataError
+from linlm.locking import DirLock
 from linlm.io_utils import atomic_write_bytes
 from linlm.scaling.fits import PFLOPS_DAY
 from linlm.scaling.ladder import Ladder, PlannedRun, plan_runs
 from linlm.scaling.runs import META_FILE, run_finished
 
 PLAN_FILE = "plan.json"
-LOCK_FILE = ".scaling.lock"
 MEASURE_MAX_PARAMS = 50_000_000  # above this, --dry-run does not time steps on this machine
-
-
-class LockedError(LinlmError):
-    """Another process holds the scaling directory."""
-
-
-@contextmanager
-def locked(directory: Path):
-    """Hold an exclusive lock on ``directory`` (a lock file with the holder's PID) for the duration."""
-    import fcntl
-
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise LockedError(f"{directory} is in use by another `linlm scaling run` (PID {holder}); wait for it "
-                              "to finish or stop it, then run again") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
 
 
 # ---- data ----------------------------------------------------------------------------------------------------
@@ -72,7 +45,7 @@ class DataInfo:
 
 def resolve_run_data(cfg, prepare: bool) -> DataInfo:
     """The prepared data of a run (prepared into the linlm cache when ``prepare``), with its token count."""
-    from linlm.train.loop import prepared_data_dir, resolve_data
+    from linlm.train.pipeline import prepared_data_dir, resolve_data
 
     directory = Path(cfg.data.dir).expanduser() if cfg.data.dir else prepared_data_dir(cfg)
     if prepare and not cfg.data.dir:
@@ -322,19 +295,16 @@ class GridProgress:
             self.bar.stop()
 
 
-def _train(cfg, resume: bool, on_step: Callable[[dict], None]):
-    """Train one run through the Trainer API (hooks report each step); the plain train() where there is none."""
-    try:
-        from linlm.train import Trainer, TrainHooks
-    except ImportError:
-        from linlm.train import train
-
-        return train(cfg, resume=resume, verbose=False, live=False)
+def _train(cfg, on_step: Callable[[dict], None]):
+    """Train one run through the Trainer API, resuming whatever its directory holds; hooks report each step."""
+    from linlm.train import Trainer, TrainHooks
+    from linlm.train.rundir import RunDir
 
     class Hooks(TrainHooks):
         def on_step(self, record: dict) -> None:
             on_step(record)
 
+    resume = RunDir(cfg.out_dir).has_run()
     return Trainer(cfg, resume=resume, hooks=Hooks(), verbose=False, live=False).run()
 
 
@@ -347,7 +317,8 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; give a directory")
     _check_plan(out, ladder, archs)
-    with locked(out):
+    out.mkdir(parents=True, exist_ok=True)
+    with DirLock(out, "scaling directory"):
         rows = prepare_rows(ladder, runs, prepare=True)
         _write_plan(out, ladder, archs, runs)
         todo = [r for r in rows if r.status != "done"]
@@ -374,8 +345,8 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
                 say(f"[{i}/{len(todo)}] {'resuming' if row.status == 'resume' else 'training'} {r.name}: "
                     f"N={r.params:,}, {r.tokens:,} tokens, {r.config.steps} steps"
                     + (f"; about {fmt_seconds(progress.eta())} left in the grid" if progress.eta() else ""))
-                res = _train(r.config, row.status == "resume", on_step)
-                # Without step hooks (or after a resume), account for the run's whole remaining work at its end.
+                res = _train(r.config, on_step)
+                # Steps not reported (a resumed run's earlier ones) count at the run's end.
                 progress.advance(max(0.0, GridProgress._work(row) - (progress.done - start_done)), r.name)
                 if res.interrupted:
                     result["interrupted"] = r.name

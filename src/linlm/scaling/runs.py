@@ -85,7 +85,9 @@ def run_finished(path: Path, steps: int) -> bool:
         summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return summary.get("interrupted") is None and int(summary.get("step") or 0) >= steps
+    # The planned steps, not the summary's own "finished": a run may have been trained to fewer steps.
+    return (summary.get("interrupted") is None and summary.get("finished", True) is not False
+            and int(summary.get("step") or 0) >= steps)
 
 
 def find_run_dirs(root: Path) -> list[Path]:
