@@ -149,8 +149,9 @@ def cmd_run(args) -> int:
         estimate(rows, args.flops_per_s, measure=not args.no_measure, say=say)
         timed = (f"from {args.flops_per_s:.3g} FLOP/s" if args.flops_per_s else
                  "n/a: --no-measure" if args.no_measure else
-                 f"from training steps timed now on this machine, load average {os.getloadavg()[0]:.1f} on "
-                 f"{os.cpu_count()} cores; other load changes it")
+                 "from training steps timed now on this machine (smallest and largest rung per arch, the rest "
+                 f"interpolated), load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; other load "
+                 "changes it")
         print_plan(rows, ladder, timed=timed)
         return 0
     from linlm.train.metrics import use_live_display

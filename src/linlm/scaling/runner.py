@@ -145,24 +145,51 @@ class PlanRow:
     status: str
 
 
+def _step_flops(row: PlanRow) -> float:
+    r = row.run
+    return float(r.tokens_per_step * (r.flops_per_token + r.head_flops_per_token))
+
+
 def estimate(rows: list[PlanRow], flops_per_s: Optional[float], measure: bool,
              say: Callable[[str], None]) -> None:
     """Fill each row's estimated seconds: from ``flops_per_s`` (training FLOPs incl. the LM head), else from
-    steps timed on this machine for models up to MEASURE_MAX_PARAMS."""
+    steps timed on this machine for models up to MEASURE_MAX_PARAMS. Per architecture, the smallest and the
+    largest rung are timed and the rungs between are interpolated linearly in FLOPs per step (seconds per step =
+    overhead + FLOPs / rate); an architecture with fewer than 3 rungs has every rung timed."""
+    todo = [row for row in rows if row.status != "done"]
     for row in rows:
         if row.status == "done":
             row.seconds = 0.0
-            continue
-        r = row.run
-        if flops_per_s:
-            from linlm.models.counting import count
+    if flops_per_s:
+        from linlm.models.counting import count
 
+        for row in todo:
+            r = row.run
             c = count(r.config.model_config(vocab_size=vocab_guess(r.config, row.data)),
                       batch=r.config.batch_size, seq_len=r.config.data.seq_len)
             row.seconds = r.tokens * (c["flops_per_token"] + c["lm_head_flops_per_token"]) / flops_per_s
-        elif measure and r.params <= MEASURE_MAX_PARAMS:
-            say(f"timing {r.name} ...")
-            row.seconds = r.config.steps * measure_step_seconds(r, vocab_guess(r.config, row.data))
+        return
+    if not measure:
+        return
+    by_arch: dict[str, list[PlanRow]] = {}
+    for row in todo:
+        if row.run.params <= MEASURE_MAX_PARAMS:
+            by_arch.setdefault(row.run.arch, []).append(row)
+    for group in by_arch.values():
+        group.sort(key=_step_flops)
+        timed = [group[0], group[-1]] if len(group) >= 3 else group
+        per_step = {}
+        for row in timed:
+            say(f"timing {row.run.name} ...")
+            per_step[id(row)] = measure_step_seconds(row.run, vocab_guess(row.run.config, row.data))
+        lo, hi = timed[0], timed[-1]
+        for row in group:
+            if id(row) in per_step:
+                s = per_step[id(row)]
+            else:
+                f = (_step_flops(row) - _step_flops(lo)) / max(1.0, _step_flops(hi) - _step_flops(lo))
+                s = per_step[id(lo)] + f * (per_step[id(hi)] - per_step[id(lo)])
+            row.seconds = row.run.config.steps * s
 
 
 # ---- the grid ------------------------------------------------------------------------------------------------
