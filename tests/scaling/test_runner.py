@@ -72,7 +72,11 @@ def test_dry_run_prints_runs_compute_epochs_and_time(tmp_path, text_file, capsys
     assert "max epochs" in text and "from 1e+09 FLOP/s" in text
     assert not (tmp_path / "d" / "runs").exists()  # nothing trained, nothing written
     assert main(args[:-1] + ["--dry-run"]) == 0  # timed on this machine
-    assert "timed now on this machine" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "timed now on this machine" in cap.out and "n/a" not in cap.out.split("estimated time")[-1]
+    # The smallest and largest rung of each architecture are timed; the middle one is interpolated.
+    assert sorted(x.split()[1] for x in cap.err.splitlines() if x.startswith("timing")) == [
+        "hgrn2-m", "hgrn2-xs", "llama-m", "llama-xs"]
 
 
 def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
