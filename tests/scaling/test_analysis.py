@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import ALPHA, arch_beta, write_run
+from scaling_helpers import ALPHA, arch_beta, write_run
 
 from linlm.cli import main
 from linlm.errors import DataError
