@@ -1,0 +1,119 @@
+"""Every fit of a scaling directory, per architecture: what `linlm scaling fit` prints and the report draws."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from linlm.errors import DataError
+from linlm.scaling.fits import (PFLOPS_DAY, Crossover, Envelope, EnvelopeFit, IsoFlopFit, ParametricFit,
+                                crossover_between, envelope, fit_envelope, fit_parametric, isoflop, parametric_points)
+from linlm.scaling.paper import PAPER_TABLE3
+from linlm.scaling.runs import Loaded, load_runs
+
+
+@dataclass
+class FitOptions:
+    bootstrap: int = 1000
+    parametric_bootstrap: int = 50
+    smooth: int = 5  # trailing mean over this many logged losses before the envelope is taken
+    points: int = 60  # envelope grid
+    levels: int = 8  # IsoFLOP compute levels
+    seed: int = 0
+
+
+@dataclass
+class ArchFits:
+    arch: str
+    curves: list
+    env: Optional[Envelope] = None  # the envelope itself, drawn even when no law could be fitted to it
+    envelope: Optional[EnvelopeFit] = None
+    isoflop: Optional[IsoFlopFit] = None
+    parametric: Optional[ParametricFit] = None
+    errors: dict = field(default_factory=dict)  # fit name -> why it could not be made
+
+
+@dataclass
+class Analysis:
+    root: Path
+    loaded: Loaded
+    archs: dict[str, ArchFits]
+    crossovers: list[Crossover]
+    options: FitOptions
+
+    def to_dict(self) -> dict[str, Any]:
+        runs = []
+        for r in self.loaded.runs:
+            c = r.curve
+            runs.append({"run": r.name, "arch": c.arch, "params": c.params, "flops_per_token": c.flops_per_token,
+                         "tokens": float(c.tokens[-1]), "final_loss": float(c.loss[-1]),
+                         "compute_pflops_days": float(c.compute[-1] / PFLOPS_DAY),
+                         "epochs": r.meta.get("data", {}).get("epochs"), "finished": r.finished})
+        archs = {}
+        for name, a in self.archs.items():
+            archs[name] = {
+                "runs": len(a.curves),
+                "envelope": a.envelope.to_dict() if a.envelope else None,
+                "isoflop": a.isoflop.to_dict() if a.isoflop else None,
+                "parametric": a.parametric.to_dict() if a.parametric else None,
+                "errors": a.errors,
+                "paper": {k: {"beta": v[0], "alpha": v[1]} for k, v in PAPER_TABLE3.get(name, {}).items()} or None,
+            }
+        return {"dir": str(self.root), "units": {"compute": "PFLOP/s-days (1 = 8.64e19 FLOPs)",
+                                                 "params": "non-embedding parameters", "tokens": "training tokens"},
+                "runs": runs, "skipped": [{"run": n, "reason": w} for n, w in self.loaded.skipped],
+                "archs": archs, "crossovers": [c.to_dict() for c in self.crossovers],
+                "options": self.options.__dict__}
+
+
+def fit_arch(arch: str, curves: list, opt: FitOptions) -> ArchFits:
+    out = ArchFits(arch, curves)
+    kw = dict(bootstrap=opt.bootstrap, seed=opt.seed)
+    try:
+        out.envelope = fit_envelope(curves, points=opt.points, smooth_window=opt.smooth, what=f"{arch} envelope",
+                                    **kw)
+        out.env = out.envelope.envelope
+    except DataError as e:
+        out.errors["envelope"] = str(e)
+        try:
+            out.env = envelope(curves, points=opt.points, smooth_window=opt.smooth)
+        except DataError:
+            pass
+    try:
+        out.isoflop = isoflop(curves, levels=opt.levels, smooth_window=opt.smooth, what=f"{arch} IsoFLOP", **kw)
+        if out.isoflop.params is None:
+            inside = sum(p.interior for p in out.isoflop.profiles)
+            out.errors["isoflop"] = (f"{arch} IsoFLOP: {inside} profile(s) have their minimum inside the sampled "
+                                     "sizes, at least 3 are needed to fit N_opt(C); add sizes on both sides of the "
+                                     "optimum")
+    except DataError as e:
+        out.errors["isoflop"] = str(e)
+    try:
+        n, d, l = parametric_points(curves)
+        out.parametric = fit_parametric(n, d, l, bootstrap=opt.parametric_bootstrap, seed=opt.seed,
+                                        what=f"{arch} L(N, D)")
+    except DataError as e:
+        out.errors["parametric"] = str(e)
+    return out
+
+
+def analyze(root: str | Path, *, strict: bool = False, include_unfinished: bool = False,
+            options: Optional[FitOptions] = None) -> Analysis:
+    opt = options or FitOptions()
+    loaded = load_runs(root, strict=strict, include_unfinished=include_unfinished)
+    if not loaded.runs:
+        why = "; ".join(f"{n}: {w}" for n, w in loaded.skipped[:4])
+        raise DataError(f"{root}: no usable runs ({why})")
+    by_arch: dict[str, list] = {}
+    for r in loaded.runs:
+        by_arch.setdefault(r.curve.arch, []).append(r.curve)
+    archs = {a: fit_arch(a, cs, opt) for a, cs in sorted(by_arch.items())}
+    fitted = [(a, f.envelope.loss) for a, f in archs.items() if f.envelope is not None]
+    crossovers = [crossover_between(a, la, b, lb) for (a, la), (b, lb) in itertools.combinations(fitted, 2)]
+    if strict:
+        failed = [msg for f in archs.values() for msg in f.errors.values()]
+        if failed:
+            raise DataError(failed[0])
+    return Analysis(Path(root), loaded, archs, crossovers, opt)

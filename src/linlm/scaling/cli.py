@@ -1,0 +1,162 @@
+"""``linlm scaling run | fit | report | ladders``: thin wrappers over :mod:`linlm.scaling`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    sc = subparsers.add_parser("scaling", help="scaling-law sweeps: run a ladder, fit the laws, write a report",
+                               description="See docs/scaling.md.")
+    sub = sc.add_subparsers(dest="scaling_command", required=True)
+
+    p = sub.add_parser("run", help="train every (architecture x size) of a ladder; resumable",
+                       description="Train the grid of a ladder through the Trainer. Finished runs are skipped, "
+                                   "interrupted ones resumed; the --out directory is locked while it runs.")
+    p.add_argument("--ladder", required=True, help="a built-in ladder (paper, cpu, smoke) or a YAML ladder file")
+    p.add_argument("--archs", default=None, help="comma-separated architectures (default: the ladder's)")
+    p.add_argument("--out", required=True, help="the sweep directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a training config key for every run, e.g. --set data.source=corpus.txt (repeatable)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the runs, compute, tokens, epochs and estimated time; train nothing")
+    p.add_argument("--flops-per-s", type=float, default=None,
+                   help="with --dry-run: estimate time from this sustained training FLOP/s instead of timing steps "
+                        "on this machine (e.g. 8 GPUs x 400e12 x 0.4 MFU = 1.28e15)")
+    p.add_argument("--no-measure", action="store_true", help="with --dry-run: do not time steps here")
+    p.add_argument("--emit", choices=["torchrun"], default=None,
+                   help="print one torchrun command per run (grouped by rung) and write their configs to "
+                        "OUT/configs; train nothing")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("fit", help="fit the scaling laws of a sweep directory")
+    _fit_args(p)
+    p.add_argument("--json", action="store_true", help="print every fit as JSON")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("report", help="write a Markdown and a self-contained HTML report with plots")
+    _fit_args(p)
+    p.add_argument("--out", required=True, help="the report directory")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("ladders", help="list the built-in ladders")
+    p.set_defaults(func=cmd_ladders)
+
+
+def _fit_args(p) -> None:
+    p.add_argument("dir", help="a sweep directory (linlm scaling run --out), or a directory of training runs")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on a run with NaN or missing losses, or a fit that cannot be made, instead of "
+                        "skipping it")
+    p.add_argument("--include-unfinished", action="store_true", help="fit runs that have not finished too")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the power-law intervals")
+    p.add_argument("--parametric-bootstrap", type=int, default=50,
+                   help="bootstrap resamples for the L(N, D) intervals (each is an L-BFGS fit)")
+    p.add_argument("--smooth", type=int, default=5, help="centred moving mean over this many logged losses")
+
+
+def _analyze(args):
+    from linlm.scaling.analysis import FitOptions, analyze
+
+    if args.bootstrap < 0 or args.parametric_bootstrap < 0 or args.smooth < 1:
+        from linlm.errors import ConfigError
+
+        raise ConfigError("--bootstrap and --parametric-bootstrap must be >= 0, --smooth >= 1")
+    opt = FitOptions(bootstrap=args.bootstrap, parametric_bootstrap=args.parametric_bootstrap, smooth=args.smooth)
+    return analyze(args.dir, strict=args.strict, include_unfinished=args.include_unfinished, options=opt)
+
+
+def _say_skipped(a) -> None:
+    for name, why in a.loaded.skipped:
+        print(f"linlm: skipped {name}: {why}", file=sys.stderr)
+
+
+def cmd_fit(args) -> int:
+    a = _analyze(args)
+    _say_skipped(a)
+    if args.json:
+        from linlm.scaling.report import _json_default
+
+        print(json.dumps(a.to_dict(), indent=1, default=_json_default))
+        return 0
+    from linlm.infer.report import print_table
+    from linlm.scaling.report import _law_row
+
+    rows = []
+    for arch, f in a.archs.items():
+        e = f.envelope
+        if e is not None:
+            rows += [_law_row(arch, q, law) for q, law in (("L(C)", e.loss), ("N_opt(C)", e.params),
+                                                          ("D_opt(C)", e.tokens))]
+    if rows:
+        print_table(["arch", "law", "beta", "beta CI", "alpha", "alpha CI", "R²", "paper beta", "paper alpha"],
+                    rows, title="envelope fits (C in PFLOP/s-days)")
+    for arch, f in a.archs.items():
+        for name, msg in f.errors.items():
+            print(f"not fitted: {msg}")
+        if f.parametric:
+            p = f.parametric
+            print(f"{arch} L(N, D) = {p.E:.4g} + {p.A:.4g}/N^{p.a:.4f} + {p.B:.4g}/D^{p.b:.4f} (R² {p.r2:.4f})")
+    for c in a.crossovers:
+        where = f"{c.compute:.3e} PFLOP/s-days" if c.compute else "never (parallel)"
+        print(f"{c.a} and {c.b} cross at {where}; beyond it {c.lower_after} is lower")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from linlm.scaling.report import write_report
+
+    a = _analyze(args)
+    _say_skipped(a)
+    files = write_report(a, args.out)
+    print(f"report: {files['report.md']} and {files['report.html']}")
+    return 0
+
+
+def cmd_ladders(args) -> int:
+    from linlm.infer.report import print_table
+    from linlm.scaling.ladder import builtin_ladders, load_ladder
+
+    rows = []
+    for name in builtin_ladders():
+        lad = load_ladder(name)
+        rows.append([name, str(len(lad.rungs)), ", ".join(lad.archs), lad.description])
+    print_table(["ladder", "rungs", "archs", "description"], rows, title="ladders")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from pathlib import Path
+
+    from linlm.config import parse_overrides
+    from linlm.scaling.ladder import load_ladder, plan_runs
+    from linlm.scaling.runner import emit_torchrun, estimate, prepare_rows, print_plan, run_grid
+
+    ladder = load_ladder(args.ladder)
+    archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else None
+    overrides = parse_overrides(args.overrides)
+    if args.emit:
+        runs = plan_runs(ladder, archs, args.out, overrides)
+        for line in emit_torchrun(ladder, runs, Path(args.out)):
+            print(line)
+        return 0
+    if args.dry_run:
+        runs = plan_runs(ladder, archs, args.out, overrides)
+        rows = prepare_rows(ladder, runs, prepare=True)
+        say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+        estimate(rows, args.flops_per_s, measure=not args.no_measure, say=say)
+        timed = (f"from {args.flops_per_s:.3g} FLOP/s" if args.flops_per_s else
+                 "n/a: --no-measure" if args.no_measure else
+                 "from training steps timed now on this machine (smallest and largest rung per arch, the rest "
+                 f"interpolated), load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; other load "
+                 "changes it")
+        print_plan(rows, ladder, timed=timed)
+        return 0
+    from linlm.train.metrics import use_live_display
+
+    result = run_grid(ladder, archs, args.out, overrides=overrides, live=use_live_display())
+    print(f"{len(result['trained'])} run(s) trained, {len(result['done'])} already finished; "
+          f"fit with: linlm scaling fit {args.out}")
+    return 130 if result["interrupted"] else 0

@@ -1,0 +1,153 @@
+"""Ladders: a grid of model sizes (rungs), each trained for a token budget, for several architectures.
+
+A ladder is a YAML file (the built-in ones live in ``linlm/scaling/ladders/``: ``paper``, ``cpu``, ``smoke``)::
+
+    name: cpu
+    description: ...
+    archs: [llama, tnl, hgrn2, cosformer2]   # the default --archs
+    max_epochs: 4                            # no run may see its training data more often than this
+    train: {...}                             # TrainConfig keys shared by every run (data, optim, schedule, ...)
+    rungs:
+      - name: 0.1m
+        model: {n_layers: 2, d_model: 64, n_heads: 2}    # ModelConfig fields, or {preset: paper-70m}
+        tokens: 2_500_000                                # training tokens of this rung
+        per_arch: {tnl: {n_layers: 25}}                  # optional: fields where an architecture departs
+        train: {optim: {lr: 2.0e-3}}                     # optional: TrainConfig keys for this rung only
+
+Every (architecture, rung) pair becomes a :class:`PlannedRun`: a validated TrainConfig whose ``steps`` is the
+rung's tokens over the tokens per step (rounded up), plus the parameter and FLOP counts of its model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from linlm.config import deep_merge, from_dict, load_yaml
+from linlm.errors import ConfigError, LinlmError, choices_text
+
+LADDER_DIR = Path(__file__).resolve().parent / "ladders"
+
+
+@dataclass
+class Rung:
+    name: str
+    model: dict
+    tokens: int
+    per_arch: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+
+
+@dataclass
+class Ladder:
+    name: str
+    rungs: list[Rung]
+    description: str = ""
+    archs: list[str] = field(default_factory=lambda: ["llama", "tnl", "hgrn2", "cosformer2"])
+    max_epochs: float = 4.0
+    train: dict = field(default_factory=dict)
+    # Extra torchrun arguments for --emit torchrun (e.g. "--nnodes=4 --nproc_per_node=8").
+    torchrun: str = "--nproc_per_node=8"
+
+    def rung(self, name: str) -> Rung:
+        for r in self.rungs:
+            if r.name == name:
+                return r
+        raise ConfigError(f"ladder {self.name}: no rung {name!r}; rungs are {choices_text(r.name for r in self.rungs)}")
+
+
+def builtin_ladders() -> list[str]:
+    return sorted(p.stem for p in LADDER_DIR.glob("*.yaml"))
+
+
+def load_ladder(spec: str) -> Ladder:
+    """A built-in ladder by name (``cpu``) or a YAML file by path."""
+    path = Path(spec)
+    if not (spec.endswith((".yaml", ".yml")) or path.is_file()):
+        path = LADDER_DIR / f"{spec}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"--ladder: unknown ladder {spec!r}; built-in ladders are "
+                              f"{choices_text(builtin_ladders())}, or give the path of a YAML ladder")
+    data = load_yaml(path)
+    rungs = data.get("rungs")
+    if not isinstance(rungs, list) or not rungs:
+        raise ConfigError(f"{path}: rungs: expected a non-empty list of rungs (name, model, tokens)")
+    try:
+        parsed = [from_dict(Rung, r, prefix=f"rungs[{i}].") for i, r in enumerate(rungs)]
+        ladder = from_dict(Ladder, {**data, "rungs": parsed, "name": data.get("name", path.stem)})
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    names = [r.name for r in ladder.rungs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: rung names must be unique, got {names}")
+    for i, r in enumerate(ladder.rungs):
+        if not isinstance(r.tokens, int) or r.tokens <= 0:
+            raise ConfigError(f"{path}: rungs[{i}].tokens: expected a positive number of tokens, got {r.tokens!r}")
+    if ladder.max_epochs <= 0:
+        raise ConfigError(f"{path}: max_epochs: must be positive, got {ladder.max_epochs}")
+    return ladder
+
+
+@dataclass
+class PlannedRun:
+    """One (architecture, rung) of a ladder, ready to train."""
+
+    name: str  # "<arch>-<rung>", the run's directory under DIR/runs/
+    arch: str
+    rung: str
+    config: Any  # TrainConfig
+    tokens: int  # tokens actually trained: steps x tokens per step
+    tokens_per_step: int
+    params: int  # non-embedding (active) parameters
+    flops_per_token: float  # training FLOPs per token, paper convention (embeddings and LM head excluded)
+    head_flops_per_token: float  # training FLOPs per token of the LM head (spent, but not in C)
+
+    @property
+    def compute(self) -> float:
+        return self.flops_per_token * self.tokens
+
+
+def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
+              overrides: Optional[dict] = None) -> list[PlannedRun]:
+    """Every (arch, rung) of ``ladder`` as a validated run under ``out_dir/runs``; ``overrides`` (a nested dict
+    of TrainConfig keys) apply to every run, after the ladder's own settings."""
+    from linlm.models.counting import count
+    from linlm.models.registry import ARCHITECTURES
+    from linlm.train.config import build_config
+
+    archs = list(archs or ladder.archs)
+    for a in archs:
+        if a not in ARCHITECTURES:
+            raise ConfigError(f"--archs: unknown architecture {a!r}; valid choices are {choices_text(ARCHITECTURES)}")
+    if len(set(archs)) != len(archs):
+        raise ConfigError(f"--archs: {archs} names an architecture twice")
+    runs = []
+    for rung in ladder.rungs:
+        for arch in archs:
+            name = f"{arch}-{rung.name}"
+            where = f"ladder {ladder.name}, rung {rung.name!r}, arch {arch}"
+            model = dict(rung.model)
+            preset = model.pop("preset", None)
+            model.update(rung.per_arch.get(arch, {}))
+            tree = deep_merge(ladder.train, rung.train)
+            tree = deep_merge(tree, {"model": {"arch": arch, "preset": preset, "overrides": model},
+                                     "out_dir": str(Path(out_dir) / "runs" / name), "steps": 1})
+            tree = deep_merge(tree, overrides or {})
+            try:
+                cfg = build_config(None, tree)
+                seq_len, batch = cfg.data.seq_len, cfg.batch_size
+                tokens_per_step = seq_len * batch
+                cfg.steps = max(1, math.ceil(rung.tokens / tokens_per_step))
+                # vocab_size does not change non-embedding counts; 256 stands in until the tokenizer is known.
+                counted = count(cfg.model_config(vocab_size=cfg.model.overrides.get("vocab_size", 256)),
+                                batch=batch, seq_len=seq_len)
+            except LinlmError as e:
+                raise type(e)(f"{where}: {e}") from None
+            runs.append(PlannedRun(
+                name=name, arch=arch, rung=rung.name, config=cfg, tokens=cfg.steps * tokens_per_step,
+                tokens_per_step=tokens_per_step, params=int(counted["active_non_embedding_params"]),
+                flops_per_token=counted["flops_per_step"] / tokens_per_step,
+                head_flops_per_token=counted["lm_head_flops_per_token"]))
+    return runs

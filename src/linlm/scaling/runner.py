@@ -1,0 +1,409 @@
+"""The sweep runner: every (architecture, rung) of a ladder trained through the Trainer API, resumably.
+
+``DIR`` (``--out``) holds ``plan.json`` (the ladder and architectures it was started with), ``runs/<name>/`` (one
+training run directory each, plus ``scaling.json``: see :mod:`linlm.scaling.runs`) and, for ``--emit torchrun``,
+``configs/<name>.yaml``. A finished run is skipped; an interrupted one resumes from its newest checkpoint (the
+Trainer restores the data order and RNG); the directory is locked against a second runner.
+
+Loss is logged every optimizer step, i.e. at a fixed interval of ``batch_size x seq_len`` tokens; compute is
+the library's count (:func:`linlm.models.counting.count`, the paper's convention) times the tokens seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from linlm.errors import ConfigError, DataError
+from linlm.locking import DirLock
+from linlm.io_utils import atomic_write_bytes
+from linlm.scaling.fits import PFLOPS_DAY
+from linlm.scaling.ladder import Ladder, PlannedRun, plan_runs
+from linlm.scaling.runs import META_FILE, run_finished
+
+PLAN_FILE = "plan.json"
+MEASURE_MAX_PARAMS = 50_000_000  # above this, --dry-run does not time steps on this machine
+
+
+# ---- data ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataInfo:
+    directory: Optional[Path]
+    train_tokens: Optional[int]
+    source_fingerprint: Optional[str]
+    tokenizer_fingerprint: Optional[str]
+
+
+def resolve_run_data(cfg, prepare: bool) -> DataInfo:
+    """The prepared data of a run (prepared into the linlm cache when ``prepare``), with its token count."""
+    from linlm.train.pipeline import prepared_data_dir, resolve_data
+
+    directory = Path(cfg.data.dir).expanduser() if cfg.data.dir else prepared_data_dir(cfg)
+    if prepare and not cfg.data.dir:
+        directory = resolve_data(cfg, show_progress=False)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        if cfg.data.dir:
+            raise DataError(f"data.dir: {directory} holds no prepared data (no meta.json); prepare it with "
+                            "`linlm data prepare`")
+        return DataInfo(None, None, None, None)
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    return DataInfo(directory, int(meta["splits"]["train"]["tokens"]), meta.get("source", {}).get("fingerprint"),
+                    meta.get("tokenizer", {}).get("fingerprint"))
+
+
+def run_meta(run: PlannedRun, ladder: Ladder, data: DataInfo) -> dict:
+    cfg = run.config
+    epochs = run.tokens / data.train_tokens if data.train_tokens else None
+    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params,
+            "flops_per_token": run.flops_per_token, "head_flops_per_token": run.head_flops_per_token,
+            "tokens_per_step": run.tokens_per_step, "log_interval_tokens": run.tokens_per_step,
+            "steps": cfg.steps, "tokens": run.tokens, "compute_flops": run.compute,
+            "compute_pflops_days": run.compute / PFLOPS_DAY,
+            "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer,
+                     "source_fingerprint": data.source_fingerprint, "tokenizer_fingerprint": data.tokenizer_fingerprint,
+                     "train_tokens": data.train_tokens, "epochs": epochs}}
+
+
+def check_epochs(runs: list[PlannedRun], infos: dict[str, DataInfo], ladder: Ladder) -> None:
+    over = [(r, r.tokens / infos[r.name].train_tokens) for r in runs
+            if infos[r.name].train_tokens and r.tokens / infos[r.name].train_tokens > ladder.max_epochs]
+    if over:
+        r, ep = max(over, key=lambda x: x[1])
+        need = math.ceil(r.tokens / ladder.max_epochs)
+        raise DataError(f"ladder {ladder.name}: {len(over)} run(s) would see their training data more than "
+                        f"max_epochs={ladder.max_epochs:g} times (worst: {r.name}, {ep:.1f} epochs of "
+                        f"{infos[r.name].train_tokens:,} tokens); use a corpus of at least {need:,} training tokens "
+                        "(--set data.source=...), a smaller tokenizer (more tokens per text), or fewer tokens per rung")
+
+
+# ---- estimates -----------------------------------------------------------------------------------------------
+
+
+def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> float:
+    """Seconds per optimizer step of ``run``'s model on this machine (random tokens, its batch shape,
+    precision and threads); the fastest of ``steps`` timed steps after one warm-up step."""
+    import torch
+
+    from linlm.models.lm import CausalLM
+
+    cfg = run.config
+    model_cfg = cfg.model_config(vocab_size=vocab_size)
+    old_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        model = CausalLM(model_cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        micro = max(1, cfg.batch_size // cfg.grad_accum)
+        ids = torch.randint(0, model_cfg.vocab_size, (micro, cfg.data.seq_len), generator=gen)
+        bf16 = cfg.precision == "bf16"
+        best = math.inf
+        for i in range(steps + 1):
+            t0 = time.perf_counter()
+            for _ in range(cfg.grad_accum):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = model(ids, targets=ids).loss
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def vocab_guess(cfg, data: DataInfo) -> int:
+    """The model's vocabulary: the override, the prepared tokenizer's, or the size a bpe:N spec asks for."""
+    if "vocab_size" in cfg.model.overrides:
+        return int(cfg.model.overrides["vocab_size"])
+    if data.directory is not None:
+        meta = json.loads((data.directory / "meta.json").read_text(encoding="utf-8"))
+        return -(-int(meta["vocab_size"]) // 64) * 64
+    tok = cfg.data.tokenizer
+    if tok.startswith("bpe:") and tok[4:].isdigit():
+        return -(-int(tok[4:]) // 64) * 64
+    return 256
+
+
+@dataclass
+class PlanRow:
+    run: PlannedRun
+    data: DataInfo
+    seconds: Optional[float]
+    status: str
+
+
+def _step_flops(row: PlanRow) -> float:
+    r = row.run
+    return float(r.tokens_per_step * (r.flops_per_token + r.head_flops_per_token))
+
+
+def estimate(rows: list[PlanRow], flops_per_s: Optional[float], measure: bool,
+             say: Callable[[str], None]) -> None:
+    """Fill each row's estimated seconds: from ``flops_per_s`` (training FLOPs incl. the LM head), else from
+    steps timed on this machine for models up to MEASURE_MAX_PARAMS. Per architecture, the smallest and the
+    largest rung are timed and the rungs between are interpolated linearly in FLOPs per step (seconds per step =
+    overhead + FLOPs / rate); an architecture with fewer than 3 rungs has every rung timed."""
+    todo = [row for row in rows if row.status != "done"]
+    for row in rows:
+        if row.status == "done":
+            row.seconds = 0.0
+    if flops_per_s:
+        from linlm.models.counting import count
+
+        for row in todo:
+            r = row.run
+            c = count(r.config.model_config(vocab_size=vocab_guess(r.config, row.data)),
+                      batch=r.config.batch_size, seq_len=r.config.data.seq_len)
+            row.seconds = r.tokens * (c["flops_per_token"] + c["lm_head_flops_per_token"]) / flops_per_s
+        return
+    if not measure:
+        return
+    by_arch: dict[str, list[PlanRow]] = {}
+    for row in todo:
+        if row.run.params <= MEASURE_MAX_PARAMS:
+            by_arch.setdefault(row.run.arch, []).append(row)
+    for group in by_arch.values():
+        group.sort(key=_step_flops)
+        timed = [group[0], group[-1]] if len(group) >= 3 else group
+        per_step = {}
+        for row in timed:
+            say(f"timing {row.run.name} ...")
+            per_step[id(row)] = measure_step_seconds(row.run, vocab_guess(row.run.config, row.data))
+        lo, hi = timed[0], timed[-1]
+        for row in group:
+            if id(row) in per_step:
+                s = per_step[id(row)]
+            else:
+                f = (_step_flops(row) - _step_flops(lo)) / max(1.0, _step_flops(hi) - _step_flops(lo))
+                s = per_step[id(lo)] + f * (per_step[id(hi)] - per_step[id(lo)])
+            row.seconds = row.run.config.steps * s
+
+
+# ---- the grid ------------------------------------------------------------------------------------------------
+
+
+def _status(run: PlannedRun) -> str:
+    out = Path(run.config.out_dir)
+    if run_finished(out, run.config.steps):
+        return "done"
+    if (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
+        return "resume"
+    return "todo"
+
+
+def _check_plan(out: Path, ladder: Ladder, archs: list[str]) -> None:
+    path = out / PLAN_FILE
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise ConfigError(f"{path}: unreadable; it was not written by linlm scaling run, or is damaged") from None
+    if old.get("ladder") != ladder.name:
+        raise ConfigError(f"--out: {out} holds a sweep of ladder {old.get('ladder')!r}, not {ladder.name!r}; choose "
+                          "another --out directory")
+
+
+def _write_plan(out: Path, ladder: Ladder, archs: list[str], runs: list[PlannedRun]) -> None:
+    path = out / PLAN_FILE
+    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    names = list(dict.fromkeys([*old.get("runs", []), *(r.name for r in runs)]))
+    archs_all = list(dict.fromkeys([*old.get("archs", []), *archs]))
+    atomic_write_bytes(path, (json.dumps({"ladder": ladder.name, "archs": archs_all, "runs": names}, indent=1)
+                              + "\n").encode())
+
+
+def fmt_seconds(s: Optional[float]) -> str:
+    if s is None:
+        return "n/a"
+    from linlm.train.metrics import format_duration
+
+    return format_duration(s)
+
+
+def plan_table(rows: list[PlanRow]) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "N (non-emb.)", "tokens", "steps", "C (FLOPs)", "C (PFLOP/s-days)", "epochs", "est. time",
+            "status"]
+    body = []
+    for row in rows:
+        r = row.run
+        ep = r.tokens / row.data.train_tokens if row.data.train_tokens else None
+        body.append([r.name, f"{r.params:,}", f"{r.tokens:,}", f"{r.config.steps:,}", f"{r.compute:.3e}",
+                     f"{r.compute / PFLOPS_DAY:.3e}", f"{ep:.2f}" if ep is not None else "?",
+                     fmt_seconds(row.seconds), row.status])
+    return head, body
+
+
+def prepare_rows(ladder: Ladder, runs: list[PlannedRun], prepare: bool) -> list[PlanRow]:
+    infos: dict[str, DataInfo] = {}
+    cache: dict[str, DataInfo] = {}
+    for r in runs:
+        d = r.config.data
+        key = json.dumps([d.source, d.tokenizer, d.val_fraction, d.dir])
+        if key not in cache:
+            cache[key] = resolve_run_data(r.config, prepare)
+        infos[r.name] = cache[key]
+        if infos[r.name].directory is not None and not r.config.data.dir:
+            r.config.data.dir = str(infos[r.name].directory)
+    check_epochs(runs, infos, ladder)
+    return [PlanRow(r, infos[r.name], None, _status(r)) for r in runs]
+
+
+def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str]:
+    """Write each run's config to ``out/configs/<name>.yaml`` and its scaling.json; return one torchrun command
+    per run, grouped by rung. Each command resumes its run when run again (``--resume`` starts fresh when the
+    run directory is empty)."""
+    lines = []
+    rung = None
+    for r in runs:
+        if r.rung != rung:
+            rung = r.rung
+            lines.append(f"# rung {rung}")
+        cfg_path = out / "configs" / f"{r.name}.yaml"
+        cfg_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cfg_path, r.config.to_yaml().encode())
+        run_dir = Path(r.config.out_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        meta = run_meta(r, ladder, DataInfo(None, None, None, None))
+        atomic_write_bytes(run_dir / META_FILE, (json.dumps(meta, indent=1) + "\n").encode())
+        lines.append(f"torchrun {ladder.torchrun} -m linlm train --config {shlex.quote(str(cfg_path))} --resume")
+    return lines
+
+
+class GridProgress:
+    """One display for the whole grid: runs done, compute done, and the time left (measured FLOP/s so far)."""
+
+    def __init__(self, rows: list[PlanRow], live: bool, say: Callable[[str], None]):
+        self.total = sum(self._work(r) for r in rows if r.status != "done")
+        self.done = 0.0
+        self.t0 = time.perf_counter()
+        self.say = say
+        self.bar = None
+        if live:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("scaling"), BarColumn(), TextColumn("{task.percentage:>4.0f}% of compute"),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("left"),
+                                TimeRemainingColumn(), console=Console(stderr=True))
+            self.bar.start()
+            self.task = self.bar.add_task("scaling", total=self.total or 1, info="")
+
+    @staticmethod
+    def _work(row: PlanRow) -> float:
+        r = row.run
+        return float(r.tokens * (r.flops_per_token + r.head_flops_per_token))
+
+    def eta(self) -> Optional[float]:
+        if self.done <= 0:
+            return None
+        return (time.perf_counter() - self.t0) / self.done * (self.total - self.done)
+
+    def advance(self, work: float, info: str) -> None:
+        self.done += work
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, info=info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _train(cfg, on_step: Callable[[dict], None]):
+    """Train one run through the Trainer API, resuming whatever its directory holds; hooks report each step."""
+    from linlm.train import Trainer, TrainHooks
+    from linlm.train.rundir import RunDir
+
+    class Hooks(TrainHooks):
+        def on_step(self, record: dict) -> None:
+            on_step(record)
+
+    resume = RunDir(cfg.out_dir).has_run()
+    return Trainer(cfg, resume=resume, hooks=Hooks(), verbose=False, live=False).run()
+
+
+def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, overrides: Optional[dict] = None,
+             live: bool = False, say: Callable[[str], None] = print) -> dict:
+    """Train every run of the grid not yet finished; returns {"done": [...], "trained": [...], "interrupted": name}."""
+    out = Path(out)
+    runs = plan_runs(ladder, archs, out, overrides)
+    archs = list(dict.fromkeys(r.arch for r in runs))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; give a directory")
+    _check_plan(out, ladder, archs)
+    out.mkdir(parents=True, exist_ok=True)
+    with DirLock(out, "scaling directory"):
+        rows = prepare_rows(ladder, runs, prepare=True)
+        _write_plan(out, ladder, archs, runs)
+        todo = [r for r in rows if r.status != "done"]
+        say(f"{ladder.name}: {len(rows)} runs ({len(rows) - len(todo)} already finished) in {out}")
+        progress = GridProgress(rows, live, say)
+        result = {"done": [r.run.name for r in rows if r.status == "done"], "trained": [], "interrupted": None}
+        try:
+            for i, row in enumerate(todo, 1):
+                r = row.run
+                run_dir = Path(r.config.out_dir)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(run_dir / META_FILE, (json.dumps(run_meta(r, ladder, row.data), indent=1)
+                                                         + "\n").encode())
+                work_per_step = GridProgress._work(row) / r.config.steps
+                start_done = progress.done
+                state = {"steps": 0}
+
+                def on_step(rec: dict, _r=r, _i=i) -> None:
+                    state["steps"] += 1
+                    loss = rec.get("loss")
+                    progress.advance(work_per_step, f"{_r.name} ({_i}/{len(todo)}) loss "
+                                                    f"{loss:.3f}" if loss is not None else _r.name)
+
+                say(f"[{i}/{len(todo)}] {'resuming' if row.status == 'resume' else 'training'} {r.name}: "
+                    f"N={r.params:,}, {r.tokens:,} tokens, {r.config.steps} steps"
+                    + (f"; about {fmt_seconds(progress.eta())} left in the grid" if progress.eta() else ""))
+                res = _train(r.config, on_step)
+                # Steps not reported (a resumed run's earlier ones) count at the run's end.
+                progress.advance(max(0.0, GridProgress._work(row) - (progress.done - start_done)), r.name)
+                if res.interrupted:
+                    result["interrupted"] = r.name
+                    say(f"stopped by {res.interrupted} during {r.name}; run the same command again to resume")
+                    break
+                result["trained"].append(r.name)
+                say(f"    {r.name}: loss {res.loss:.4f} after {fmt_seconds(res.seconds)}"
+                    if res.loss is not None else f"    {r.name}: done")
+        finally:
+            progress.close()
+    return result
+
+
+def print_plan(rows: list[PlanRow], ladder: Ladder, *, timed: str, out=None) -> None:
+    out = out or sys.stdout
+    head, body = plan_table(rows)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    print(f"ladder {ladder.name}: {len(rows)} runs", file=out)
+    for line in [head, ["-" * w for w in widths], *body]:
+        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(line, widths))),
+              file=out)
+    total_c = sum(r.run.compute for r in rows)
+    secs = [r.seconds for r in rows if r.status != "done"]
+    known = [s for s in secs if s is not None]
+    total_t = fmt_seconds(sum(known)) if known and len(known) == len(secs) else (
+        f"at least {fmt_seconds(sum(known))} (some runs not estimated)" if known else "n/a")
+    max_ep = [r.run.tokens / r.data.train_tokens for r in rows if r.data.train_tokens]
+    print(f"total compute {total_c:.3e} FLOPs = {total_c / PFLOPS_DAY:.3e} PFLOP/s-days; "
+          f"{sum(r.run.tokens for r in rows):,} tokens; max epochs "
+          f"{max(max_ep):.2f} (limit {ladder.max_epochs:g})" if max_ep else
+          f"total compute {total_c:.3e} FLOPs = {total_c / PFLOPS_DAY:.3e} PFLOP/s-days; epochs unknown until the "
+          "data is prepared", file=out)
+    print(f"estimated time: {total_t} ({timed}; evaluation and checkpoints not included)", file=out)

@@ -1,0 +1,154 @@
+"""Reading a scaling directory: every training run under it, as a curve the fits can use.
+
+A scaling directory (``linlm scaling run --out DIR``) holds ``DIR/runs/<arch>-<rung>/``, each an ordinary
+training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) plus ``scaling.json``, written
+before training starts: the architecture, non-embedding parameters N, training FLOPs per token (paper
+convention: embeddings and LM head excluded), tokens per step, the planned steps, and the data it trains on
+(source, tokenizer, the prepared data's fingerprints, its token count and the run's epochs).
+
+Plain training run directories (no scaling.json) are read too: N and FLOPs per token come from their
+config.yaml (neither depends on the vocabulary), the data identity from data.source and data.tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from linlm.errors import DataError, LinlmError
+from linlm.scaling.fits import Curve
+
+META_FILE = "scaling.json"
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class RunRecord:
+    name: str
+    path: Path
+    meta: dict
+    curve: Curve
+    finished: bool
+
+
+@dataclass
+class Loaded:
+    runs: list[RunRecord]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (run, why)
+
+
+def data_identity(meta: dict) -> str:
+    d = meta.get("data", {})
+    return json.dumps([d.get("source_fingerprint") or d.get("source"),
+                       d.get("tokenizer_fingerprint") or d.get("tokenizer")])
+
+
+def _meta_from_config(path: Path) -> dict:
+    """What scaling.json would say, for a plain training run directory."""
+    import yaml
+
+    from linlm.models.counting import count
+    from linlm.train.config import build_config
+
+    raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+    cfg = build_config(None, raw)
+    tps = cfg.batch_size * cfg.data.seq_len
+    counted = count(cfg.model_config(vocab_size=cfg.model.overrides.get("vocab_size", 256)),
+                    batch=cfg.batch_size, seq_len=cfg.data.seq_len)
+    return {"arch": cfg.model.arch, "rung": path.name, "params": counted["active_non_embedding_params"],
+            "flops_per_token": counted["flops_per_step"] / tps, "tokens_per_step": tps, "steps": cfg.steps,
+            "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer}}
+
+
+def read_losses(path: Path) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(tokens, loss, steps whose loss is missing or not finite) from a run's metrics.jsonl."""
+    from linlm.train.metrics import read_metrics
+
+    tokens, loss, bad = [], [], []
+    for rec in read_metrics(path / METRICS):
+        value = rec.get("loss")
+        if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            bad.append(int(rec["step"]))
+            continue
+        tokens.append(float(rec["tokens"]))
+        loss.append(float(value))
+    return np.asarray(tokens), np.asarray(loss), bad
+
+
+def run_finished(path: Path, steps: int) -> bool:
+    try:
+        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    # The planned steps, not the summary's own "finished": a run may have been trained to fewer steps.
+    return (summary.get("interrupted") is None and summary.get("finished", True) is not False
+            and int(summary.get("step") or 0) >= steps)
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Directories under ``root`` (itself, children, grandchildren) that hold a metrics log or scaling.json."""
+    out = []
+    for p in [root, *sorted(root.glob("*")), *sorted(root.glob("*/*"))]:
+        if p.is_dir() and ((p / METRICS).is_file() or (p / META_FILE).is_file()):
+            out.append(p)
+    return out
+
+
+def load_runs(root: str | Path, *, strict: bool = False, include_unfinished: bool = False) -> Loaded:
+    """Every usable run under ``root``. A run with missing or non-finite losses, or none at all, is named in
+    ``skipped`` (``strict`` raises instead). Unfinished runs are skipped unless ``include_unfinished``.
+    Runs trained on different data or tokenizers are refused (DataError): their losses are not comparable."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: no such directory; give the --out directory of `linlm scaling run`")
+    dirs = find_run_dirs(root)
+    if not dirs:
+        raise DataError(f"{root}: holds no training runs (no metrics.jsonl found); run `linlm scaling run "
+                        f"--out {root}` first")
+    loaded = Loaded([])
+
+    def skip(name: str, why: str) -> None:
+        if strict:
+            raise DataError(f"run {name}: {why} (drop --strict to skip such runs)")
+        loaded.skipped.append((name, why))
+
+    for path in dirs:
+        name = str(path.relative_to(root)) if path != root else path.name
+        name = name[len("runs/"):] if name.startswith("runs/") else name
+        try:
+            meta = (json.loads((path / META_FILE).read_text(encoding="utf-8")) if (path / META_FILE).is_file()
+                    else _meta_from_config(path))
+        except (OSError, ValueError, LinlmError) as e:
+            skip(name, f"unreadable run description ({e})")
+            continue
+        tokens, loss, bad = read_losses(path)
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            skip(name, f"NaN or missing loss at step {shown}")
+            continue
+        if len(loss) == 0:
+            skip(name, "no losses logged (empty metrics.jsonl)")
+            continue
+        finished = run_finished(path, int(meta.get("steps", 0)))
+        if not finished and not include_unfinished:
+            skip(name, f"unfinished ({len(loss)} of {meta.get('steps', '?')} steps logged); resume it with "
+                       "`linlm scaling run` or pass --include-unfinished")
+            continue
+        curve = Curve(name, meta["arch"], float(meta["params"]), float(meta["flops_per_token"]), tokens, loss)
+        loaded.runs.append(RunRecord(name, path, meta, curve, finished))
+    groups: dict[str, list[str]] = {}
+    for r in loaded.runs:
+        groups.setdefault(data_identity(r.meta), []).append(r.name)
+    if len(groups) > 1:
+        parts = []
+        for key, names in groups.items():
+            source, tok = json.loads(key)
+            parts.append(f"{source!s:.24} / {tok!s:.24}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
+        raise DataError(f"{root}: runs were trained on different data or tokenizers ({'; '.join(parts)}); their "
+                        "losses are not comparable. Fit each group from its own directory")
+    return loaded

@@ -1,0 +1,145 @@
+"""The sweep runner: the smoke ladder end to end, resume, the lock, --dry-run, --emit torchrun, bad ladders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from linlm.cli import main
+from linlm.errors import ConfigError, LockedError
+from linlm.locking import DirLock
+from linlm.scaling.ladder import builtin_ladders, load_ladder, plan_runs
+from linlm.scaling.runner import run_grid
+
+
+def test_smoke_ladder_end_to_end_then_report(tmp_path, text_file, capsys):
+    out = tmp_path / "sweep"
+    args = ["scaling", "run", "--ladder", "smoke", "--out", str(out), "--set", f"data.source={text_file}"]
+    assert main(args) == 0
+    assert "12 run(s) trained, 0 already finished" in capsys.readouterr().out
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(runs) == 12 and "cosformer2-m" in runs and "hgrn2-xs" in runs
+    meta = json.loads((out / "runs" / "tnl-s" / "scaling.json").read_text())
+    assert 0 < meta["data"]["epochs"] <= 4 and meta["compute_flops"] == pytest.approx(
+        meta["flops_per_token"] * meta["tokens"])
+    recs = [json.loads(line) for line in (out / "runs" / "tnl-s" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in recs] == [meta["log_interval_tokens"] * (i + 1) for i in range(meta["steps"])]
+    # A second invocation finds everything finished.
+    assert main(args) == 0
+    assert "0 run(s) trained, 12 already finished" in capsys.readouterr().out
+    report = tmp_path / "report"
+    assert main(["scaling", "report", str(out), "--out", str(report), "--bootstrap", "20",
+                 "--parametric-bootstrap", "1"]) == 0
+    md = (report / "report.md").read_text()
+    assert md.count("| yes |") == 12 and (report / "report.html").stat().st_size > 10_000
+
+
+def test_interrupted_run_resumes_and_log_reads_as_one_run(tmp_path, text_file):
+    from linlm.train import train
+
+    ladder = load_ladder("smoke")
+    over = {"data": {"source": str(text_file)}}
+    out = tmp_path / "sweep"
+    (first, *_) = plan_runs(ladder, ["llama"], out, over)
+    partial = first.config
+    partial.steps = first.config.steps // 2  # a run stopped half way, with its checkpoint
+    train(partial, verbose=False, live=False)
+    lines = []
+    result = run_grid(ladder, ["llama"], out, overrides=over, say=lines.append)
+    assert first.name in result["trained"] and any(f"resuming {first.name}" in s for s in lines)
+    steps = [json.loads(x)["step"] for x in (out / "runs" / first.name / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, plan_runs(ladder, ["llama"], out, over)[0].config.steps + 1))
+
+
+def test_directory_is_locked(tmp_path, text_file):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    with DirLock(out, "scaling directory"):
+        with pytest.raises(LockedError, match=r"in use by PID \d+"):
+            run_grid(load_ladder("smoke"), ["llama"], out, overrides={"data": {"source": str(text_file)}},
+                     say=lambda s: None)
+
+
+def test_dry_run_prints_runs_compute_epochs_and_time(tmp_path, text_file, capsys):
+    args = ["scaling", "run", "--ladder", "smoke", "--archs", "llama,hgrn2", "--out", str(tmp_path / "d"),
+            "--set", f"data.source={text_file}", "--dry-run"]
+    assert main(args + ["--flops-per-s", "1e9"]) == 0
+    text = capsys.readouterr().out
+    assert "ladder smoke: 6 runs" in text and "hgrn2-m" in text and "PFLOP/s-days" in text
+    assert "max epochs" in text and "from 1e+09 FLOP/s" in text
+    assert not (tmp_path / "d" / "runs").exists()  # nothing trained, nothing written
+    assert main(args[:-1] + ["--dry-run"]) == 0  # timed on this machine
+    cap = capsys.readouterr()
+    assert "timed now on this machine" in cap.out and "n/a" not in cap.out.split("estimated time")[-1]
+    # The smallest and largest rung of each architecture are timed; the middle one is interpolated.
+    assert sorted(x.split()[1] for x in cap.err.splitlines() if x.startswith("timing")) == [
+        "hgrn2-m", "hgrn2-xs", "llama-m", "llama-xs"]
+
+
+def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
+    from linlm.train.config import build_config
+
+    out = tmp_path / "paper"
+    assert main(["scaling", "run", "--ladder", "paper", "--out", str(out), "--emit", "torchrun"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    cmds = [x for x in lines if x.startswith("torchrun ")]
+    assert len(cmds) == 24 and sum(x.startswith("# rung") for x in lines) == 6
+    assert all("-m linlm train --config" in c and c.endswith("--resume") for c in cmds)
+    cfg = build_config(out / "configs" / "tnl-1b.yaml")
+    assert (cfg.batch_size, cfg.data.seq_len, cfg.optim.lr, cfg.optim.weight_decay) == (480, 8192, 3e-4, 0.1)
+    assert cfg.steps * 480 * 8192 >= 300e9 and cfg.model.preset == "paper-1b"
+    meta = json.loads((out / "runs" / "llama-70m" / "scaling.json").read_text())
+    assert meta["flops_per_token"] * 480 * 8192 / 1e15 == pytest.approx(1.6, abs=0.05)  # the paper's 1.6 PFLOPs
+
+
+def write_ladder(path: Path, **rung) -> Path:
+    data = {"name": "mine", "archs": ["llama", "tnl"], "train": {"data": {"seq_len": 32}, "batch_size": 4},
+            "rungs": [{"name": "r0", "model": {"n_layers": 1, "d_model": 32, "n_heads": 2}, "tokens": 1024},
+                      {"name": "r1", "model": rung.pop("model", {"n_layers": 1, "d_model": 48, "n_heads": 2}),
+                       "tokens": rung.pop("tokens", 1024)}]}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_hand_written_ladder_and_a_rung_that_does_not_divide_into_heads(tmp_path):
+    good = load_ladder(str(write_ladder(tmp_path / "good.yaml")))
+    runs = plan_runs(good, None, tmp_path / "o")
+    assert [r.name for r in runs] == ["llama-r0", "tnl-r0", "llama-r1", "tnl-r1"]
+    assert runs[0].config.steps == 1024 // (4 * 32)
+    bad = load_ladder(str(write_ladder(tmp_path / "bad.yaml", model={"n_layers": 1, "d_model": 100, "n_heads": 3})))
+    with pytest.raises(ConfigError, match=r"ladder mine, rung 'r1', arch llama: .*d_model: 100 is not divisible by "
+                                          r"n_heads=3"):
+        plan_runs(bad, None, tmp_path / "o")
+
+
+def test_too_many_epochs_are_refused(tmp_path, text_file, capsys):
+    path = write_ladder(tmp_path / "long.yaml", tokens=50_000_000)
+    args = ["scaling", "run", "--ladder", str(path), "--out", str(tmp_path / "o"), "--set",
+            f"data.source={text_file}", "--set", "data.tokenizer=bpe:300", "--dry-run", "--no-measure"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "more than max_epochs=4" in err and ("llama-r1" in err or "tnl-r1" in err)
+
+
+def test_unknown_ladder_arch_and_another_ladders_directory(tmp_path, text_file, capsys):
+    assert set(builtin_ladders()) >= {"paper", "cpu", "smoke"}
+    assert main(["scaling", "run", "--ladder", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown ladder 'nope'" in capsys.readouterr().err
+    assert main(["scaling", "run", "--ladder", "smoke", "--archs", "llama,gpt", "--out", str(tmp_path)]) == 2
+    assert "unknown architecture 'gpt'" in capsys.readouterr().err
+    (tmp_path / "plan.json").write_text(json.dumps({"ladder": "cpu"}))
+    with pytest.raises(ConfigError, match="holds a sweep of ladder 'cpu'"):
+        run_grid(load_ladder("smoke"), ["llama"], tmp_path, overrides={"data": {"source": str(text_file)}})
+
+
+def test_cpu_ladder_shape():
+    """About 0.1M to 5M non-embedding parameters, a short context, six sizes, every arch."""
+    ladder = load_ladder("cpu")
+    runs = plan_runs(ladder, None, "/tmp/unused")
+    assert len(ladder.rungs) == 6 and len(runs) == 24
+    params = [r.params for r in runs]
+    assert 0.08e6 < min(params) < 0.15e6 and 4e6 < max(params) < 5.5e6
+    assert all(r.config.data.seq_len <= 256 for r in runs)
