@@ -52,7 +52,8 @@ class Block(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Embeddings, a stack of blocks, a final norm and a head tied to the embeddings.
+    """Embeddings, a stack of blocks, a final norm and a head (tied to the embeddings unless
+    ``config.tie_embeddings`` is False).
 
     ``model(input_ids)`` returns logits [B, T, V]. With ``return_state=True`` or ``return_aux=True`` it
     returns an :class:`LMOutput`. Pass the returned ``state`` back in to continue a sequence: a prompt
@@ -76,6 +77,8 @@ class CausalLM(nn.Module):
         self.shared = spec.shared(config) if spec.shared is not None else None
         self.layers = nn.ModuleList(Block(config, i, spec) for i in range(config.n_layers))
         self.norm = make_norm(spec.norm, d, config.norm_eps)
+        # None when the head is tied to the embeddings (the default): see head_weight.
+        self.head = None if config.tie_embeddings else nn.Linear(d, config.vocab_size, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -85,6 +88,11 @@ class CausalLM(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head [V, d]: the embeddings when tied, else the head's own weight."""
+        return self.embed.weight if self.head is None else self.head.weight
 
     @property
     def device(self) -> torch.device:
@@ -156,9 +164,9 @@ class CausalLM(nn.Module):
         h = self.norm(x)
         loss = logits = None
         if targets is not None:
-            loss = linear_cross_entropy(h.flatten(0, 1), self.embed.weight, targets.flatten(), ignore_index)
+            loss = linear_cross_entropy(h.flatten(0, 1), self.head_weight, targets.flatten(), ignore_index)
         else:
-            logits = F.linear(h, self.embed.weight)
+            logits = F.linear(h, self.head_weight)
             if not (return_state or return_aux):
                 return logits
         new_state = ModelState(layer_states, offset + input_ids.shape[1], extra) if return_state else None
@@ -180,7 +188,9 @@ class CausalLM(nn.Module):
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n - self.embed.weight.numel() if non_embedding else n
+        if not non_embedding:
+            return n
+        return n - self.embed.weight.numel() - (self.head.weight.numel() if self.head is not None else 0)
 
     def save(self, path) -> None:
         from linlm.models.io import save_model
