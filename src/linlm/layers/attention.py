@@ -82,26 +82,39 @@ class Attention(nn.Module):
         return q, k, v.view(B, T, Hkv, Dh).transpose(1, 2)
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        """The state is the KV cache (k, v), [B, Hkv, S, Dh] each, or (k, v, key_valid) after a packed prefill:
+        key_valid [B, S] is False at the keys of earlier documents, which later tokens must not see (decoding
+        continues each row's last document, as the linear models' states do)."""
         B, T, d = x.shape
         groups = self.n_heads // self.n_kv_heads
         q, k, v = self._project(x, offset)
+        key_valid = None
         if state is not None:
             k = torch.cat([state[0], k], dim=2)
             v = torch.cat([state[1], v], dim=2)
+            if len(state) == 3:
+                key_valid = torch.cat([state[2], state[2].new_ones(B, T)], dim=1)
+        S = k.shape[2]
         if reset is not None:
             if state is not None:
                 raise ShapeError("reset (packed documents) cannot be combined with a KV cache; decode each document separately")
             o = _sdpa(q, k, v, groups, attn_mask=document_mask(reset))
+            doc = torch.cumsum(reset.to(torch.int32), dim=1)
+            last = doc == doc[:, -1:]
+            key_valid = None if bool(last.all()) else last
         elif state is None:
             o = _sdpa(q, k, v, groups, is_causal=True)
-        elif T == 1:
+        elif T == 1 and key_valid is None:
             o = _sdpa(q, k, v, groups)
         else:
-            S = k.shape[2]
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+            if key_valid is not None:
+                mask = mask & key_valid[:, None, None, :]
             o = _sdpa(q, k, v, groups, attn_mask=mask)
         y = self.out(o.transpose(1, 2).reshape(B, T, d))
-        return y, ((k, v) if return_state else None)
+        if not return_state:
+            return y, None
+        return y, ((k, v) if key_valid is None else (k, v, key_valid))
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # Q K^T and A V over the causal context: position t attends to t keys, (n + 1) / 2 on average.
