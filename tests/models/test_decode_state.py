@@ -79,3 +79,36 @@ def test_non_integer_targets_are_refused(dtype):
     ids = torch.randint(0, 512, (1, 5))
     with pytest.raises(ShapeError, match=r"targets must be integer token ids.*" + str(dtype).split(".")[1]):
         tiny("llama")(ids, targets=ids.to(dtype))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_decoding_after_a_packed_prefill_continues_the_last_document(arch):
+    """Rows of different packing (one is left padding + a prompt) decode like their last document run alone."""
+    model = tiny(arch)
+    a, b, pad = torch.randint(0, 512, (1, 9)), torch.randint(0, 512, (1, 5)), torch.full((1, 4), 7)
+    ids = torch.cat([a, torch.cat([pad, b], 1)], 0)
+    reset = torch.zeros(2, 9, dtype=torch.bool)
+    reset[:, 0] = True
+    reset[1, 4] = True
+    nxt = torch.randint(0, 512, (2, 3))
+    with torch.no_grad():
+        state = model(ids, reset=reset, return_state=True).state
+        got = []
+        for t in range(3):
+            logits, state = model.step(nxt[:, t], state)
+            got.append(logits)
+        for row, doc in enumerate((a, b)):
+            want = model(torch.cat([doc, nxt[row : row + 1]], 1))[0, -3:]
+            torch.testing.assert_close(torch.stack(got, 1)[row], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "cosformer2"])
+def test_logits_to_keep_and_prefill_compute_only_the_last_positions(arch):
+    model = tiny(arch, tie_embeddings=False)
+    ids = torch.randint(0, 512, (2, 17))
+    with torch.no_grad():
+        full = model(ids)
+        torch.testing.assert_close(model(ids, logits_to_keep=3), full[:, -3:], rtol=0, atol=1e-6)
+        last, _ = model.prefill(ids)
+    assert last.shape == (2, 512)
+    torch.testing.assert_close(last, full[:, -1], rtol=0, atol=1e-6)

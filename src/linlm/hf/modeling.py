@@ -156,10 +156,12 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         reset = None
         if attention_mask is not None and state is None:
             reset = _resets_from_left_padding(attention_mask, input_ids.shape[1])
-        out = self.model(input_ids, state=state, reset=reset, return_state=bool(use_cache), return_aux=True)
+        keep = logits_to_keep if isinstance(logits_to_keep, int) and labels is None else 0
+        out = self.model(input_ids, state=state, reset=reset, return_state=bool(use_cache), return_aux=True,
+                         logits_to_keep=keep)
         logits = out.logits
-        if logits_to_keep:
-            logits = logits[:, -logits_to_keep:]
+        if not isinstance(logits_to_keep, int):  # a tensor of positions
+            logits = logits[:, logits_to_keep]
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.model.config.vocab_size, **kwargs)

@@ -187,8 +187,12 @@ class CausalLM(nn.Module):
         return_aux: bool = False,
         targets: Optional[torch.Tensor] = None,
         ignore_index: int = -100,
+        logits_to_keep: int = 0,
     ):
-        """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document."""
+        """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document.
+
+        ``logits_to_keep=k`` > 0 computes the logits of the last k positions only ([B, k, V]): a prefill needs one,
+        and the [B, T, V] logits of a long prompt would dwarf the model."""
         self._check_input(input_ids, state, reset, targets, ignore_index)
         offset = state.offset if state is not None else 0
         x = self.embed(input_ids)
@@ -210,7 +214,7 @@ class CausalLM(nn.Module):
         if targets is not None:
             loss = linear_cross_entropy(h.flatten(0, 1), self.head_weight, targets.flatten(), ignore_index)
         else:
-            logits = F.linear(h, self.head_weight)
+            logits = F.linear(h[:, -logits_to_keep:] if logits_to_keep > 0 else h, self.head_weight)
             if not (return_state or return_aux):
                 return logits
         new_state = (ModelState(layer_states, offset + input_ids.shape[1], extra, self.state_signature())
@@ -222,7 +226,7 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ModelState]:
         """Run a prompt; return the logits of its last position [B, V] and the state to continue from."""
-        out = self(input_ids, return_state=True)
+        out = self(input_ids, return_state=True, logits_to_keep=1)
         return out.logits[:, -1], out.state
 
     @torch.no_grad()
