@@ -1,4 +1,4 @@
-"""``linlm generate``: sample text from a trained model."""
+"""``linlm generate`` (sample text from a trained model) and ``linlm profile`` (inference speed and memory)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,25 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the one beside the weights)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.set_defaults(func=cmd_generate)
+
+    p = subparsers.add_parser("profile", help="prefill and decode speed, memory and state size against context",
+                              description="Profile inference of each architecture at each context length (batch 1), "
+                                          "beside transformers' LlamaForCausalLM of the same shape (hf-llama).")
+    p.add_argument("--archs", default="llama,tnl,hgrn2,cosformer2,mamba,mossnet",
+                   help="comma-separated architectures; add hf-llama for transformers' Llama (added by default "
+                        "unless --no-hf)")
+    p.add_argument("--preset", default="paper-70m")
+    p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
+    p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-hf", action="store_true", help="do not profile transformers' Llama")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the rows as JSON to OUT")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="plot latency and memory against context")
+    p.set_defaults(func=cmd_profile)
 
 
 def _read_prompt(args) -> str:
@@ -62,4 +81,68 @@ def cmd_generate(args) -> int:
         sys.stdout.write("\n")
     else:
         print(prompt + "".join(pieces))
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    from linlm.errors import ConfigError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag}: expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_profile(args) -> int:
+    import json
+
+    from linlm.config import parse_overrides
+    from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
+    from linlm.infer.report import print_table
+    from linlm.io_utils import atomic_write_bytes
+
+    archs = [a.strip() for a in args.archs.split(",") if a.strip()]
+    if not args.no_hf and "llama" in archs and HF_LLAMA not in archs:
+        archs.append(HF_LLAMA)
+    contexts = _int_list(args.contexts, "--contexts")
+    if args.threads is not None:
+        if args.threads < 1:
+            from linlm.errors import ConfigError
+
+            raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(args.threads)
+        try:
+            args.threads = None
+            return cmd_profile(args)
+        finally:
+            torch.set_num_threads(previous)
+
+    def show(row):
+        if row.error:
+            print(f"{row.arch:>10} n={row.context:>6}: {row.error}", flush=True)
+        else:
+            print(f"{row.arch:>10} n={row.context:>6}: prefill {row.prefill_tokens_per_s:9.0f} tok/s, decode "
+                  f"{row.decode_ms_per_token:7.2f} ms/token, peak {row.peak_memory_bytes / 2**20:8.0f} MiB, state "
+                  f"{row.state_bytes / 2**20:8.2f} MiB", flush=True)
+
+    rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
+                   decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show)
+    print_table(["arch", "context", "prefill tok/s", "decode ms/token", "decode tok/s", "peak MiB", "state MiB"],
+                [[r.arch, r.context, *(("-",) * 5 if r.error else (
+                    f"{r.prefill_tokens_per_s:.0f}", f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
+                    f"{r.peak_memory_bytes / 2**20:.0f}", f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
+                title=f"{args.preset} on {args.device}, {args.dtype}, batch 1")
+    if args.json:
+        payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),
+                   "rows": rows_to_dicts(rows)}
+        atomic_write_bytes(args.json, (json.dumps(payload, indent=1) + "\n").encode())
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot(rows, args.plot, title=f'{args.preset}, {args.device}, {args.dtype}')}")
     return 0
