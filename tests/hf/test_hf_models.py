@@ -133,3 +133,21 @@ def test_import_linlm_does_not_import_transformers_and_registers_later():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["LinlmMossnetConfig", "LinlmMossnetForCausalLM"]
+
+
+def test_cli_generate_from_a_save_pretrained_dir(tmp_path, capsys):
+    from linlm.cli import main
+    from linlm.data.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(["the king and the queen ride north at dawn"] * 20, 280)
+    model = tiny("cosformer2", vocab_size=288)
+    model.save(tmp_path / "linlm")
+    tok.save(tmp_path / "linlm")
+    to_hf(model).save_pretrained(tmp_path / "hf")
+    tok.save(tmp_path / "hf")
+    outs = []
+    for d in ("linlm", "hf"):
+        assert main(["generate", "--model", str(tmp_path / d), "--prompt", "the king", "--max-new-tokens", "8",
+                     "--temperature", "0"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and outs[0].startswith("the king")

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from linlm.errors import ConfigError, ShapeError, TokenizerError
+from linlm.errors import CheckpointError, ConfigError, ShapeError, TokenizerError
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float = 1.0, max_new_tokens: int = 0) -> None:
@@ -155,10 +155,31 @@ def load_for_generation(path: str | Path, tokenizer: Optional[str | Path] = None
     path = Path(path).expanduser()
     saved_model = (path / CONFIG).is_file() and not (path / MANIFEST).is_file()
     model_dir = path if saved_model else resolve_checkpoint(path)
-    model = load(model_dir, device=dev).eval()
+    hf_type = _hf_model_type(model_dir / CONFIG) if saved_model else None
+    if hf_type is not None:  # a directory from save_pretrained (linlm.hf.modeling)
+        from linlm.hf.modeling import MODEL_CLASSES
+
+        arch = hf_type[len("linlm_"):]
+        if arch not in MODEL_CLASSES:
+            raise CheckpointError(f"{model_dir}: model_type {hf_type!r} is not a linlm architecture")
+        model = MODEL_CLASSES[arch].from_pretrained(model_dir).model.to(dev).eval()
+    else:
+        model = load(model_dir, device=dev).eval()
     tok_path = Path(tokenizer) if tokenizer is not None else model_dir
     if tokenizer is None and not (model_dir / "tokenizer.json").is_file():
         raise TokenizerError(f"{model_dir}: no tokenizer.json beside the weights; pass --tokenizer PATH")
     tok = Tokenizer.from_pretrained(tok_path)
     tok.ensure_fits(model.config.vocab_size)
     return model, tok
+
+
+def _hf_model_type(config_file: Path) -> Optional[str]:
+    """The model_type of a transformers config.json written for a linlm model, else None."""
+    import json
+
+    try:
+        meta = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None
+    kind = meta.get("model_type") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) and kind.startswith("linlm_") else None
