@@ -46,6 +46,17 @@ def register(subparsers) -> None:
     p.add_argument("--plot", default=None, metavar="OUT.png", help="plot latency and memory against context")
     p.set_defaults(func=cmd_profile)
 
+    p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
+                              description="Write OUT.prefill.pt2, OUT.step.pt2 and OUT.json (torch.export programs; "
+                                          "see docs/inference.md).")
+    p.add_argument("--model", required=True, metavar="DIR", help="saved model, checkpoint or run directory")
+    p.add_argument("--format", default="pt2", choices=["pt2"])
+    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prefill-len", type=int, default=16, help="prompt length of the exported prefill")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.set_defaults(func=cmd_export)
+
 
 def _read_prompt(args) -> str:
     from linlm.errors import DataError
@@ -145,4 +156,15 @@ def cmd_profile(args) -> int:
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {plot(rows, args.plot, title=f'{args.preset}, {args.device}, {args.dtype}')}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from linlm.infer.export import export
+    from linlm.infer.generate import load_model
+
+    model, _ = load_model(args.model)
+    for written in export(model, args.out, args.format, batch=args.batch, prefill_len=args.prefill_len,
+                          overwrite=args.overwrite):
+        print(f"wrote {written}")
     return 0

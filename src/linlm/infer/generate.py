@@ -144,9 +144,9 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 64, *, tempera
     return tokenizer.decode(new)
 
 
-def load_for_generation(path: str | Path, tokenizer: Optional[str | Path] = None, device: str = "cpu"):
-    """(model, tokenizer) from a run directory, a checkpoint directory or a saved model directory."""
-    from linlm.data.tokenizer import Tokenizer
+def load_model(path: str | Path, device: str = "cpu"):
+    """(model, directory) from a run directory (its newest valid checkpoint), a checkpoint directory, a directory
+    from ``model.save()`` or one from ``save_pretrained`` of a linlm transformers model."""
     from linlm.devices import resolve_device
     from linlm.models.io import CONFIG, load
     from linlm.train.checkpoint import MANIFEST, resolve_checkpoint
@@ -156,15 +156,21 @@ def load_for_generation(path: str | Path, tokenizer: Optional[str | Path] = None
     saved_model = (path / CONFIG).is_file() and not (path / MANIFEST).is_file()
     model_dir = path if saved_model else resolve_checkpoint(path)
     hf_type = _hf_model_type(model_dir / CONFIG) if saved_model else None
-    if hf_type is not None:  # a directory from save_pretrained (linlm.hf.modeling)
-        from linlm.hf.modeling import MODEL_CLASSES
+    if hf_type is None:
+        return load(model_dir, device=dev).eval(), model_dir
+    from linlm.hf.modeling import MODEL_CLASSES
 
-        arch = hf_type[len("linlm_"):]
-        if arch not in MODEL_CLASSES:
-            raise CheckpointError(f"{model_dir}: model_type {hf_type!r} is not a linlm architecture")
-        model = MODEL_CLASSES[arch].from_pretrained(model_dir).model.to(dev).eval()
-    else:
-        model = load(model_dir, device=dev).eval()
+    arch = hf_type[len("linlm_"):]
+    if arch not in MODEL_CLASSES:
+        raise CheckpointError(f"{model_dir}: model_type {hf_type!r} is not a linlm architecture")
+    return MODEL_CLASSES[arch].from_pretrained(model_dir).model.to(dev).eval(), model_dir
+
+
+def load_for_generation(path: str | Path, tokenizer: Optional[str | Path] = None, device: str = "cpu"):
+    """(model, tokenizer): the model as :func:`load_model`; the tokenizer beside it unless one is given."""
+    from linlm.data.tokenizer import Tokenizer
+
+    model, model_dir = load_model(path, device)
     tok_path = Path(tokenizer) if tokenizer is not None else model_dir
     if tokenizer is None and not (model_dir / "tokenizer.json").is_file():
         raise TokenizerError(f"{model_dir}: no tokenizer.json beside the weights; pass --tokenizer PATH")

@@ -67,12 +67,12 @@ class Attention(nn.Module):
         # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
         self.inv_freq = rope_inv_freq(cfg)
 
-    def _project(self, x, offset: int):
+    def _project(self, x, offset):
         """q [B, H, T, Dh], k and v [B, Hkv, T, Dh], with RoPE applied to q and k."""
         B, T, _ = x.shape
         H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv(x)
-        cos, sin = rope_angles(torch.arange(offset, offset + T, device=x.device), Dh, self.rope_theta, qkv.dtype,
+        cos, sin = rope_angles(torch.arange(T, device=x.device) + offset, Dh, self.rope_theta, qkv.dtype,
                                inv_freq=None if self.inv_freq is None else self.inv_freq.to(x.device))
         if Hkv == H:
             return rope_qkv(qkv.view(B, T, 3, H, Dh), cos, sin).unbind(0)

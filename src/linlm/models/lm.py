@@ -193,7 +193,8 @@ class CausalLM(nn.Module):
 
         ``logits_to_keep=k`` > 0 computes the logits of the last k positions only ([B, k, V]): a prefill needs one,
         and the [B, T, V] logits of a long prompt would dwarf the model."""
-        self._check_input(input_ids, state, reset, targets, ignore_index)
+        if not torch.compiler.is_exporting():  # the checks read values; linlm.infer.export checks before tracing
+            self._check_input(input_ids, state, reset, targets, ignore_index)
         offset = state.offset if state is not None else 0
         x = self.embed(input_ids)
         extra: dict[str, Any] = {}
