@@ -1,28 +1,170 @@
-"""``linlm generate``: sample text from a trained checkpoint."""
+"""``linlm generate`` (sample text from a trained model) and ``linlm profile`` (inference speed and memory)."""
 
 from __future__ import annotations
 
+import sys
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="generate text from a checkpoint",
+    p = subparsers.add_parser("generate", help="generate text from a model",
                               description="Continue PROMPT with a model from a run directory (its newest valid "
                                           "checkpoint), a checkpoint directory, or a directory from model.save().")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="run directory or checkpoint directory")
-    p.add_argument("--prompt", default="", help="text to continue (empty: start a new document)")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="DIR",
+                   help="run directory, checkpoint directory or saved model directory (--checkpoint is an alias)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="text to continue (default: empty, start a new document)")
+    src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE ('-': stdin)")
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
     p.add_argument("--top-k", type=int, default=40, help="0 keeps every token")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens whose "
+                                                             "probability reaches P (1 keeps every token)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
+    p.add_argument("--truncate-prompt", action="store_true",
+                   help="drop the start of a prompt longer than the model's limit instead of refusing it")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the one beside the weights)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.set_defaults(func=cmd_generate)
+
+    p = subparsers.add_parser("profile", help="prefill and decode speed, memory and state size against context",
+                              description="Profile inference of each architecture at each context length (batch 1), "
+                                          "beside transformers' LlamaForCausalLM of the same shape (hf-llama).")
+    p.add_argument("--archs", default="llama,tnl,hgrn2,cosformer2,mamba,mossnet",
+                   help="comma-separated architectures; add hf-llama for transformers' Llama (added by default "
+                        "unless --no-hf)")
+    p.add_argument("--preset", default="paper-70m")
+    p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
+    p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-hf", action="store_true", help="do not profile transformers' Llama")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the rows as JSON to OUT")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="plot latency and memory against context")
+    p.set_defaults(func=cmd_profile)
+
+    p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
+                              description="Write OUT.prefill.pt2, OUT.step.pt2 and OUT.json (torch.export programs; "
+                                          "see docs/inference.md).")
+    p.add_argument("--model", required=True, metavar="DIR", help="saved model, checkpoint or run directory")
+    p.add_argument("--format", default="pt2", choices=["pt2"])
+    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prefill-len", type=int, default=16, help="prompt length of the exported prefill")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.set_defaults(func=cmd_export)
+
+
+def _read_prompt(args) -> str:
+    from linlm.errors import DataError
+
+    if args.prompt_file is None:
+        return args.prompt or ""
+    try:
+        if args.prompt_file == "-":
+            return sys.stdin.read()
+        with open(args.prompt_file, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"--prompt-file {args.prompt_file}: cannot be read as UTF-8 text ({e})") from None
 
 
 def cmd_generate(args) -> int:
-    from linlm.infer.generate import generate, load_for_generation
+    from linlm.devices import resolve_device
+    from linlm.infer.generate import check_sampling, load_for_generation, stream_text
 
-    model, tok = load_for_generation(args.checkpoint, tokenizer=args.tokenizer, device=args.device)
-    text = generate(model, tok, args.prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                    seed=args.seed)
-    print(args.prompt + text)
+    # Checked before the model is loaded: a bad flag fails at once.
+    check_sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
+    resolve_device(args.device)
+    prompt = _read_prompt(args)
+    model, tok = load_for_generation(args.model, tokenizer=args.tokenizer, device=args.device)
+    pieces = stream_text(model, tok, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=args.seed, truncate=args.truncate_prompt)
+    if args.stream:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    else:
+        print(prompt + "".join(pieces))
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    from linlm.errors import ConfigError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag}: expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_profile(args) -> int:
+    import json
+
+    from linlm.config import parse_overrides
+    from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
+    from linlm.infer.report import print_table
+    from linlm.io_utils import atomic_write_bytes
+
+    archs = [a.strip() for a in args.archs.split(",") if a.strip()]
+    if not args.no_hf and "llama" in archs and HF_LLAMA not in archs:
+        archs.append(HF_LLAMA)
+    contexts = _int_list(args.contexts, "--contexts")
+    if args.threads is not None:
+        if args.threads < 1:
+            from linlm.errors import ConfigError
+
+            raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(args.threads)
+        try:
+            args.threads = None
+            return cmd_profile(args)
+        finally:
+            torch.set_num_threads(previous)
+
+    def show(row):
+        if row.error:
+            print(f"{row.arch:>10} n={row.context:>6}: {row.error}", flush=True)
+        else:
+            print(f"{row.arch:>10} n={row.context:>6}: prefill {row.prefill_tokens_per_s:9.0f} tok/s, decode "
+                  f"{row.decode_ms_per_token:7.2f} ms/token, peak {row.peak_memory_bytes / 2**20:8.0f} MiB, state "
+                  f"{row.state_bytes / 2**20:8.2f} MiB", flush=True)
+
+    rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
+                   decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show)
+    print_table(["arch", "context", "prefill tok/s", "decode ms/token", "decode tok/s", "peak MiB", "state MiB"],
+                [[r.arch, r.context, *(("-",) * 5 if r.error else (
+                    f"{r.prefill_tokens_per_s:.0f}", f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
+                    f"{r.peak_memory_bytes / 2**20:.0f}", f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
+                title=f"{args.preset} on {args.device}, {args.dtype}, batch 1")
+    if args.json:
+        payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),
+                   "rows": rows_to_dicts(rows)}
+        atomic_write_bytes(args.json, (json.dumps(payload, indent=1) + "\n").encode())
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot(rows, args.plot, title=f'{args.preset}, {args.device}, {args.dtype}')}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from linlm.infer.export import export
+    from linlm.infer.generate import load_model
+
+    model, _ = load_model(args.model)
+    for written in export(model, args.out, args.format, batch=args.batch, prefill_len=args.prefill_len,
+                          overwrite=args.overwrite):
+        print(f"wrote {written}")
     return 0

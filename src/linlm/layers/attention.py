@@ -1,13 +1,20 @@
-"""LLaMA's token mixer: softmax attention with RoPE through SDPA, decoding with a KV cache."""
+"""LLaMA's token mixer: softmax attention with RoPE through SDPA, decoding with a KV cache.
+
+Grouped-query attention (``cfg.n_kv_heads`` < ``cfg.n_heads``): the KV projection and the cache have n_kv_heads
+heads, and query head h reads key/value head h // (n_heads / n_kv_heads), transformers' grouping. The fused
+projection's rows are [W_q (n_heads * Dh); W_k (n_kv_heads * Dh); W_v (n_kv_heads * Dh)].
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from linlm.errors import ShapeError
-from linlm.ops.fused import rope_angles, rope_qkv
+from linlm.ops.fused import rope_angles, rope_qkv, rope_reference
 
 
 def document_mask(reset: torch.Tensor) -> torch.Tensor:
@@ -19,39 +26,95 @@ def document_mask(reset: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+def rope_inv_freq(cfg) -> torch.Tensor | None:
+    """RoPE's inverse frequencies [head_dim / 2] when cfg rescales them (Llama 3.1's "llama3" scaling); None for plain
+    RoPE (then ops.fused.rope_angles computes theta^(-2i/D) itself).
+
+    llama3: wavelengths shorter than L / high_freq_factor keep their frequency, those longer than L / low_freq_factor
+    are slowed by ``rope_factor``, and those between are blended linearly in L / wavelength (L: the original context).
+    """
+    if cfg.rope_scaling == "none":
+        return None
+    D = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device="cpu") / D))
+    L, lo, hi, factor = cfg.rope_original_max_len, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > L / lo, inv / factor, inv)
+    smooth = (L / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= L / hi) & (wavelen <= L / lo)
+    return torch.where(medium, blended, scaled)
+
+
+def _sdpa(q, k, v, groups: int, **kw):
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    except TypeError:  # torch < 2.5
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), **kw)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg, layer_idx: int):
         super().__init__()
-        self.n_heads = cfg.n_heads
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
         d = cfg.d_model
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.out = nn.Linear(d, d, bias=False)
+        # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
+        self.inv_freq = rope_inv_freq(cfg)
+
+    def _project(self, x, offset):
+        """q [B, H, T, Dh], k and v [B, Hkv, T, Dh], with RoPE applied to q and k."""
+        B, T, _ = x.shape
+        H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.qkv(x)
+        cos, sin = rope_angles(torch.arange(T, device=x.device) + offset, Dh, self.rope_theta, qkv.dtype,
+                               inv_freq=None if self.inv_freq is None else self.inv_freq.to(x.device))
+        if Hkv == H:
+            return rope_qkv(qkv.view(B, T, 3, H, Dh), cos, sin).unbind(0)
+        q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+        q = rope_reference(q.view(B, T, H, Dh).transpose(1, 2), cos, sin)
+        k = rope_reference(k.view(B, T, Hkv, Dh).transpose(1, 2), cos, sin)
+        return q, k, v.view(B, T, Hkv, Dh).transpose(1, 2)
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        """The state is the KV cache (k, v), [B, Hkv, S, Dh] each, or (k, v, key_valid) after a packed prefill:
+        key_valid [B, S] is False at the keys of earlier documents, which later tokens must not see (decoding
+        continues each row's last document, as the linear models' states do)."""
         B, T, d = x.shape
-        H, Dh = self.n_heads, self.head_dim
-        qkv = self.qkv(x).view(B, T, 3, H, Dh)
-        cos, sin = rope_angles(torch.arange(offset, offset + T, device=x.device), Dh, self.rope_theta, qkv.dtype)
-        q, k, v = rope_qkv(qkv, cos, sin).unbind(0)
+        groups = self.n_heads // self.n_kv_heads
+        q, k, v = self._project(x, offset)
+        key_valid = None
         if state is not None:
             k = torch.cat([state[0], k], dim=2)
             v = torch.cat([state[1], v], dim=2)
+            if len(state) == 3:
+                key_valid = torch.cat([state[2], state[2].new_ones(B, T)], dim=1)
+        S = k.shape[2]
         if reset is not None:
             if state is not None:
                 raise ShapeError("reset (packed documents) cannot be combined with a KV cache; decode each document separately")
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(reset))
+            o = _sdpa(q, k, v, groups, attn_mask=document_mask(reset))
+            doc = torch.cumsum(reset.to(torch.int32), dim=1)
+            last = doc == doc[:, -1:]
+            key_valid = None if bool(last.all()) else last
         elif state is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif T == 1:
-            o = F.scaled_dot_product_attention(q, k, v)
+            o = _sdpa(q, k, v, groups, is_causal=True)
+        elif T == 1 and key_valid is None:
+            o = _sdpa(q, k, v, groups)
         else:
-            S = k.shape[2]
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            if key_valid is not None:
+                mask = mask & key_valid[:, None, None, :]
+            o = _sdpa(q, k, v, groups, attn_mask=mask)
         y = self.out(o.transpose(1, 2).reshape(B, T, d))
-        return y, ((k, v) if return_state else None)
+        if not return_state:
+            return y, None
+        return y, ((k, v) if key_valid is None else (k, v, key_valid))
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # Q K^T and A V over the causal context: position t attends to t keys, (n + 1) / 2 on average.

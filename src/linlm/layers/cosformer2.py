@@ -10,9 +10,10 @@ from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_
 from linlm.layers.norm import RMSNorm
 
 
-def lrpe_factors(theta: torch.Tensor, offset: int, T: int, dtype: torch.dtype) -> torch.Tensor:
+def lrpe_factors(theta: torch.Tensor, offset, T: int, dtype: torch.dtype) -> torch.Tensor:
     """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K]."""
-    t = torch.arange(offset, offset + T, device=theta.device, dtype=torch.float32)
+    # offset may be a 0-d tensor (an exported step takes the position as an input).
+    t = torch.arange(T, device=theta.device, dtype=torch.float32) + offset
     angle = t[:, None, None] * theta.float()[None]  # [T, H, K]
     return torch.stack([angle.cos(), angle.sin()], dim=2).to(dtype)
 

@@ -17,6 +17,8 @@ from linlm.errors import choices_text
 from linlm.layers.norm import NORM_KINDS
 from linlm.models.registry import ARCHITECTURES
 
+ROPE_SCALINGS = ("none", "llama3")
+
 
 @dataclass
 class ModelConfig:
@@ -31,6 +33,16 @@ class ModelConfig:
     max_seq_len: int = 8192
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    # LLaMA layouts of real checkpoints. n_kv_heads < n_heads is grouped-query attention (0 means n_heads);
+    # tie_embeddings=False gives the LM head its own weight.
+    n_kv_heads: int = 0
+    tie_embeddings: bool = True
+    # RoPE frequency scaling: "none", or "llama3" (Llama 3.1's smooth long-context rescaling, with these parameters).
+    rope_scaling: str = "none"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
     # Chunk length of the chunkwise gated-linear-attention form (linear models).
     chunk_size: int = 64
     init_std: float = 0.02
@@ -71,6 +83,10 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
     def glu_hidden(self) -> int:
         if self.glu_dim:
             return self.glu_dim
@@ -102,8 +118,30 @@ class ModelConfig:
                 f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})",
                 related=["n_heads"],
             )
+        self._validate_llama_layout()
         ARCHITECTURES[self.arch].validate(self)
         return self
+
+    def _validate_llama_layout(self) -> None:
+        if self.n_kv_heads < 0 or self.n_heads % self.kv_heads:
+            raise ConfigError(
+                f"n_kv_heads: {self.n_kv_heads} must divide n_heads={self.n_heads} (0 means n_heads); "
+                f"choose among {[h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]}"
+            )
+        if self.n_kv_heads not in (0, self.n_heads) and self.arch != "llama":
+            raise ConfigError(f"n_kv_heads: grouped-query attention exists only for arch 'llama', not {self.arch!r}")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ConfigError(f"rope_scaling: unknown scaling {self.rope_scaling!r}; valid choices are "
+                              f"{choices_text(ROPE_SCALINGS)}")
+        if self.rope_scaling == "llama3" and not (
+            self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_max_len > 0
+        ):
+            raise ConfigError(
+                "rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_len: llama3 scaling needs "
+                f"factor >= 1, 0 < low < high and a positive original length, got {self.rope_factor}, "
+                f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}, {self.rope_original_max_len}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

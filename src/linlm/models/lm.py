@@ -23,6 +23,13 @@ from linlm.models.registry import get_arch
 from linlm.ops.fused import linear_cross_entropy
 
 
+# Config fields a decoding state does not depend on; every other field must match between a state and its model.
+_STATE_FREE_FIELDS = frozenset({
+    "vocab_size", "glu_dim", "max_seq_len", "norm_eps", "init_std", "tie_embeddings", "chunk_size",
+    "mlp_experts", "mlp_top_k", "mlp_expert_dim", "shared_experts", "balance_loss_coef", "router_z_loss_coef",
+})
+
+
 @dataclass
 class LMOutput:
     # None when the model was called with targets: the loss is then computed without materialising the logits.
@@ -35,7 +42,8 @@ class LMOutput:
 
 
 class CausalLM(nn.Module):
-    """Embeddings, a stack of blocks, a final norm and a head tied to the embeddings.
+    """Embeddings, a stack of blocks, a final norm and a head (tied to the embeddings unless
+    ``config.tie_embeddings`` is False).
 
     ``model(input_ids)`` returns logits [B, T, V]. With ``return_state=True`` or ``return_aux=True`` it
     returns an :class:`LMOutput`. Pass the returned ``state`` back in to continue a sequence: a prompt
@@ -59,6 +67,8 @@ class CausalLM(nn.Module):
         self.shared = spec.shared(config) if spec.shared is not None else None
         self.layers = nn.ModuleList(Block(config, i, spec) for i in range(config.n_layers))
         self.norm = make_norm(spec.norm_kind(config), d, config.norm_eps)
+        # None when the head is tied to the embeddings (the default): see head_weight.
+        self.head = None if config.tie_embeddings else nn.Linear(d, config.vocab_size, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -68,6 +78,11 @@ class CausalLM(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head [V, d]: the embeddings when tied, else the head's own weight."""
+        return self.embed.weight if self.head is None else self.head.weight
 
     @property
     def device(self) -> torch.device:
@@ -99,6 +114,15 @@ class CausalLM(nn.Module):
             # Ignored positions count as id 0, so that one min/max pass checks the rest.
             self._check_ids("targets", torch.where(targets == ignore_index, 0, targets),
                             f"mark tokens to leave out with ignore_index={ignore_index}")
+        if targets is not None and (targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool):
+            raise ShapeError(f"targets must be integer token ids (the next token at each position), got dtype "
+                             f"{targets.dtype}; pass the shifted input_ids, not probabilities")
+        B, T = input_ids.shape
+        if B == 0 or T == 0:
+            raise ShapeError(f"input_ids of shape {tuple(input_ids.shape)} hold no tokens; pass at least one sequence "
+                             "of at least one token (a prompt for prefill, one token per sequence for step)")
+        if state is not None:
+            self._check_state(state, B)
         offset = state.offset if state is not None else 0
         if self.spec.position_limit and offset + input_ids.shape[1] > cfg.max_seq_len:
             raise ShapeError(
@@ -107,6 +131,34 @@ class CausalLM(nn.Module):
             )
         if reset is not None and tuple(reset.shape) != tuple(input_ids.shape):
             raise ShapeError(f"reset must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(reset.shape)}")
+
+    def state_signature(self) -> dict[str, Any]:
+        """The config a decoding state belongs to (stored in every state this model returns): every field except
+        those that cannot change a state's meaning or shape (initialisation, loss weights, vocabulary, limits)."""
+        cached = getattr(self, "_signature", None)
+        if cached is None or cached[0] is not self.config:
+            sig = {k: v for k, v in self.config.to_dict().items() if k not in _STATE_FREE_FIELDS}
+            cached = self._signature = (self.config, sig)
+        return cached[1]
+
+    def _check_state(self, state, batch: int) -> None:
+        """A decoding state must come from a model of this architecture and shape, for the same batch."""
+        if not isinstance(state, ModelState):
+            raise ShapeError(f"state must be the ModelState returned by model(..., return_state=True), prefill() or "
+                             f"step(), got {type(state).__name__}; pass state=None to start a new sequence")
+        mine = self.state_signature()
+        if state.signature is not None and state.signature != mine:
+            diff = sorted(k for k in set(mine) | set(state.signature) if state.signature.get(k) != mine.get(k))
+            theirs = ", ".join(f"{k}={state.signature.get(k)!r}" for k in diff)
+            ours = ", ".join(f"{k}={mine.get(k)!r}" for k in diff)
+            raise ShapeError(f"state comes from another model ({theirs}) than this one ({ours}); pass a state made by "
+                             f"this model, or state=None to start over")
+        if len(state.layers) != self.config.n_layers:
+            raise ShapeError(f"state holds {len(state.layers)} layers, this {self.config.arch} model has "
+                             f"n_layers={self.config.n_layers}; pass a state made by this model")
+        if state.batch_size is not None and state.batch_size != batch:
+            raise ShapeError(f"state is for a batch of {state.batch_size} sequences, input_ids have {batch}; "
+                             f"feed one row per sequence of the state (or start over with state=None)")
 
     def forward(
         self,
@@ -122,9 +174,10 @@ class CausalLM(nn.Module):
     ):
         """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document.
 
-        ``logits_to_keep=k > 0`` computes the logits of the last k positions only ([B, k, V]): a prefill that needs
-        just the next-token distribution skips the head on every other position."""
-        self._check_input(input_ids, state, reset, targets, ignore_index)
+        ``logits_to_keep=k`` > 0 computes the logits of the last k positions only ([B, k, V]): a prefill needs one,
+        and the [B, T, V] logits of a long prompt would dwarf the model."""
+        if not torch.compiler.is_exporting():  # the checks read values; linlm.infer.export checks before tracing
+            self._check_input(input_ids, state, reset, targets, ignore_index)
         offset = state.offset if state is not None else 0
         x = self.embed(input_ids)
         extra: dict[str, Any] = {}
@@ -143,12 +196,13 @@ class CausalLM(nn.Module):
         h = self.norm(x)
         loss = logits = None
         if targets is not None:
-            loss = linear_cross_entropy(h.flatten(0, 1), self.embed.weight, targets.flatten(), ignore_index)
+            loss = linear_cross_entropy(h.flatten(0, 1), self.head_weight, targets.flatten(), ignore_index)
         else:
-            logits = F.linear(h[:, -logits_to_keep:] if logits_to_keep > 0 else h, self.embed.weight)
+            logits = F.linear(h[:, -logits_to_keep:] if logits_to_keep > 0 else h, self.head_weight)
             if not (return_state or return_aux):
                 return logits
-        new_state = ModelState(layer_states, offset + input_ids.shape[1], extra) if return_state else None
+        new_state = (ModelState(layer_states, offset + input_ids.shape[1], extra, self.state_signature())
+                     if return_state else None)
         if aux_total is None:
             aux_total = h.new_zeros((), dtype=torch.float32)
         return LMOutput(logits, new_state, aux_total, loss)
@@ -167,7 +221,9 @@ class CausalLM(nn.Module):
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n - self.embed.weight.numel() if non_embedding else n
+        if not non_embedding:
+            return n
+        return n - self.embed.weight.numel() - (self.head.weight.numel() if self.head is not None else 0)
 
     def save(self, path, *, overwrite: bool = False) -> Path:
         """Save as a directory (models/format.py): a new path, an empty directory, or with ``overwrite=True`` a

@@ -29,9 +29,12 @@ import torch.nn.functional as F
 # ---------------------------------------------------------------------------------------------------------- RoPE
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos and sin of the RoPE angles, [T, head_dim / 2]: position p, pair i turns by p * theta^(-2 i / head_dim)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                inv_freq: torch.Tensor | None = None):
+    """cos and sin of the RoPE angles, [T, head_dim / 2]: position p, pair i turns by p * theta^(-2 i / head_dim)
+    (or by p * inv_freq[i] when the frequencies are given, e.g. rescaled for long contexts)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

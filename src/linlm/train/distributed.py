@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from linlm.devices import resolve_device
+
 
 @dataclass
 class DistInfo:
@@ -38,19 +40,6 @@ class DistInfo:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
-
-
-def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    from linlm.errors import ConfigError
-
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device: {spec!r} was asked for but CUDA is not available here; use device=cpu")
-        if spec == "cuda":
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device(spec)
 
 
 def launched_by_torchrun() -> bool:

@@ -1,0 +1,261 @@
+"""Inference profiling: prefill throughput, decode latency, peak memory and state size against context length.
+
+For each architecture and context n, one prompt of n random tokens (batch 1) is prefilled, then ``decode_tokens``
+tokens are decoded one by one from its state; the per-token latency is the median over the decoded tokens (after
+two untimed ones). transformers' ``LlamaForCausalLM`` of the same shape (arch name ``hf-llama``) runs the same
+protocol with its own KV cache, in the same process, so that ratios compare like with like.
+
+Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` during the prefill; on CPU the process's peak resident set
+(VmHWM, reset before each prefill through /proc/self/clear_refs), reported with the resident set before the prefill,
+so that ``peak - before`` is what the prefill needed on top of the weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from linlm.errors import ConfigError
+
+HF_LLAMA = "hf-llama"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class ProfileRow:
+    arch: str
+    context: int
+    device: str
+    dtype: str
+    prefill_s: Optional[float] = None
+    prefill_tokens_per_s: Optional[float] = None
+    decode_ms_per_token: Optional[float] = None
+    decode_tokens_per_s: Optional[float] = None
+    memory_before_bytes: Optional[int] = None
+    peak_memory_bytes: Optional[int] = None
+    memory_kind: str = ""
+    state_bytes: Optional[int] = None
+    error: Optional[str] = None
+
+
+# ------------------------------------------------------------------------------------------------------ memory
+
+def _rss_peak_reset() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _proc_status(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(rf"{key}:\s+(\d+) kB", f.read())
+        return int(m.group(1)) * 1024 if m else None
+    except OSError:
+        return None
+
+
+class _Memory:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.kind = "cuda_max_allocated" if self.cuda else "rss"
+
+    def start(self) -> Optional[int]:
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return torch.cuda.memory_allocated()
+        _rss_peak_reset()
+        return _proc_status("VmRSS")
+
+    def peak(self) -> Optional[int]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated()
+        return _proc_status("VmHWM")
+
+
+# ------------------------------------------------------------------------------------------------------ runners
+
+@dataclass
+class Runner:
+    """prefill(ids [1, n]) -> (last logits [1, V], state); step(token [1], state) -> (logits, state)."""
+
+    prefill: Callable
+    step: Callable
+    state_bytes: Callable
+
+
+def linlm_runner(model) -> Runner:
+    return Runner(model.prefill, model.step, lambda state: state.nbytes())
+
+
+def hf_llama_runner(hf) -> Runner:
+    @torch.no_grad()
+    def prefill(ids):
+        out = hf(ids, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], out.cache
+
+    @torch.no_grad()
+    def step(token, cache):
+        out = hf(token.view(-1, 1), cache=cache, use_cache=True)
+        return out.logits[:, -1], out.cache
+
+    def state_bytes(cache):
+        return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+                   if t is not None)
+
+    return Runner(prefill, step, state_bytes)
+
+
+def build(arch: str, preset: Optional[str], max_context: int, device: torch.device, dtype: torch.dtype,
+          overrides: Optional[dict] = None):
+    """(runner, model) for a linlm architecture or ``hf-llama`` (transformers' Llama of linlm LLaMA's shape)."""
+    from linlm.models.presets import preset_config
+
+    overrides = dict(overrides or {})
+    name = "llama" if arch == HF_LLAMA else arch
+    if name == "llama":
+        overrides["max_seq_len"] = max(max_context, overrides.get("max_seq_len", 0))
+    cfg = preset_config(name, preset, **overrides)
+    torch.manual_seed(0)
+    if arch == HF_LLAMA:
+        from linlm.hf.llama import _require_transformers, hf_config_from
+
+        _require_transformers()
+        from transformers import LlamaForCausalLM
+
+        hf_cfg = hf_config_from(cfg)
+        hf_cfg._attn_implementation = "sdpa"
+        model = LlamaForCausalLM(hf_cfg).to(device=device, dtype=dtype).eval()
+        return hf_llama_runner(model), model
+    from linlm.models.lm import CausalLM
+
+    model = CausalLM(cfg).to(device=device, dtype=dtype).eval()
+    return linlm_runner(model), model
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def profile_one(runner: Runner, vocab: int, context: int, device: torch.device, decode_tokens: int) -> dict:
+    mem = _Memory(device)
+    gen = torch.Generator().manual_seed(context)
+    ids = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+    before = mem.start()
+    t0 = time.perf_counter()
+    logits, state = runner.prefill(ids)
+    _sync(device)
+    prefill_s = time.perf_counter() - t0
+    peak = mem.peak()
+    token = logits.argmax(-1)
+    times = []
+    for i in range(decode_tokens + 2):
+        t0 = time.perf_counter()
+        logits, state = runner.step(token, state)
+        token = logits.argmax(-1)
+        _sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    per_token = statistics.median(times)
+    return dict(prefill_s=prefill_s, prefill_tokens_per_s=context / prefill_s, decode_ms_per_token=1e3 * per_token,
+                decode_tokens_per_s=1.0 / per_token, memory_before_bytes=before, peak_memory_bytes=peak,
+                memory_kind=mem.kind, state_bytes=runner.state_bytes(state))
+
+
+def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int], *, device: str = "cpu",
+            dtype: str = "float32", decode_tokens: int = 16, overrides: Optional[dict] = None,
+            on_row: Optional[Callable[[ProfileRow], None]] = None) -> list[ProfileRow]:
+    """Profile each architecture (``hf-llama`` for transformers' Llama) at each context; one row per pair.
+
+    A context that runs out of memory gives a row with ``error`` set, and the others still run.
+    """
+    from linlm.devices import resolve_device
+    from linlm.models.registry import ARCHITECTURES
+
+    dev = resolve_device(device)
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype: {dtype!r} is not one of {sorted(DTYPES)}")
+    for arch in archs:
+        if arch != HF_LLAMA and arch not in ARCHITECTURES:
+            raise ConfigError(f"archs: unknown architecture {arch!r}; valid choices are "
+                              f"{', '.join(repr(a) for a in [*sorted(ARCHITECTURES), HF_LLAMA])}")
+    if not contexts or any(int(n) < 1 for n in contexts):
+        raise ConfigError(f"contexts: need positive context lengths, got {list(contexts)}")
+    if decode_tokens < 1:
+        raise ConfigError(f"decode_tokens: must be >= 1, got {decode_tokens}")
+    rows = []
+    max_context = max(contexts) + decode_tokens + 3
+    for arch in archs:
+        runner, model = build(arch, preset, max_context, dev, DTYPES[dtype], overrides)
+        vocab = model.config.vocab_size
+        profile_one(runner, vocab, 8, dev, 2)  # warm up kernels and allocator
+        for n in contexts:
+            row = ProfileRow(arch=arch, context=int(n), device=str(dev), dtype=dtype)
+            try:
+                for key, value in profile_one(runner, vocab, int(n), dev, decode_tokens).items():
+                    setattr(row, key, value)
+            except (torch.OutOfMemoryError, MemoryError) as e:
+                row.error = f"out of memory: {str(e).splitlines()[0][:200]}"
+                gc.collect()
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+        del runner, model
+        gc.collect()
+    return rows
+
+
+def environment() -> dict:
+    return {"torch_version": torch.__version__, "torch_num_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def rows_to_dicts(rows: Sequence[ProfileRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+def plot(rows: Sequence[ProfileRow], path: str | Path, title: str = "") -> Path:
+    """Decode latency and peak memory against context length, one line per architecture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for arch in dict.fromkeys(r.arch for r in rows):
+        ok = [r for r in rows if r.arch == arch and r.error is None]
+        xs = [r.context for r in ok]
+        ax1.plot(xs, [r.decode_ms_per_token for r in ok], marker="o", label=arch)
+        ax2.plot(xs, [(r.peak_memory_bytes or math.nan) / 2**20 for r in ok], marker="o", label=arch)
+    for ax, label in ((ax1, "decode latency (ms / token)"), (ax2, "peak memory during prefill (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

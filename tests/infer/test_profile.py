@@ -1,0 +1,50 @@
+"""linlm profile: rows for every architecture and context, JSON and plot, transformers' Llama beside, bad input."""
+
+import json
+
+import pytest
+
+from linlm.cli import main
+from linlm.errors import ConfigError
+from linlm.infer.profile import HF_LLAMA, profile
+
+
+def test_profile_rows_measure_every_quantity():
+    pytest.importorskip("transformers")
+    rows = profile(["llama", "hgrn2", HF_LLAMA], "tiny", [16, 64], decode_tokens=2)
+    assert [(r.arch, r.context) for r in rows] == [(a, n) for a in ("llama", "hgrn2", HF_LLAMA) for n in (16, 64)]
+    for r in rows:
+        assert r.error is None and r.prefill_tokens_per_s > 0 and r.decode_ms_per_token > 0
+        assert r.peak_memory_bytes >= r.memory_before_bytes > 0 and r.state_bytes > 0
+    by = {(r.arch, r.context): r.state_bytes for r in rows}
+    assert by["hgrn2", 16] == by["hgrn2", 64]  # constant state
+    # The KV cache grows with the context, alike in linlm's LLaMA and transformers' (2 x layers x d x 4 bytes/token).
+    for arch in ("llama", HF_LLAMA):
+        assert by[arch, 64] - by[arch, 16] == 48 * 2 * 2 * 64 * 4
+
+
+def test_cli_profile_writes_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert main(["profile", "--archs", "tnl,mamba", "--preset", "tiny", "--contexts", "8,32", "--decode-tokens", "2",
+                 "--threads", "1", "--json", str(out), "--plot", str(png)]) == 0
+    data = json.loads(out.read_text())
+    assert [(r["arch"], r["context"]) for r in data["rows"]] == [("tnl", 8), ("tnl", 32), ("mamba", 8), ("mamba", 32)]
+    assert data["environment"]["torch_num_threads"] == 1
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(archs=["gpt"]), r"archs: unknown architecture 'gpt'.*'hf-llama'"),
+    (dict(contexts=[0]), r"contexts: need positive"),
+    (dict(dtype="float16"), r"dtype: 'float16'"),
+    (dict(device="bogus"), r"device: 'bogus'"),
+])
+def test_profile_bad_input(kw, match):
+    args = dict(archs=["tnl"], preset="tiny", contexts=[8]) | kw
+    with pytest.raises(ConfigError, match=match):
+        profile(args.pop("archs"), args.pop("preset"), args.pop("contexts"), **args)
+
+
+def test_cli_profile_bad_contexts_exit_2(capsys):
+    assert main(["profile", "--archs", "tnl", "--preset", "tiny", "--contexts", "8,abc"]) == 2
+    assert "--contexts: expected comma-separated integers" in capsys.readouterr().err

@@ -1,0 +1,114 @@
+"""A decoding state knows the model that made it (issue 8, point 3), and degenerate inputs get clear errors."""
+
+import pytest
+import torch
+
+from linlm import create_model
+from linlm.errors import ShapeError
+from linlm.layers.state import ModelState
+from linlm.models.registry import ARCHITECTURES
+
+
+def tiny(arch, **kw):
+    return create_model(arch, preset="tiny", **kw).eval()
+
+
+def test_state_from_another_architecture_is_refused_naming_both():
+    ids = torch.randint(0, 512, (1, 6))
+    _, state = tiny("tnl").prefill(ids)
+    with pytest.raises(ShapeError, match=r"another model \(arch='tnl'\) than this one \(arch='hgrn2'\)"):
+        tiny("hgrn2").step(ids[:, 0], state)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_state_from_a_deeper_model_is_refused(arch):
+    ids = torch.randint(0, 512, (1, 6))
+    _, state = tiny(arch, n_layers=3).prefill(ids)
+    with pytest.raises(ShapeError, match=r"n_layers=3\) than this one \(n_layers=1\)"):
+        tiny(arch, n_layers=1).step(ids[:, 0], state)
+
+
+def test_hand_built_state_is_checked_by_layer_count():
+    ids = torch.randint(0, 512, (1, 6))
+    _, state = tiny("tnl", n_layers=3).prefill(ids)
+    bare = ModelState(state.layers, state.offset, state.extra)  # no signature
+    with pytest.raises(ShapeError, match=r"state holds 3 layers, this tnl model has n_layers=1"):
+        tiny("tnl", n_layers=1).step(ids[:, 0], bare)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mamba"])
+def test_state_for_another_batch_size_is_refused(arch):
+    model = tiny(arch)
+    _, state = model.prefill(torch.randint(0, 512, (3, 6)))
+    with pytest.raises(ShapeError, match=r"batch of 3 sequences, input_ids have 2"):
+        model.step(torch.tensor([1, 2]), state)
+
+
+def test_state_from_another_width_is_refused():
+    _, state = tiny("hgrn2").prefill(torch.randint(0, 512, (1, 4)))
+    with pytest.raises(ShapeError, match=r"d_model=64.*d_model=128"):
+        tiny("hgrn2", d_model=128).step(torch.tensor([1]), state)
+
+
+def test_same_shaped_model_accepts_the_state():
+    """A state moves between models of one config (e.g. a copy on another device); vocab and limits may differ."""
+    ids = torch.randint(0, 512, (2, 7))
+    a = tiny("tnl")
+    b = tiny("tnl", max_seq_len=4096)
+    b.load_state_dict(a.state_dict())
+    _, sa = a.prefill(ids)
+    torch.testing.assert_close(b.step(ids[:, 0], sa)[0], a.step(ids[:, 0], sa)[0])
+
+
+@pytest.mark.parametrize("bad", [{}, [], (None, None)])
+def test_state_that_is_not_a_model_state(bad):
+    with pytest.raises(ShapeError, match=r"state must be the ModelState returned by .*got (dict|list|tuple)"):
+        tiny("hgrn2")(torch.tensor([[1, 2]]), state=bad)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("shape", [(1, 0), (0, 3)])
+def test_empty_inputs_are_refused(arch, shape):
+    model = tiny(arch)
+    with pytest.raises(ShapeError, match=r"hold no tokens"):
+        model.prefill(torch.zeros(shape, dtype=torch.long))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_non_integer_targets_are_refused(dtype):
+    ids = torch.randint(0, 512, (1, 5))
+    with pytest.raises(ShapeError, match=r"targets must be integer token ids.*" + str(dtype).split(".")[1]):
+        tiny("llama")(ids, targets=ids.to(dtype))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_decoding_after_a_packed_prefill_continues_the_last_document(arch):
+    """Rows of different packing (one is left padding + a prompt) decode like their last document run alone."""
+    model = tiny(arch)
+    a, b, pad = torch.randint(0, 512, (1, 9)), torch.randint(0, 512, (1, 5)), torch.full((1, 4), 7)
+    ids = torch.cat([a, torch.cat([pad, b], 1)], 0)
+    reset = torch.zeros(2, 9, dtype=torch.bool)
+    reset[:, 0] = True
+    reset[1, 4] = True
+    nxt = torch.randint(0, 512, (2, 3))
+    with torch.no_grad():
+        state = model(ids, reset=reset, return_state=True).state
+        got = []
+        for t in range(3):
+            logits, state = model.step(nxt[:, t], state)
+            got.append(logits)
+        for row, doc in enumerate((a, b)):
+            want = model(torch.cat([doc, nxt[row : row + 1]], 1))[0, -3:]
+            torch.testing.assert_close(torch.stack(got, 1)[row], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "cosformer2"])
+def test_logits_to_keep_and_prefill_compute_only_the_last_positions(arch):
+    model = tiny(arch, tie_embeddings=False)
+    ids = torch.randint(0, 512, (2, 17))
+    with torch.no_grad():
+        full = model(ids)
+        torch.testing.assert_close(model(ids, logits_to_keep=3), full[:, -3:], rtol=0, atol=1e-6)
+        last, _ = model.prefill(ids)
+    assert last.shape == (2, 512)
+    torch.testing.assert_close(last, full[:, -1], rtol=0, atol=1e-6)
