@@ -58,10 +58,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError, ShapeError
+from linlm.ops import scan_kernel
 
 __all__ = [
     "selective_scan",
     "selective_scan_chunked",
+    "selective_scan_kernel",
     "selective_scan_reference",
     "selective_scan_step",
 ]
@@ -435,6 +437,34 @@ def selective_scan_chunked(
     return y, (final if output_final_state else None)
 
 
-def selective_scan(u, dt, A, B, C, D=None, **kw) -> tuple[Tensor, Tensor | None]:
-    """The scan models call: the chunked form. Keywords as selective_scan_chunked."""
-    return selective_scan_chunked(u, dt, A, B, C, D, **kw)
+def selective_scan_kernel(
+    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True
+) -> tuple[Tensor, Tensor | None]:
+    """The compiled CPU kernel (linlm.ops.scan_kernel): same result as selective_scan_reference, one pass over the
+    sequence per direction, states checkpointed every 64 steps for the backward. Raises ConfigError when the kernel
+    cannot be built (see scan_kernel.available)."""
+    fn = "selective_scan_kernel"
+    Bt, Din, N = _check_scan_args(fn, u, dt, A, B, C, D, initial_state, reset)
+    _check_scan_values(fn, dt, A)
+    if u.device.type != "cpu":
+        raise ShapeError(f"{fn}: the kernel runs on the CPU, got `u` on {u.device}; use selective_scan_chunked")
+    if not scan_kernel.available():
+        raise ConfigError(f"{fn}: the selective-scan kernel is not available (no C compiler, the build failed, or "
+                          f"LINLM_SCAN_BACKEND=torch); use selective_scan_chunked")
+    cd = _compute_dtype(u)
+    if u.shape[1] == 0:
+        s = torch.zeros(Bt, Din, N, dtype=cd, device=u.device) if initial_state is None else initial_state.to(cd)
+        return u.new_zeros(Bt, 0, Din), (s if output_final_state else None)
+    uc, dtc, Ac, Bc, Cc = (t.to(cd) for t in (u, dt, A, B, C))
+    init = None if initial_state is None else initial_state.to(cd)
+    y, final = scan_kernel.kernel_scan(uc, dtc, Ac, Bc, Cc, init, reset)
+    y = _add_skip(y, uc, D).to(u.dtype)
+    return y, (final if output_final_state else None)
+
+
+def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, **kw) -> tuple[Tensor, Tensor | None]:
+    """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available()),
+    else the chunked form. Keywords as selective_scan_chunked (chunk_size only matters to the chunked form)."""
+    if isinstance(u, Tensor) and u.device.type == "cpu" and scan_kernel.available():
+        return selective_scan_kernel(u, dt, A, B, C, D, **kw)
+    return selective_scan_chunked(u, dt, A, B, C, D, chunk_size=chunk_size, **kw)
