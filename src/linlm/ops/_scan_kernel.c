@@ -9,6 +9,7 @@
        Bm, Cm              [Bt, T, N]            dB, dC       [ntiles, Bt, T, N] (one partial sum per tile)
        init, final, dinit  [Bt, Din, N]          dA           [Bt, Din, N] (per row; the caller sums shared A)
        reset               [Bt, T] bytes or NULL ckpt         [Bt, nseg, Din, N], nseg = ceil(T / K)
+       D, dD               [Din] or [Bt, Din]    lengths      [Bt] int64 or NULL
 
    A work item is one (batch row b, tile of TILE channels). Its state is held as s[n][d] (d fastest), so every loop
    over d is a straight vector loop and the sums over n (y, dx, the dt gradient) are vertical; only the sums over d
@@ -123,24 +124,30 @@ static inline void SUF(step)(REAL *restrict s, const REAL *restrict a, const REA
     }
 }
 
+/* Rows may end early: with lengths != NULL, row b runs steps 0 .. lengths[b] - 1 only; later steps are padding:
+   there y = D u, the state is not touched and no gradient reaches u (beyond D's term), dt, B or C. D (NULL for
+   none) is [Din] (d_bstride 0) or [Bt, Din]. */
 void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
-                   const REAL *init, const uint8_t *reset, REAL *y, REAL *final, REAL *ckpt, int64_t Bt, int64_t T,
-                   int64_t Din, int64_t N, int64_t K, int64_t item0, int64_t item1) {
+                   const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
+                   REAL *y, REAL *final, REAL *ckpt, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
+                   int64_t item0, int64_t item1) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / ntiles, d0 = (item % ntiles) * TILE;
         const int64_t dl = Din - d0 < TILE ? Din - d0 : TILE;
-        REAL st[N * TILE], At[N * TILE], a[N * TILE], x[TILE], dtv[TILE], yv[TILE];
+        const int64_t Tb = lengths ? lengths[b] : T;
+        REAL st[N * TILE], At[N * TILE], a[N * TILE], x[TILE], dtv[TILE], yv[TILE], Dv[TILE];
         SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
+        for (int64_t d = 0; d < dl; d++) Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
         if (init) SUF(load_state)(st, init + b * Din * N, d0, dl, N);
         else memset(st, 0, sizeof(st));
-        for (int64_t t = 0; t < T; t++) {
+        for (int64_t t = 0; t < Tb; t++) {
             if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
             const int64_t row = (b * T + t) * Din + d0;
             for (int64_t d = 0; d < dl; d++) {
                 dtv[d] = dt[row + d];
                 x[d] = dtv[d] * u[row + d];
-                yv[d] = 0;
+                yv[d] = Dv[d] * u[row + d];
             }
             SUF(decays)(a, At, dtv, N, dl, reset && reset[b * T + t]);
             SUF(step)(st, a, x, Bm + (b * T + t) * N, N, dl);
@@ -153,28 +160,48 @@ void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             }
             for (int64_t d = 0; d < dl; d++) y[row + d] = yv[d];
         }
+        for (int64_t t = Tb; t < T; t++) {
+            const int64_t row = (b * T + t) * Din + d0;
+            for (int64_t d = 0; d < dl; d++) y[row + d] = Dv[d] * u[row + d];
+        }
         if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
     }
 }
 
-/* work: per calling thread, 2 * K * N * TILE elements (segment states and decays). */
+/* work: per calling thread, 2 * K * N * TILE elements (segment states and decays). dD: [Bt, Din] per row. */
 void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
-                   const uint8_t *reset, const REAL *ckpt, const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt,
-                   REAL *dA, REAL *dB, REAL *dC, REAL *dinit, REAL *work, int64_t Bt, int64_t T, int64_t Din,
-                   int64_t N, int64_t K, int64_t item0, int64_t item1) {
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
+                   const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                   REAL *dinit, REAL *work, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, int64_t item0,
+                   int64_t item1) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
     REAL *S = work, *Adec = work + K * N * TILE;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / ntiles, tile = item % ntiles, d0 = tile * TILE;
         const int64_t dl = Din - d0 < TILE ? Din - d0 : TILE;
+        const int64_t Tb = lengths ? lengths[b] : T;
         REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], x[TILE], dtv[TILE], dx[TILE], dlt[TILE];
+        REAL Dv[TILE], gD[TILE];
         REAL *dBp = dB + (tile * Bt + b) * T * N, *dCp = dC + (tile * Bt + b) * T * N;
         SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
+        for (int64_t d = 0; d < dl; d++) {
+            Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
+            gD[d] = 0;
+        }
         if (dfinal) SUF(load_state)(g, dfinal + b * Din * N, d0, dl, N);
         else memset(g, 0, sizeof(g));
         memset(gA, 0, sizeof(gA));
-        for (int64_t seg = nseg - 1; seg >= 0; seg--) {
-            const int64_t t0 = seg * K, t1 = t0 + K < T ? t0 + K : T;
+        for (int64_t t = Tb; t < T; t++) {  /* padding: only the skip term */
+            const int64_t row = (b * T + t) * Din + d0;
+            for (int64_t d = 0; d < dl; d++) {
+                du[row + d] = dy[row + d] * Dv[d];
+                ddt[row + d] = 0;
+                gD[d] += dy[row + d] * u[row + d];
+            }
+            for (int64_t n = 0; n < N; n++) dBp[t * N + n] = dCp[t * N + n] = 0;
+        }
+        for (int64_t seg = (Tb + K - 1) / K - 1; seg >= 0; seg--) {
+            const int64_t t0 = seg * K, t1 = t0 + K < Tb ? t0 + K : Tb;
             /* recompute the segment's decays and states from its checkpoint */
             SUF(load_state)(s0, ckpt + (b * nseg + seg) * Din * N, d0, dl, N);
             for (int64_t t = t0; t < t1; t++) {
@@ -224,13 +251,15 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
                     dCt[n] = accC;
                 }
                 for (int64_t d = 0; d < dl; d++) {
-                    du[row + d] = dx[d] * dtv[d];
+                    du[row + d] = dx[d] * dtv[d] + dyt[d] * Dv[d];
                     ddt[row + d] = dx[d] * u[row + d] + dlt[d];
+                    gD[d] += dyt[d] * u[row + d];
                 }
             }
         }
         SUF(store_state)(dinit + b * Din * N, g, d0, dl, N);
         SUF(store_state)(dA + b * Din * N, gA, d0, dl, N);
+        for (int64_t d = 0; d < dl; d++) dD[b * Din + d0 + d] = gD[d];
     }
 }
 
@@ -242,5 +271,5 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
 #define REAL double
 #define REAL_IS_DOUBLE 1
 #define SUF(name) name##_f64
-#include __FILE__
+#include "_scan_kernel.c"
 #endif

@@ -103,8 +103,8 @@ def _build(cc: str) -> Path:
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_FWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P] + [_I] * 7
-_BWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P] + [_I] * 7
+_FWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P] + [_I] * 7
+_BWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P] + [_I] * 7
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,33 +170,31 @@ def _ptr(t: Tensor | None) -> int | None:
 
 
 class _KernelScan(torch.autograd.Function):
-    """y (without the D skip) and the final state. Inputs contiguous, float32 or float64, on the CPU."""
+    """y (with the D skip) and the final state. Inputs contiguous, float32 or float64, on the CPU."""
 
     @staticmethod
-    def forward(ctx, u, dt, A, B, C, init, reset):
+    def forward(ctx, u, dt, A, B, C, D, init, reset, lengths):
         ctx.set_materialize_grads(False)
         lib = _library()
         Bt, T, Din = u.shape
         N = A.shape[-1]
         suf = "f64" if u.dtype == torch.float64 else "f32"
         nseg = -(-T // CKPT)
-        ckpt = u.new_empty(Bt, nseg, Din, N) if any(ctx.needs_input_grad[:6]) else None
+        ckpt = u.new_empty(Bt, nseg, Din, N) if any(ctx.needs_input_grad[:7]) else None
         y = u.new_empty(Bt, T, Din)
         final = u.new_empty(Bt, Din, N)
-        a_bstride = Din * N if A.dim() == 3 else 0
         reset_b = None if reset is None else reset.contiguous().view(torch.uint8)
-        n_items = Bt * -(-Din // TILE)
-        args = (_ptr(u), _ptr(dt), _ptr(A), a_bstride, _ptr(B), _ptr(C), _ptr(init), _ptr(reset_b), _ptr(y),
-                _ptr(final), _ptr(ckpt), Bt, T, Din, N, CKPT)
-        _run(getattr(lib, f"scan_fwd_{suf}"), n_items, lambda i: args)
+        args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(init),
+                _ptr(reset_b), _ptr(lengths), _ptr(y), _ptr(final), _ptr(ckpt), Bt, T, Din, N, CKPT)
+        _run(getattr(lib, f"scan_fwd_{suf}"), Bt * -(-Din // TILE), lambda i: args)
         if ckpt is not None:
-            ctx.save_for_backward(u, dt, A, B, C, reset_b, ckpt)
+            ctx.save_for_backward(u, dt, A, B, C, D, reset_b, lengths, ckpt)
         return y, final
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dfinal):
-        u, dt, A, B, C, reset_b, ckpt = ctx.saved_tensors
+        u, dt, A, B, C, D, reset_b, lengths, ckpt = ctx.saved_tensors
         lib = _library()
         Bt, T, Din = u.shape
         N = A.shape[-1]
@@ -205,27 +203,37 @@ class _KernelScan(torch.autograd.Function):
         dy = u.new_zeros(Bt, T, Din) if dy is None else dy.to(u.dtype).contiguous()
         dfinal = None if dfinal is None else dfinal.to(u.dtype).contiguous()
         du, ddt = torch.empty_like(u), torch.empty_like(dt)
-        dA_rows = u.new_empty(Bt, Din, N)
+        dA_rows, dD_rows = u.new_empty(Bt, Din, N), u.new_empty(Bt, Din)
         dB_parts, dC_parts = u.new_empty(ntiles, Bt, T, N), u.new_empty(ntiles, Bt, T, N)
         dinit = u.new_empty(Bt, Din, N)
         n_items = Bt * ntiles
-        n_workers = max(1, min(torch.get_num_threads(), n_items))
-        work = u.new_empty(n_workers, 2 * CKPT * N * TILE)
-        a_bstride = Din * N if A.dim() == 3 else 0
-        args = (_ptr(u), _ptr(dt), _ptr(A), a_bstride, _ptr(B), _ptr(C), _ptr(reset_b), _ptr(ckpt), _ptr(dy),
-                _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows), _ptr(dB_parts), _ptr(dC_parts), _ptr(dinit))
-        _run(getattr(lib, f"scan_bwd_{suf}"), n_items,
-             lambda i: (*args, work[i].data_ptr(), Bt, T, Din, N, CKPT))
+        work = u.new_empty(max(1, min(torch.get_num_threads(), n_items)), 2 * CKPT * N * TILE)
+        args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(reset_b),
+                _ptr(lengths), _ptr(ckpt), _ptr(dy), _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows),
+                _ptr(dB_parts), _ptr(dC_parts), _ptr(dD_rows), _ptr(dinit))
+        _run(getattr(lib, f"scan_bwd_{suf}"), n_items, lambda i: (*args, work[i].data_ptr(), Bt, T, Din, N, CKPT))
         dA = dA_rows if A.dim() == 3 else dA_rows.sum(0)
+        dD = None if D is None else (dD_rows if D.dim() == 2 else dD_rows.sum(0))
         dB = dB_parts[0] if ntiles == 1 else dB_parts.sum(0)
         dC = dC_parts[0] if ntiles == 1 else dC_parts.sum(0)
-        grads = (du, ddt, dA, dB, dC, dinit)
-        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:6])), None)
+        grads = (du, ddt, dA, dB, dC, dD, dinit)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:7])), None, None)
 
 
-def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, init: Tensor | None,
-                reset: Tensor | None) -> tuple[Tensor, Tensor]:
-    """(y without the skip term, final state), all in u's dtype (float32 or float64). Arguments already checked."""
+def _bstride(t: Tensor | None, batched_dim: int) -> int:
+    """Elements between batch rows: A batched is [Bt, Din, N] (dim 3), D batched is [Bt, Din] (dim 2); 0 when shared."""
+    return t[0].numel() if t is not None and t.dim() == batched_dim else 0
+
+
+def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, init: Tensor | None,
+                reset: Tensor | None, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(y = scan + D u, final state), all in u's dtype (float32 or float64). Arguments already checked.
+
+    lengths: None or int64 [Bt]: row b is steps 0 .. lengths[b] - 1; later steps are padding, where y = D u, the state
+    stays as it is and no gradient reaches dt, B, C (nor u beyond D's term).
+    """
     u, dt, A, B, C = (t.contiguous() for t in (u, dt, A, B, C))
-    init = None if init is None else init.contiguous()
-    return _KernelScan.apply(u, dt, A, B, C, init, reset)
+    D, init = (None if t is None else t.to(u.dtype).contiguous() for t in (D, init))
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).clamp(0, u.shape[1]).contiguous()
+    return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths)
