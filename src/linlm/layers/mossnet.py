@@ -89,8 +89,7 @@ class MossNetMixer(nn.Module):
         gates, idx = gates.view(B, T, self.top_k), idx.view(B, T, self.top_k)
 
         u, z = self.in_proj(x).chunk(2, dim=-1)
-        u, conv_state = self.conv(u, None if state is None else state["conv"], reset)
-        u = F.silu(u)
+        u, conv_state = self.conv(u, None if state is None else state["conv"], reset, silu=True)
         ssm = None if state is None else state["ssm"]
         if ssm is not None and T == 1 and reset is None:
             y, ssm = self._step(u[:, 0], gates[:, 0], idx[:, 0], ssm)

@@ -263,6 +263,104 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
     }
 }
 
+/* Mamba's short convolution with the SiLU after it: a causal depthwise conv1d over time, K taps, on x [Bt, T, C]
+   with the K - 1 inputs before x in state [Bt, K - 1, C] (NULL: zeros), weights wt [K, C] (tap j reads the input
+   lag K - 1 - j steps back), bias [C]. since [Bt, T] (NULL: no documents) counts the steps since the latest document
+   start; a tap whose lag exceeds it reads an earlier document and is dropped. out = silu(pre). Items: (row b, block of
+   TILE channels). */
+static inline REAL SUF(sigmoid)(REAL z) {
+    const REAL e = SUF(exp_neg)(-__builtin_fabs(z));  /* in (0, 1]: no overflow for any z */
+    const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
+    return (REAL)0.5 + __builtin_copysign(r - (REAL)0.5, z);
+}
+
+static inline void SUF(conv_pre)(REAL *restrict acc, const REAL *x, const REAL *state, const REAL *wt,
+                                 const REAL *bias, const int64_t *since, int64_t b, int64_t t, int64_t T, int64_t C,
+                                 int64_t K, int64_t c0, int64_t cl) {
+    for (int64_t c = 0; c < cl; c++) acc[c] = bias[c0 + c];
+    for (int64_t j = 0; j < K; j++) {
+        const int64_t lag = K - 1 - j, tau = t - lag;
+        if (since && since[b * T + t] < lag) continue;
+        const REAL *src;
+        if (tau >= 0) src = x + (b * T + tau) * C + c0;
+        else if (state) src = state + (b * (K - 1) + (K - 1 + tau)) * C + c0;
+        else continue;
+        const REAL *restrict w = wt + j * C + c0;
+#pragma omp simd
+        for (int64_t c = 0; c < cl; c++) acc[c] += w[c] * src[c];
+    }
+}
+
+void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since, REAL *out,
+                   int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (C + TILE - 1) / TILE;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, c0 = (item % nblk) * TILE, cl = C - c0 < TILE ? C - c0 : TILE;
+        REAL acc[TILE];
+        for (int64_t t = 0; t < T; t++) {
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, c0, cl);
+            REAL *o = out + (b * T + t) * C + c0;
+#pragma omp simd
+            for (int64_t c = 0; c < cl; c++) o[c] = acc[c] * SUF(sigmoid)(acc[c]);
+        }
+    }
+}
+
+/* dpre: scratch [Bt, T, C]; dw [Bt, K, C] and dbias [Bt, C] per row (the caller sums them); dstate may be NULL. */
+void SUF(conv_bwd)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
+                   const int64_t *since, REAL *dpre, REAL *dx, REAL *dstate, REAL *dw, REAL *dbias, int64_t Bt,
+                   int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (C + TILE - 1) / TILE;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, c0 = (item % nblk) * TILE, cl = C - c0 < TILE ? C - c0 : TILE;
+        REAL acc[TILE], gb[TILE];
+        REAL *dwb = dw + b * K * C;
+        for (int64_t c = 0; c < cl; c++) gb[c] = 0;
+        for (int64_t j = 0; j < K; j++)
+            for (int64_t c = 0; c < cl; c++) dwb[j * C + c0 + c] = 0;
+        /* pass 1: recompute the pre-activation; dpre = dy silu'(pre); the weight and bias gradients */
+        for (int64_t t = 0; t < T; t++) {
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, c0, cl);
+            const REAL *g = dy + (b * T + t) * C + c0;
+            REAL *dp = dpre + (b * T + t) * C + c0;
+#pragma omp simd
+            for (int64_t c = 0; c < cl; c++) {
+                const REAL sg = SUF(sigmoid)(acc[c]);
+                dp[c] = g[c] * sg * ((REAL)1 + acc[c] * ((REAL)1 - sg));
+                gb[c] += dp[c];
+            }
+            for (int64_t j = 0; j < K; j++) {
+                const int64_t lag = K - 1 - j, tau = t - lag;
+                if (since && since[b * T + t] < lag) continue;
+                const REAL *src;
+                if (tau >= 0) src = x + (b * T + tau) * C + c0;
+                else if (state) src = state + (b * (K - 1) + (K - 1 + tau)) * C + c0;
+                else continue;
+                REAL *restrict w = dwb + j * C + c0;
+#pragma omp simd
+                for (int64_t c = 0; c < cl; c++) w[c] += dp[c] * src[c];
+            }
+        }
+        for (int64_t c = 0; c < cl; c++) dbias[b * C + c0 + c] = gb[c];
+        /* pass 2: each input (and state) position gathers the taps that read it */
+        for (int64_t tau = -(K - 1); tau < T; tau++) {
+            REAL *dst;
+            if (tau >= 0) dst = dx + (b * T + tau) * C + c0;
+            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C + c0;
+            else continue;
+            for (int64_t c = 0; c < cl; c++) acc[c] = 0;
+            for (int64_t j = 0; j < K; j++) {
+                const int64_t lag = K - 1 - j, t = tau + lag;
+                if (t < 0 || t >= T || (since && since[b * T + t] < lag)) continue;
+                const REAL *restrict w = wt + j * C + c0, *restrict dp = dpre + (b * T + t) * C + c0;
+#pragma omp simd
+                for (int64_t c = 0; c < cl; c++) acc[c] += w[c] * dp[c];
+            }
+            for (int64_t c = 0; c < cl; c++) dst[c] = acc[c];
+        }
+    }
+}
+
 /* The same code again in double precision. */
 #if !REAL_IS_DOUBLE
 #undef REAL

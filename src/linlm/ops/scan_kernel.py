@@ -1,4 +1,5 @@
-"""The S6 selective scan as a compiled CPU kernel (``_scan_kernel.c``), loaded through ctypes.
+"""The S6 selective scan, and Mamba's short causal conv + SiLU, as compiled CPU kernels (``_scan_kernel.c``),
+loaded through ctypes.
 
 Why a kernel: the scan is a few multiply-adds per state element and step, so any form built from tensor ops is
 bound by its passes over a [Bt, T, Din, N] working set (the chunked form makes about a dozen). The kernel keeps a
@@ -39,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError
 
-__all__ = ["available", "backend", "kernel_scan"]
+__all__ = ["available", "backend", "conv_silu", "kernel_scan"]
 
 SOURCE = Path(__file__).with_name("_scan_kernel.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp-simd", "-std=gnu11")
@@ -121,6 +122,8 @@ def _library() -> ctypes.CDLL | None:
     for suf in ("f32", "f64"):
         getattr(lib, f"scan_fwd_{suf}").argtypes = _FWD_ARGS
         getattr(lib, f"scan_bwd_{suf}").argtypes = _BWD_ARGS
+        getattr(lib, f"conv_fwd_{suf}").argtypes = [_P] * 6 + [_I] * 6
+        getattr(lib, f"conv_bwd_{suf}").argtypes = [_P] * 11 + [_I] * 6
     return lib
 
 
@@ -237,3 +240,49 @@ def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     if lengths is not None:
         lengths = lengths.to(torch.int64).clamp(0, u.shape[1]).contiguous()
     return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths)
+
+
+class _ConvSiLU(torch.autograd.Function):
+    """silu(causal depthwise conv1d(x) + bias), the backward recomputing the pre-activation (nothing else saved)."""
+
+    @staticmethod
+    def forward(ctx, x, state, wt, bias, since):
+        lib = _library()
+        Bt, T, C = x.shape
+        K = wt.shape[0]
+        suf = "f64" if x.dtype == torch.float64 else "f32"
+        out = torch.empty_like(x)
+        args = (_ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(out), Bt, T, C, K)
+        _run(getattr(lib, f"conv_fwd_{suf}"), Bt * -(-C // TILE), lambda i: args)
+        ctx.save_for_backward(x, state, wt, bias, since)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, state, wt, bias, since = ctx.saved_tensors
+        lib = _library()
+        Bt, T, C = x.shape
+        K = wt.shape[0]
+        suf = "f64" if x.dtype == torch.float64 else "f32"
+        dy = dy.to(x.dtype).contiguous()
+        dpre, dx = torch.empty_like(x), torch.empty_like(x)
+        dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
+        dw, dbias = x.new_empty(Bt, K, C), x.new_empty(Bt, C)
+        args = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(dpre), _ptr(dx),
+                _ptr(dstate), _ptr(dw), _ptr(dbias), Bt, T, C, K)
+        _run(getattr(lib, f"conv_bwd_{suf}"), Bt * -(-C // TILE), lambda i: args)
+        return dx, dstate, dw.sum(0), dbias.sum(0), None
+
+
+def conv_silu(x: Tensor, state: Tensor | None, weight: Tensor, bias: Tensor, since: Tensor | None) -> Tensor:
+    """silu(out) for out[t] = bias + sum_j weight[:, j] * x[t - (K - 1 - j)] (nn.Conv1d's tap layout), reading the
+    K - 1 inputs before x from state [Bt, K - 1, C] (None: zeros). since: None or int [Bt, T], steps since the latest
+    document start; a tap further back than that is dropped. Computed in float32 (float64 for float64 x), returned in
+    x's dtype. Arguments already checked (layers.mamba.ShortConv)."""
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xc = x.to(cd).contiguous()
+    st = None if state is None or state.shape[1] == 0 else state.to(cd).contiguous()
+    sc = None if since is None else since.to(torch.int64).contiguous()
+    out = _ConvSiLU.apply(xc, st, weight.to(cd).t().contiguous(), bias.to(cd).contiguous(), sc)
+    return out.to(x.dtype)
