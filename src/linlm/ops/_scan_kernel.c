@@ -266,97 +266,108 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
 /* Mamba's short convolution with the SiLU after it: a causal depthwise conv1d over time, K taps, on x [Bt, T, C]
    with the K - 1 inputs before x in state [Bt, K - 1, C] (NULL: zeros), weights wt [K, C] (tap j reads the input
    lag K - 1 - j steps back), bias [C]. since [Bt, T] (NULL: no documents) counts the steps since the latest document
-   start; a tap whose lag exceeds it reads an earlier document and is dropped. out = silu(pre). Items: (row b, block of
-   TILE channels). */
+   start; a tap whose lag exceeds it reads an earlier document and is dropped. out = silu(pre). Items: (row b, block
+   of CONV_TB time steps), all channels, so that every access is a contiguous row. */
+#define CONV_TB 128
+
 static inline REAL SUF(sigmoid)(REAL z) {
     const REAL e = SUF(exp_neg)(-__builtin_fabs(z));  /* in (0, 1]: no overflow for any z */
     const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
     return (REAL)0.5 + __builtin_copysign(r - (REAL)0.5, z);
 }
 
+/* the input row that tap `lag` of output t reads, or NULL (before the state, or dropped at a document start) */
+static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const int64_t *since, int64_t b, int64_t t,
+                                        int64_t lag, int64_t T, int64_t C, int64_t K) {
+    const int64_t tau = t - lag;
+    if (since && since[b * T + t] < lag) return NULL;
+    if (tau >= 0) return x + (b * T + tau) * C;
+    return state ? state + (b * (K - 1) + (K - 1 + tau)) * C : NULL;
+}
+
 static inline void SUF(conv_pre)(REAL *restrict acc, const REAL *x, const REAL *state, const REAL *wt,
-                                 const REAL *bias, const int64_t *since, int64_t b, int64_t t, int64_t T, int64_t C,
-                                 int64_t K, int64_t c0, int64_t cl) {
-    for (int64_t c = 0; c < cl; c++) acc[c] = bias[c0 + c];
+                                 const REAL *restrict bias, const int64_t *since, int64_t b, int64_t t, int64_t T,
+                                 int64_t C, int64_t K) {
+    for (int64_t c = 0; c < C; c++) acc[c] = bias[c];
     for (int64_t j = 0; j < K; j++) {
-        const int64_t lag = K - 1 - j, tau = t - lag;
-        if (since && since[b * T + t] < lag) continue;
-        const REAL *src;
-        if (tau >= 0) src = x + (b * T + tau) * C + c0;
-        else if (state) src = state + (b * (K - 1) + (K - 1 + tau)) * C + c0;
-        else continue;
-        const REAL *restrict w = wt + j * C + c0;
+        const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K);
+        if (!src) continue;
+        const REAL *restrict w = wt + j * C;
 #pragma omp simd
-        for (int64_t c = 0; c < cl; c++) acc[c] += w[c] * src[c];
+        for (int64_t c = 0; c < C; c++) acc[c] += w[c] * src[c];
     }
 }
 
 void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since, REAL *out,
                    int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
-    const int64_t nblk = (C + TILE - 1) / TILE;
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL acc[C];
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / nblk, c0 = (item % nblk) * TILE, cl = C - c0 < TILE ? C - c0 : TILE;
-        REAL acc[TILE];
-        for (int64_t t = 0; t < T; t++) {
-            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, c0, cl);
-            REAL *o = out + (b * T + t) * C + c0;
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        for (int64_t t = t0; t < t1; t++) {
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K);
+            REAL *restrict o = out + (b * T + t) * C;
 #pragma omp simd
-            for (int64_t c = 0; c < cl; c++) o[c] = acc[c] * SUF(sigmoid)(acc[c]);
+            for (int64_t c = 0; c < C; c++) o[c] = acc[c] * SUF(sigmoid)(acc[c]);
         }
     }
 }
 
-/* dpre: scratch [Bt, T, C]; dw [Bt, K, C] and dbias [Bt, C] per row (the caller sums them); dstate may be NULL. */
-void SUF(conv_bwd)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
-                   const int64_t *since, REAL *dpre, REAL *dx, REAL *dstate, REAL *dw, REAL *dbias, int64_t Bt,
-                   int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
-    const int64_t nblk = (C + TILE - 1) / TILE;
+/* Backward, pass 1: dpre = dy silu'(pre) into the scratch dpre [Bt, T, C]; dw [items, K, C] and dbias [items, C],
+   one partial sum per item (the caller sums them). */
+void SUF(conv_bwd1)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
+                    const int64_t *since, REAL *dpre, REAL *dw, REAL *dbias, int64_t Bt, int64_t T, int64_t C,
+                    int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL acc[C];
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / nblk, c0 = (item % nblk) * TILE, cl = C - c0 < TILE ? C - c0 : TILE;
-        REAL acc[TILE], gb[TILE];
-        REAL *dwb = dw + b * K * C;
-        for (int64_t c = 0; c < cl; c++) gb[c] = 0;
-        for (int64_t j = 0; j < K; j++)
-            for (int64_t c = 0; c < cl; c++) dwb[j * C + c0 + c] = 0;
-        /* pass 1: recompute the pre-activation; dpre = dy silu'(pre); the weight and bias gradients */
-        for (int64_t t = 0; t < T; t++) {
-            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, c0, cl);
-            const REAL *g = dy + (b * T + t) * C + c0;
-            REAL *dp = dpre + (b * T + t) * C + c0;
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        REAL *restrict dwi = dw + item * K * C, *restrict gb = dbias + item * C;
+        for (int64_t c = 0; c < K * C; c++) dwi[c] = 0;
+        for (int64_t c = 0; c < C; c++) gb[c] = 0;
+        for (int64_t t = t0; t < t1; t++) {
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K);
+            const REAL *restrict g = dy + (b * T + t) * C;
+            REAL *restrict dp = dpre + (b * T + t) * C;
 #pragma omp simd
-            for (int64_t c = 0; c < cl; c++) {
+            for (int64_t c = 0; c < C; c++) {
                 const REAL sg = SUF(sigmoid)(acc[c]);
                 dp[c] = g[c] * sg * ((REAL)1 + acc[c] * ((REAL)1 - sg));
                 gb[c] += dp[c];
             }
             for (int64_t j = 0; j < K; j++) {
-                const int64_t lag = K - 1 - j, tau = t - lag;
-                if (since && since[b * T + t] < lag) continue;
-                const REAL *src;
-                if (tau >= 0) src = x + (b * T + tau) * C + c0;
-                else if (state) src = state + (b * (K - 1) + (K - 1 + tau)) * C + c0;
-                else continue;
-                REAL *restrict w = dwb + j * C + c0;
+                const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K);
+                if (!src) continue;
+                REAL *restrict w = dwi + j * C;
 #pragma omp simd
-                for (int64_t c = 0; c < cl; c++) w[c] += dp[c] * src[c];
+                for (int64_t c = 0; c < C; c++) w[c] += dp[c] * src[c];
             }
         }
-        for (int64_t c = 0; c < cl; c++) dbias[b * C + c0 + c] = gb[c];
-        /* pass 2: each input (and state) position gathers the taps that read it */
-        for (int64_t tau = -(K - 1); tau < T; tau++) {
-            REAL *dst;
-            if (tau >= 0) dst = dx + (b * T + tau) * C + c0;
-            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C + c0;
+    }
+}
+
+/* Backward, pass 2 (after pass 1 has filled dpre for every item): each input position tau of the block, and for the
+   first block of a row the state positions before it, gathers the taps that read it. dstate may be NULL. */
+void SUF(conv_bwd2)(const REAL *wt, const int64_t *since, const REAL *dpre, REAL *dx, REAL *dstate, int64_t Bt,
+                    int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL acc[C];
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        for (int64_t tau = t0 == 0 ? -(K - 1) : t0; tau < t1; tau++) {
+            REAL *restrict dst;
+            if (tau >= 0) dst = dx + (b * T + tau) * C;
+            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C;
             else continue;
-            for (int64_t c = 0; c < cl; c++) acc[c] = 0;
+            for (int64_t c = 0; c < C; c++) acc[c] = 0;
             for (int64_t j = 0; j < K; j++) {
                 const int64_t lag = K - 1 - j, t = tau + lag;
                 if (t < 0 || t >= T || (since && since[b * T + t] < lag)) continue;
-                const REAL *restrict w = wt + j * C + c0, *restrict dp = dpre + (b * T + t) * C + c0;
+                const REAL *restrict w = wt + j * C, *restrict dp = dpre + (b * T + t) * C;
 #pragma omp simd
-                for (int64_t c = 0; c < cl; c++) acc[c] += w[c] * dp[c];
+                for (int64_t c = 0; c < C; c++) acc[c] += w[c] * dp[c];
             }
-            for (int64_t c = 0; c < cl; c++) dst[c] = acc[c];
+            for (int64_t c = 0; c < C; c++) dst[c] = acc[c];
         }
     }
 }

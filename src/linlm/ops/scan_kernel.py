@@ -123,7 +123,8 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, f"scan_fwd_{suf}").argtypes = _FWD_ARGS
         getattr(lib, f"scan_bwd_{suf}").argtypes = _BWD_ARGS
         getattr(lib, f"conv_fwd_{suf}").argtypes = [_P] * 6 + [_I] * 6
-        getattr(lib, f"conv_bwd_{suf}").argtypes = [_P] * 11 + [_I] * 6
+        getattr(lib, f"conv_bwd1_{suf}").argtypes = [_P] * 9 + [_I] * 6
+        getattr(lib, f"conv_bwd2_{suf}").argtypes = [_P] * 5 + [_I] * 6
     return lib
 
 
@@ -242,6 +243,9 @@ def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths)
 
 
+CONV_TB = 128  # time steps per work item of the conv; must equal CONV_TB in the C source
+
+
 class _ConvSiLU(torch.autograd.Function):
     """silu(causal depthwise conv1d(x) + bias), the backward recomputing the pre-activation (nothing else saved)."""
 
@@ -253,7 +257,7 @@ class _ConvSiLU(torch.autograd.Function):
         suf = "f64" if x.dtype == torch.float64 else "f32"
         out = torch.empty_like(x)
         args = (_ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(out), Bt, T, C, K)
-        _run(getattr(lib, f"conv_fwd_{suf}"), Bt * -(-C // TILE), lambda i: args)
+        _run(getattr(lib, f"conv_fwd_{suf}"), Bt * -(-T // CONV_TB), lambda i: args)
         ctx.save_for_backward(x, state, wt, bias, since)
         return out
 
@@ -265,13 +269,16 @@ class _ConvSiLU(torch.autograd.Function):
         Bt, T, C = x.shape
         K = wt.shape[0]
         suf = "f64" if x.dtype == torch.float64 else "f32"
+        n_items = Bt * -(-T // CONV_TB)
         dy = dy.to(x.dtype).contiguous()
         dpre, dx = torch.empty_like(x), torch.empty_like(x)
         dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
-        dw, dbias = x.new_empty(Bt, K, C), x.new_empty(Bt, C)
-        args = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(dpre), _ptr(dx),
-                _ptr(dstate), _ptr(dw), _ptr(dbias), Bt, T, C, K)
-        _run(getattr(lib, f"conv_bwd_{suf}"), Bt * -(-C // TILE), lambda i: args)
+        dw, dbias = x.new_empty(n_items, K, C), x.new_empty(n_items, C)
+        args1 = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(dpre), _ptr(dw),
+                 _ptr(dbias), Bt, T, C, K)
+        _run(getattr(lib, f"conv_bwd1_{suf}"), n_items, lambda i: args1)
+        args2 = (_ptr(wt), _ptr(since), _ptr(dpre), _ptr(dx), _ptr(dstate), Bt, T, C, K)
+        _run(getattr(lib, f"conv_bwd2_{suf}"), n_items, lambda i: args2)
         return dx, dstate, dw.sum(0), dbias.sum(0), None
 
 
