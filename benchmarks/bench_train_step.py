@@ -179,6 +179,53 @@ def add_ratios(results: list[dict]) -> None:
             r["ratio_vs_hf_llama_per_round"] = [h / o for o, h in zip(r["step_seconds"], hf_row["step_seconds"])]
 
 
+def profile_phase(entries, phase: dict, args) -> None:
+    """Print the ops that take a step's time: torch.profiler over 2 steps after a warm-up step, by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for entry in entries:
+        name, _, step = build(entry, phase, args)
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                step()
+        print(f"===== [{phase['name']}] {name}")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile,
+                                        max_name_column_width=40))
+
+
+def peak_rss_child(argv) -> int:
+    """Child of --memory: build one model, run warm-up + 2 steps, print the process's peak RSS in bytes."""
+    arch, kernel, shape, dtype, seq, vocab = argv
+    args = argparse.Namespace(vocab=int(vocab))
+    threads = DEMO["threads"] if shape == "demo" else None
+    phase = dict(name="memory", shape=shape, dtype=dtype, seq=int(seq),
+                 batch=DEMO["batch"] if shape == "demo" else 1)
+    with num_threads(threads):
+        _, _, step = build((arch, "fused", None if kernel == "-" else kernel), phase, args)
+        for _ in range(3):
+            step()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return 0
+
+
+def peak_rss(entries, phases, args) -> list[dict]:
+    """Peak RSS of a training step, one fresh process per (model, phase), so that no model's memory hides another's.
+    (Run the same command with PYTHONPATH pointing at another checkout to compare revisions.)"""
+    import subprocess
+
+    out = []
+    for ph in phases:
+        for arch, _, kernel in entries:
+            cmd = [sys.executable, __file__, "--_peak-rss-child", arch, kernel or "-", ph["shape"], ph["dtype"],
+                   str(ph["seq"]), str(args.vocab)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            rss = int(proc.stdout.strip().splitlines()[-1])
+            out.append(dict(arch=row_name(arch, "fused", kernel), phase=ph["name"], peak_rss_bytes=rss))
+            print(f"  [{ph['name']}] {out[-1]['arch']:>22}: peak RSS {rss / 2**20:,.0f} MiB", flush=True)
+    return out
+
+
 def check_targets(results: list[dict]) -> list[dict]:
     checks = []
     for shape, dtype, seq, row, base, want in TARGETS:
@@ -209,7 +256,14 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' LlamaForCausalLM")
+    ap.add_argument("--memory", action="store_true",
+                    help="instead of timing, the peak RSS of each model's step, each in a process of its own")
+    ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                    help="instead of timing, torch.profiler over 2 steps of each model: the top ROWS ops by self CPU")
+    ap.add_argument("--_peak-rss-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args._peak_rss_child:
+        return peak_rss_child(args._peak_rss_child)
     archs = args.archs or list(ARCHITECTURES)
     entries = [(a, "fused", k) for a in archs for k in (args.ssm_kernels if a == "mossnet" else [None])]
 
@@ -222,6 +276,15 @@ def main(argv=None) -> int:
             for n in args.seq_lens:
                 phases.append(dict(name=f"paper-70m {dtype} {n}", shape="paper", dtype=dtype, seq=n,
                                    batch=args.batch, threads=None))
+    if args.profile:
+        for ph in phases:
+            with num_threads(ph["threads"]):
+                profile_phase(entries, ph, args)
+        return 0
+    if args.memory:
+        rows = peak_rss(entries, phases, args)
+        write_json("bench_train_step_memory", dict(meta=meta(), results=rows))
+        return 0
     ceilings: dict = {}
 
     def measure_ceilings():
