@@ -34,48 +34,41 @@
    from the exponent bits. Below the smallest normal number (x < -87.3 in float32, -708 in float64) it returns 0 (the
    2^n factor is clamped to the bit pattern of 0.0); the clamp is on the integer n, because a comparison of floats
    in the loop stops gcc from vectorising it. Valid for x down to about -1.4e9 (where n overflows an int32). */
-static inline REAL SUF(exp_neg)(REAL x) {
 #if REAL_IS_DOUBLE
-    const double log2e = 1.4426950408889634, ln2_hi = 0.693145751953125, ln2_lo = 1.4286068203094173e-06;
-    int32_t ni = (int32_t)(x * log2e - 0.5);  /* round to nearest, x <= 0 */
-    const double n = (double)ni;
-    double r = x - n * ln2_hi - n * ln2_lo;
-    double p = 1.0 / 6227020800.0;  /* 1/13! down to 1 */
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    union { double f; int64_t i; } v;
-    ni = ni < -1023 ? -1023 : ni;  /* 2^n = 0.0 below the normal range */
-    v.i = ((int64_t)ni + 1023) << 52;
-    return p * v.f;
+#define EXP_LOG2E 1.4426950408889634
+#define EXP_LN2_HI 0.693145751953125
+#define EXP_LN2_LO 1.4286068203094173e-06
+#define EXP_NCOEF 14  /* 1/13! down to 1/0!: error below 1e-17 for |r| <= ln2 / 2 */
+#define EXP_MIN_N (-1023)
+#define EXP_BIAS 1023
+#define EXP_SHIFT 52
+#define EXP_BITS int64_t
+static const double SUF(exp_coef)[EXP_NCOEF] = {
+    1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
+    1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
 #else
-    const float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    int32_t ni = (int32_t)(x * log2e - 0.5f);  /* round to nearest, x <= 0 */
-    const float n = (float)ni;
-    float r = x - n * ln2_hi - n * ln2_lo;
-    float p = 1.0f / 5040.0f;  /* 1/7! down to 1 */
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { float f; int32_t i; } v;
-    ni = ni < -127 ? -127 : ni;  /* 2^n = 0.0 below the normal range */
-    v.i = (ni + 127) << 23;
-    return p * v.f;
+#define EXP_LOG2E 1.44269504f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_NCOEF 8  /* 1/7! down to 1/0!: error below 1e-8 */
+#define EXP_MIN_N (-127)
+#define EXP_BIAS 127
+#define EXP_SHIFT 23
+#define EXP_BITS int32_t
+static const float SUF(exp_coef)[EXP_NCOEF] = {
+    1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
 #endif
+
+static inline REAL SUF(exp_neg)(REAL x) {
+    int32_t ni = (int32_t)(x * EXP_LOG2E - (REAL)0.5);  /* round to nearest, x <= 0 */
+    const REAL n = (REAL)ni;
+    const REAL r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
+    REAL p = SUF(exp_coef)[0];
+    for (int i = 1; i < EXP_NCOEF; i++) p = p * r + SUF(exp_coef)[i];
+    ni = ni < EXP_MIN_N ? EXP_MIN_N : ni;  /* 2^n = 0.0 below the normal range */
+    union { REAL f; EXP_BITS i; } v;
+    v.i = ((EXP_BITS)ni + EXP_BIAS) << EXP_SHIFT;
+    return p * v.f;
 }
 
 /* Decays of one step: a[n][d] = exp(dt[d] A[n][d]), or 0 at a reset step. */
@@ -377,6 +370,14 @@ void SUF(conv_bwd2)(const REAL *wt, const int64_t *since, const REAL *dpre, REAL
 #undef REAL
 #undef REAL_IS_DOUBLE
 #undef SUF
+#undef EXP_LOG2E
+#undef EXP_LN2_HI
+#undef EXP_LN2_LO
+#undef EXP_NCOEF
+#undef EXP_MIN_N
+#undef EXP_BIAS
+#undef EXP_SHIFT
+#undef EXP_BITS
 #define REAL double
 #define REAL_IS_DOUBLE 1
 #define SUF(name) name##_f64

@@ -46,6 +46,7 @@ SOURCE = Path(__file__).with_name("_scan_kernel.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp-simd", "-std=gnu11")
 TILE = 64  # channels per work item; must equal TILE in the C source
 CKPT = 64  # steps between saved states (the backward's segment length)
+MAX_STATE = 64  # largest d_state the kernel takes: its per-item arrays (6 x N x TILE values) live on the stack
 BACKENDS = ("auto", "torch", "kernel")
 
 

@@ -453,6 +453,9 @@ def selective_scan_kernel(
     _check_scan_values(fn, dt, A)
     if u.device.type != "cpu":
         raise ShapeError(f"{fn}: the kernel runs on the CPU, got `u` on {u.device}; use selective_scan_chunked")
+    if N > scan_kernel.MAX_STATE:
+        raise ShapeError(f"{fn}: the kernel takes a state size N of at most {scan_kernel.MAX_STATE}, got N = {N} "
+                         f"(from `A`); use selective_scan_chunked")
     if not scan_kernel.available():
         raise ConfigError(f"{fn}: the selective-scan kernel is not available (no C compiler, the build failed, or "
                           f"LINLM_SCAN_BACKEND=torch); use selective_scan_chunked")
@@ -473,7 +476,8 @@ def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, **kw)
     """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available()),
     else the chunked form. Keywords as selective_scan_kernel; chunk_size only matters to the chunked form, which
     runs `lengths` as dt = 0 and C = 0 on the padding (the same result, at the cost of scanning the padding)."""
-    if isinstance(u, Tensor) and u.device.type == "cpu" and scan_kernel.available():
+    if (isinstance(u, Tensor) and u.device.type == "cpu" and isinstance(A, Tensor)
+            and A.shape[-1] <= scan_kernel.MAX_STATE and scan_kernel.available()):
         return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, **kw)
     if lengths is not None:
         valid = (torch.arange(u.shape[1], device=u.device) < lengths.to(u.device)[:, None])[..., None]
