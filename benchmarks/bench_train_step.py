@@ -272,8 +272,8 @@ def main(argv=None) -> int:
         phases.append(dict(name="demo bf16", shape="demo", dtype="bf16", seq=DEMO["seq"], batch=DEMO["batch"],
                            threads=DEMO["threads"]))
     if "paper" in args.shapes:
-        for dtype in args.dtypes:
-            for n in args.seq_lens:
+        for n in args.seq_lens:  # the short sequences first, in both precisions
+            for dtype in args.dtypes:
                 phases.append(dict(name=f"paper-70m {dtype} {n}", shape="paper", dtype=dtype, seq=n,
                                    batch=args.batch, threads=None))
     if args.profile:
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
 
     measure_ceilings()
     results = []
-    for ph in phases:
+    for i, ph in enumerate(phases):
         with num_threads(ph["threads"]) as nt:
             ph = {**ph, "threads": nt}
             results += time_rounds(entries, ph, args)
@@ -303,11 +303,23 @@ def main(argv=None) -> int:
                 hf_ph = {**ph, "name": ph["name"] + " (hf)", "hf": True}
                 results += time_rounds([("llama", "fused", None), ("llama", "logits", None), ("llama", "hf", None)],
                                        hf_ph, args)
+        if i + 1 < len(phases):  # the phases done so far survive an interrupted run
+            report(results, ceilings, args, partial=True)
     # Measured again at the end, the best of both: MFU is then a lower bound, never inflated by a slow moment.
     measure_ceilings()
+    report(results, ceilings, args, partial=False)
+    return 0
+
+
+def report(results: list[dict], ceilings: dict, args, partial: bool) -> None:
+    """MFU, ratios and target checks of the rows so far: printed (unless partial) and written to the JSON."""
     for r in results:
         r["mfu"] = r["model_flops_per_step"] / r["seconds_per_step"] / ceilings[f"{r['dtype']}/{r['threads']} threads"]
     add_ratios(results)
+    if partial:
+        write_json("bench_train_step", dict(meta=meta(), partial=True, matmul_flops_per_s=ceilings, vocab=args.vocab,
+                                            demo=DEMO, results=results, target_checks=check_targets(results)))
+        return
     rows = [[r["arch"], r["name"], f"{r['tokens_per_s']:.0f}",
              f"{r['ratio_vs_our_llama']:.2f}x" if "ratio_vs_our_llama" in r else "",
              f"{r['ratio_vs_mamba']:.2f}x" if "ratio_vs_mamba" in r else "",
@@ -325,11 +337,10 @@ def main(argv=None) -> int:
             if key in r:
                 per = ", ".join(f"{x:.2f}" for x in r[key])
                 print(f"[{r['name']}] {r['arch']} {key.replace('_per_round', '')}, round by round: {per}")
-    write_json("bench_train_step", dict(meta=meta(), matmul_flops_per_s=ceilings, vocab=args.vocab, demo=DEMO,
-                                        results=results, target_checks=checks,
+    write_json("bench_train_step", dict(meta=meta(), partial=False, matmul_flops_per_s=ceilings, vocab=args.vocab,
+                                        demo=DEMO, results=results, target_checks=checks,
                                         targets={"our_llama_vs_hf": 1.0, "linear_vs_llama_2048": 1.0,
                                                  "linear_vs_llama_8192": 1.4}))
-    return 0
 
 
 if __name__ == "__main__":
