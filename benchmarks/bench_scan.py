@@ -1,4 +1,4 @@
-"""Selective scan (Mamba-1 S6): the chunked training form against the sequential reference, forward + backward.
+"""Selective scan (Mamba-1 S6): the compiled kernel and the chunked form against the sequential reference, fwd + bwd.
 
 Sizes: Bt = 1, T = 2048, N = 16, Din = 512 and 1024 (Mamba with d_model 256 and 512 at expand 2), float32.
 Inputs look like a Mamba layer at init: u, B, C ~ N(0, 1); dt = softplus(.) in about [0.001, 0.1]; A = -(1..N)
@@ -30,7 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
-from linlm.ops.selective_scan import selective_scan_chunked, selective_scan_reference  # noqa: E402
+from linlm.ops import scan_kernel  # noqa: E402
+from linlm.ops.selective_scan import (  # noqa: E402
+    selective_scan_chunked,
+    selective_scan_kernel,
+    selective_scan_reference,
+)
 
 T, N, BT = 2048, 16, 1
 
@@ -112,7 +117,17 @@ def main() -> int:
         t_chk_f, c_chk_f = timed(fwd_only(selective_scan_chunked, x), warmup=2, repeat=args.repeat)
         t_ref, c_ref = timed(ref_fb, warmup=1, repeat=args.repeat)
         t_chk, c_chk = timed(chk_fb, warmup=2, repeat=args.repeat)
-        results.append({"Bt": BT, "T": T, "Din": Din, "N": N, "dtype": "float32", "chunk_size": 64,
+        kernel = {}
+        if scan_kernel.available():
+            ker_fb = fwd_bwd(selective_scan_kernel, x)
+            y_k, g_k = ker_fb()
+            t_ker_f, c_ker_f = timed(fwd_only(selective_scan_kernel, x), warmup=2, repeat=args.repeat)
+            t_ker, c_ker = timed(ker_fb, warmup=2, repeat=args.repeat)
+            kernel = {"kernel_fwd_s": t_ker_f, "kernel_fwd_bwd_s": t_ker, "kernel_cpu_s": {"fwd": c_ker_f,
+                      "fwd_bwd": c_ker}, "kernel_vs_chunked_fwd_bwd_cpu_time": c_chk / c_ker,
+                      "kernel_max_rel_diff_vs_reference": {"y": max_rel_diff(y_k, y_r),
+                                                           **{f"d{k}": max_rel_diff(g_k[k], g_r[k]) for k in g_r}}}
+        results.append({"Bt": BT, "T": T, "Din": Din, "N": N, "dtype": "float32", "chunk_size": 64, **kernel,
                         "reference_fwd_s": t_ref_f, "chunked_fwd_s": t_chk_f,
                         "reference_fwd_bwd_s": t_ref, "chunked_fwd_bwd_s": t_chk,
                         "speedup_fwd": t_ref_f / t_chk_f, "speedup_fwd_bwd": t_ref / t_chk,
@@ -124,6 +139,9 @@ def main() -> int:
         rows.append([shape, "reference", f"{t_ref_f * 1e3:.0f}", f"{t_ref * 1e3:.0f}", f"{c_ref * 1e3:.0f}", "1.0x"])
         rows.append([shape, "chunked (C=64)", f"{t_chk_f * 1e3:.1f}", f"{t_chk * 1e3:.1f}", f"{c_chk * 1e3:.1f}",
                      f"{t_ref / t_chk:.1f}x (CPU time {c_ref / c_chk:.1f}x; fwd {t_ref_f / t_chk_f:.1f}x)"])
+        if kernel:
+            rows.append([shape, "kernel", f"{t_ker_f * 1e3:.1f}", f"{t_ker * 1e3:.1f}", f"{c_ker * 1e3:.1f}",
+                         f"{t_ref / t_ker:.1f}x (CPU time {c_ref / c_ker:.1f}x; {c_chk / c_ker:.1f}x the chunked)"])
     print_table(["size (Bt x T x Din)", "form", "fwd ms", "fwd+bwd ms", "fwd+bwd CPU ms", "speedup fwd+bwd"],
                 rows)
     print("largest relative difference chunked vs reference (float32):",

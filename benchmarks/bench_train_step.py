@@ -1,22 +1,31 @@
-"""Training-step throughput: tokens/s of forward + backward + AdamW at the paper-70m shape.
+"""Training-step throughput: tokens/s of forward + backward + AdamW, every model of a phase in interleaved rounds.
 
-One process, two phases per sequence length, each timed in interleaved rounds after a warm-up (medians):
-"archs" runs every architecture and reports its ratio to our LLaMA; "hf" then runs our LLaMA against
-transformers' LlamaForCausalLM of the same config (converted weights), on their own. Model-FLOPs utilisation is
-against a square matmul measured in the same run.
+Phases (one per shape, precision and sequence length; each builds its models first, then times them in interleaved
+rounds after a warm-up, medians):
+- "demo": the shape of `linlm demo --archs A` (d 128, 4 layers, glu 384, vocab 2048, batch 16 x 128 tokens) in bf16
+  autocast on 1 thread, as the demo trains;
+- "paper": the paper-70m preset, vocabulary 8192, batch 1, at each --seq-lens, in fp32 and/or bf16 autocast.
+MossNet runs once per --ssm-kernels choice ("mossnet" is the default s6, "mossnet (ssd)" the other); at paper-70m
+the presets give Mamba and MossNet the active parameters of LLaMA, so the Mamba row is "Mamba of the same active
+parameter count". "hf" (fp32 paper phases, unless --no-hf) runs our LLaMA against transformers' LlamaForCausalLM.
+
+Ratios are taken within a phase (the same interleaved rounds): every row against our LLaMA, and MossNet rows against
+Mamba; they are checked against issue 12's targets (listed in TARGETS, written to the JSON with pass/fail).
+Model-FLOPs utilisation is against a matmul ceiling per (dtype, threads): the best of several square matmuls, at the
+start and at the end of the run, so that a slow moment can only lower MFU, never inflate it.
 
 Each library's step is its training path: ours calls ``model(ids, targets=...)`` (the chunked fused head and
 cross-entropy that linlm's trainer uses); transformers' model returns logits and the loss is
-``F.cross_entropy(logits, targets)`` (its ``labels=`` path does the same plus a shifted copy of the logits, so
-this is its faster form). The row "llama (logits + CE)" is our LLaMA through that same logits path, to show how
-much of the difference is the loss.
+``F.cross_entropy(logits, targets)``. The row "llama (logits + CE)" is our LLaMA through that same logits path.
 
-    python benchmarks/bench_train_step.py [--seq-lens 2048 8192] [--archs ...] [--repeat 5] [--no-hf]
+    python benchmarks/bench_train_step.py [--shapes demo paper] [--dtypes fp32 bf16] [--seq-lens 2048 8192]
+                                          [--archs ...] [--ssm-kernels s6 ssd] [--repeat 5] [--no-hf]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import resource
 import statistics
@@ -33,27 +42,55 @@ from linlm.models.counting import count  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
 
 
-def matmul_flops_per_s(n: int = 2048, dtype=torch.float32) -> float:
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# The demo's model (src/linlm/configs/demo.yaml) with its tokenizer's vocabulary; batch 16 x 128 tokens, 1 thread.
+DEMO = dict(overrides=dict(n_layers=4, d_model=128, n_heads=2, glu_dim=384, chunk_size=64, max_seq_len=1024,
+                           vocab_size=2048), batch=16, seq=128, threads=1)
+# Issue 12's targets: (phase shape, dtype or None for any, seq or None, row, baseline row, minimum ratio).
+TARGETS = [
+    ("demo", "bf16", None, "mamba", "llama", 0.5),
+    ("demo", "bf16", None, "mossnet", "mamba", 0.5),
+    ("paper", None, 2048, "mamba", "llama", 1.0),
+    ("paper", None, 8192, "mamba", "llama", 1.4),
+    ("paper", None, None, "mossnet", "mamba", 0.8),
+    ("paper", None, None, "mossnet (ssd)", "mamba", 0.8),
+]
+
+
+def matmul_flops_per_s(dtype=torch.float32, n: int = 2048, tries: int = 7) -> float:
     """The fastest of several square matmuls: the ceiling MFU is measured against (a slow outlier would inflate MFU)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    t = min(time_fn(lambda: a @ b, warmup=1 if i else 2, repeat=1) for i in range(7))
+    t = min(time_fn(lambda: a @ b, warmup=1 if i else 2, repeat=1) for i in range(tries))
     return 2 * n**3 / t
 
 
-def make_step(model, ids, mode: str = "fused"):
+@contextlib.contextmanager
+def num_threads(n):
+    was = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(was)
+
+
+def make_step(model, ids, mode: str = "fused", dtype: str = "fp32"):
     """mode: "fused" (ours, targets=), "logits" (ours, logits then F.cross_entropy) or "hf" (transformers)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     targets = ids.roll(-1, dims=1)
+    bf16 = dtype == "bf16"
 
     def step():
-        if mode == "fused":
-            out = model(ids, targets=targets, return_aux=True)
-            loss = out.loss + out.aux_loss
-        else:
-            out = model(ids) if mode == "hf" else model(ids, return_aux=True)
-            loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
-            if mode == "logits":
-                loss = loss + out.aux_loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if mode == "fused":
+                out = model(ids, targets=targets, return_aux=True)
+                loss = out.loss + out.aux_loss
+            else:
+                out = model(ids) if mode == "hf" else model(ids, return_aux=True)
+                loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+                if mode == "logits":
+                    loss = loss + out.aux_loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -61,25 +98,41 @@ def make_step(model, ids, mode: str = "fused"):
     return step
 
 
-def build(arch: str, mode: str, n: int, args):
+def row_name(arch: str, mode: str, kernel: str | None) -> str:
+    if mode == "logits":
+        return f"{arch} (logits + CE)"
+    if mode == "hf":
+        return f"{arch} (transformers)"
+    return f"{arch} ({kernel})" if kernel and kernel != "s6" else arch
+
+
+def build(entry, phase: dict, args):
+    arch, mode, kernel = entry
     torch.manual_seed(0)
-    model = create_model(arch, preset="paper-70m", vocab_size=args.vocab, max_seq_len=max(n, 8192))
+    kw = {} if kernel is None else {"ssm_kernel": kernel}
+    if phase["shape"] == "demo":
+        model = create_model(arch, **DEMO["overrides"], **kw)
+        vocab = DEMO["overrides"]["vocab_size"]
+    else:
+        model = create_model(arch, preset="paper-70m", vocab_size=args.vocab, max_seq_len=max(phase["seq"], 8192),
+                             **kw)
+        vocab = args.vocab
     cfg = model.config
-    name = {"fused": arch, "logits": f"{arch} (logits + CE)", "hf": f"{arch} (transformers)"}[mode]
     if mode == "hf":
         from linlm.hf.llama import to_hf_llama
 
         model = to_hf_llama(model)
         model.config._attn_implementation = "sdpa"
     model.train()
-    ids = torch.randint(0, args.vocab, (args.batch, n))
-    return name, cfg, make_step(model, ids, mode)
+    ids = torch.randint(0, vocab, (phase["batch"], phase["seq"]))
+    return row_name(arch, mode, kernel), cfg, make_step(model, ids, mode, phase["dtype"])
 
 
-def time_rounds(entries, n: int, args, phase: str) -> list[dict]:
+def time_rounds(entries, phase: dict, args) -> list[dict]:
     """Build every model of a phase first, then time them in interleaved rounds, so that drift in the machine's
     load (or first-touch memory costs) does not favour whichever model happens to run first."""
-    runs = [build(arch, mode, n, args) for arch, mode in entries]
+    n, batch = phase["seq"], phase["batch"]
+    runs = [build(e, phase, args) for e in entries]
     times = {name: [] for name, _, _ in runs}
     faults = {name: [] for name, _, _ in runs}  # minor page faults per step (fresh memory touched)
     for _ in range(args.warmup):
@@ -94,68 +147,200 @@ def time_rounds(entries, n: int, args, phase: str) -> list[dict]:
     out = []
     for name, cfg, _ in runs:
         seconds = statistics.median(times[name])
-        tokens = args.batch * n
-        c = count(cfg, batch=args.batch, seq_len=n)
+        tokens = batch * n
+        c = count(cfg, batch=batch, seq_len=n)
         flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
-        out.append(dict(arch=name, phase=phase, seq_len=n, batch=args.batch, seconds_per_step=seconds,
+        out.append(dict(arch=name, **phase, seq_len=n, seconds_per_step=seconds,
                         step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops,
                         page_faults_per_step=statistics.median(faults[name])))
-        print(f"  [{phase}] {name:>22} n={n}: {tokens / seconds:8.1f} tok/s, "
+        print(f"  [{phase['name']}] {name:>22}: {tokens / seconds:8.1f} tok/s, "
               f"{statistics.median(faults[name]):,.0f} page faults/step", flush=True)
     del runs
     gc.collect()
     return out
 
 
+def add_ratios(results: list[dict]) -> None:
+    for r in results:
+        same = [x for x in results if x["name"] == r["name"]]
+        by = {x["arch"]: x for x in same}
+        if "llama" in by:
+            r["ratio_vs_our_llama"] = r["tokens_per_s"] / by["llama"]["tokens_per_s"]
+        if r["arch"].startswith("mossnet") and "mamba" in by:
+            r["ratio_vs_mamba"] = r["tokens_per_s"] / by["mamba"]["tokens_per_s"]
+            # the same ratio within each interleaved round: how steady the comparison is
+            r["ratio_vs_mamba_per_round"] = [m / s for s, m in zip(r["step_seconds"], by["mamba"]["step_seconds"])]
+        if r["arch"] == "mamba" and "llama" in by:
+            r["ratio_vs_our_llama_per_round"] = [
+                b / s for s, b in zip(r["step_seconds"], by["llama"]["step_seconds"])]
+        hf_row = by.get("llama (transformers)")
+        if r["arch"] in ("llama", "llama (logits + CE)") and hf_row:
+            r["ratio_vs_hf_llama"] = r["tokens_per_s"] / hf_row["tokens_per_s"]
+            r["ratio_vs_hf_llama_per_round"] = [h / o for o, h in zip(r["step_seconds"], hf_row["step_seconds"])]
+
+
+def profile_phase(entries, phase: dict, args) -> None:
+    """Print the ops that take a step's time: torch.profiler over 2 steps after a warm-up step, by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for entry in entries:
+        name, _, step = build(entry, phase, args)
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                step()
+        print(f"===== [{phase['name']}] {name}")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile,
+                                        max_name_column_width=40))
+
+
+def peak_rss_child(argv) -> int:
+    """Child of --memory: build one model, run warm-up + 2 steps, print the process's peak RSS in bytes."""
+    arch, kernel, shape, dtype, seq, vocab = argv
+    args = argparse.Namespace(vocab=int(vocab))
+    threads = DEMO["threads"] if shape == "demo" else None
+    phase = dict(name="memory", shape=shape, dtype=dtype, seq=int(seq),
+                 batch=DEMO["batch"] if shape == "demo" else 1)
+    with num_threads(threads):
+        _, _, step = build((arch, "fused", None if kernel == "-" else kernel), phase, args)
+        for _ in range(3):
+            step()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return 0
+
+
+def peak_rss(entries, phases, args) -> list[dict]:
+    """Peak RSS of a training step, one fresh process per (model, phase), so that no model's memory hides another's.
+    (Run the same command with PYTHONPATH pointing at another checkout to compare revisions.)"""
+    import subprocess
+
+    out = []
+    for ph in phases:
+        for arch, _, kernel in entries:
+            cmd = [sys.executable, __file__, "--_peak-rss-child", arch, kernel or "-", ph["shape"], ph["dtype"],
+                   str(ph["seq"]), str(args.vocab)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            rss = int(proc.stdout.strip().splitlines()[-1])
+            out.append(dict(arch=row_name(arch, "fused", kernel), phase=ph["name"], peak_rss_bytes=rss))
+            print(f"  [{ph['name']}] {out[-1]['arch']:>22}: peak RSS {rss / 2**20:,.0f} MiB", flush=True)
+    return out
+
+
+def check_targets(results: list[dict]) -> list[dict]:
+    checks = []
+    for shape, dtype, seq, row, base, want in TARGETS:
+        for r in results:
+            if r["shape"] != shape or r["arch"] != row or r.get("hf"):
+                continue
+            if (dtype and r["dtype"] != dtype) or (seq and r["seq_len"] != seq):
+                continue
+            b = next((x for x in results if x["name"] == r["name"] and x["arch"] == base), None)
+            if b is None:
+                continue
+            ratio = r["tokens_per_s"] / b["tokens_per_s"]
+            checks.append(dict(phase=r["name"], row=row, baseline=base, ratio=ratio, target=want, met=ratio >= want))
+    return checks
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", choices=["demo", "paper"], default=["demo", "paper"])
+    ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32", "bf16"],
+                    help="precisions of the paper phases (the demo phase is bf16, as the demo trains)")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--archs", nargs="+", default=None)
+    ap.add_argument("--ssm-kernels", nargs="+", choices=["s6", "ssd"], default=["s6", "ssd"],
+                    help="MossNet's ssm_kernel choices, one row each")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' LlamaForCausalLM")
+    ap.add_argument("--memory", action="store_true",
+                    help="instead of timing, the peak RSS of each model's step, each in a process of its own")
+    ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                    help="instead of timing, torch.profiler over 2 steps of each model: the top ROWS ops by self CPU")
+    ap.add_argument("--_peak-rss-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args._peak_rss_child:
+        return peak_rss_child(args._peak_rss_child)
     archs = args.archs or list(ARCHITECTURES)
-    peak = matmul_flops_per_s()
+    entries = [(a, "fused", k) for a in archs for k in (args.ssm_kernels if a == "mossnet" else [None])]
+
+    phases = []
+    if "demo" in args.shapes:
+        phases.append(dict(name="demo bf16", shape="demo", dtype="bf16", seq=DEMO["seq"], batch=DEMO["batch"],
+                           threads=DEMO["threads"]))
+    if "paper" in args.shapes:
+        for n in args.seq_lens:  # the short sequences first, in both precisions
+            for dtype in args.dtypes:
+                phases.append(dict(name=f"paper-70m {dtype} {n}", shape="paper", dtype=dtype, seq=n,
+                                   batch=args.batch, threads=None))
+    if args.profile:
+        for ph in phases:
+            with num_threads(ph["threads"]):
+                profile_phase(entries, ph, args)
+        return 0
+    if args.memory:
+        rows = peak_rss(entries, phases, args)
+        write_json("bench_train_step_memory", dict(meta=meta(), results=rows))
+        return 0
+    ceilings: dict = {}
+
+    def measure_ceilings():
+        for ph in phases:
+            with num_threads(ph["threads"]) as nt:
+                key = f"{ph['dtype']}/{nt} threads"
+                ceilings[key] = max(ceilings.get(key, 0.0), matmul_flops_per_s(DTYPES[ph["dtype"]]))
+
+    measure_ceilings()
     results = []
-    for n in args.seq_lens:
-        # Phase "archs": every architecture through its training path, against our LLaMA.
-        results += time_rounds([(a, "fused") for a in archs], n, args, "archs")
-        # Phase "hf": our LLaMA against transformers' in rounds of their own (the other models freed first, so
-        # that this pair does not share the heap with them): ours through its training path and through the
-        # same logits + F.cross_entropy path as transformers'.
-        if "llama" in archs and not args.no_hf:
-            results += time_rounds([("llama", "fused"), ("llama", "logits"), ("llama", "hf")], n, args, "hf")
+    for i, ph in enumerate(phases):
+        with num_threads(ph["threads"]) as nt:
+            ph = {**ph, "threads": nt}
+            results += time_rounds(entries, ph, args)
+            if "llama" in archs and not args.no_hf and ph["shape"] == "paper" and ph["dtype"] == "fp32":
+                hf_ph = {**ph, "name": ph["name"] + " (hf)", "hf": True}
+                results += time_rounds([("llama", "fused", None), ("llama", "logits", None), ("llama", "hf", None)],
+                                       hf_ph, args)
+        if i + 1 < len(phases):  # the phases done so far survive an interrupted run
+            report(results, ceilings, args, partial=True)
     # Measured again at the end, the best of both: MFU is then a lower bound, never inflated by a slow moment.
-    peak = max(peak, matmul_flops_per_s())
+    measure_ceilings()
+    report(results, ceilings, args, partial=False)
+    return 0
+
+
+def report(results: list[dict], ceilings: dict, args, partial: bool) -> None:
+    """MFU, ratios and target checks of the rows so far: printed (unless partial) and written to the JSON."""
     for r in results:
-        r["mfu"] = r["model_flops_per_step"] / r["seconds_per_step"] / peak
-    for r in results:
-        same = [x for x in results if x["seq_len"] == r["seq_len"] and x["phase"] == r["phase"]]
-        base = next((x for x in same if x["arch"] == "llama"), None)
-        if base is not None:
-            r["ratio_vs_our_llama"] = r["tokens_per_s"] / base["tokens_per_s"]
-        hf_row = next((x for x in same if x["arch"] == "llama (transformers)"), None)
-        if r["arch"] in ("llama", "llama (logits + CE)") and hf_row:
-            r["ratio_vs_hf_llama"] = r["tokens_per_s"] / hf_row["tokens_per_s"]
-            # The same ratio within each interleaved round: how steady the comparison is.
-            r["ratio_vs_hf_llama_per_round"] = [h / o for o, h in zip(r["step_seconds"], hf_row["step_seconds"])]
-    rows = [[r["arch"], r["phase"], r["seq_len"], f"{r['tokens_per_s']:.0f}",
+        r["mfu"] = r["model_flops_per_step"] / r["seconds_per_step"] / ceilings[f"{r['dtype']}/{r['threads']} threads"]
+    add_ratios(results)
+    if partial:
+        write_json("bench_train_step", dict(meta=meta(), partial=True, matmul_flops_per_s=ceilings, vocab=args.vocab,
+                                            demo=DEMO, results=results, target_checks=check_targets(results)))
+        return
+    rows = [[r["arch"], r["name"], f"{r['tokens_per_s']:.0f}",
              f"{r['ratio_vs_our_llama']:.2f}x" if "ratio_vs_our_llama" in r else "",
+             f"{r['ratio_vs_mamba']:.2f}x" if "ratio_vs_mamba" in r else "",
              f"{r['ratio_vs_hf_llama']:.2f}x" if "ratio_vs_hf_llama" in r else "",
              f"{100 * r['mfu']:.1f}%"] for r in results]
-    print_table(["arch", "phase", "seq", "tokens/s", "vs our llama", "vs HF llama", "MFU"], rows)
-    print(f"matmul ceiling measured in this run: {peak / 1e9:.0f} GFLOP/s (fp32, n=2048)")
+    print_table(["arch", "phase", "tokens/s", "vs our llama", "vs mamba", "vs HF llama", "MFU"], rows)
+    print("matmul ceilings measured in this run (best of 7 tries, start and end):",
+          ", ".join(f"{k}: {v / 1e9:.0f} GFLOP/s" for k, v in ceilings.items()))
+    checks = check_targets(results)
+    for c in checks:
+        print(f"target [{c['phase']}] {c['row']} / {c['baseline']}: {c['ratio']:.2f}x "
+              f"(>= {c['target']}x: {'met' if c['met'] else 'NOT met'})")
     for r in results:
-        if "ratio_vs_hf_llama_per_round" in r:
-            per = ", ".join(f"{x:.3f}" for x in r["ratio_vs_hf_llama_per_round"])
-            print(f"{r['arch']} vs transformers at seq {r['seq_len']}, round by round: {per}")
-    write_json("bench_train_step", dict(meta=meta(), matmul_flops_per_s=peak, vocab=args.vocab, results=results,
+        for key in ("ratio_vs_mamba_per_round", "ratio_vs_our_llama_per_round", "ratio_vs_hf_llama_per_round"):
+            if key in r:
+                per = ", ".join(f"{x:.2f}" for x in r[key])
+                print(f"[{r['name']}] {r['arch']} {key.replace('_per_round', '')}, round by round: {per}")
+    write_json("bench_train_step", dict(meta=meta(), partial=False, matmul_flops_per_s=ceilings, vocab=args.vocab,
+                                        demo=DEMO, results=results, target_checks=checks,
                                         targets={"our_llama_vs_hf": 1.0, "linear_vs_llama_2048": 1.0,
                                                  "linear_vs_llama_8192": 1.4}))
-    return 0
 
 
 if __name__ == "__main__":

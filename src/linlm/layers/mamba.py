@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linlm.ops import scan_kernel
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
 # Mamba's dt initialisation: dt log-uniform in [DT_MIN, DT_MAX], floored at DT_FLOOR, stored as softplus^{-1}(dt).
@@ -82,7 +83,36 @@ class ShortConv(nn.Module):
             self.weight.uniform_(-bound, bound)
             self.bias.uniform_(-bound, bound)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, reset: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, reset: torch.Tensor | None = None,
+                silu: bool = False):
+        """(out, new_state); with silu=True, out = silu(conv), through the compiled kernel on the CPU when it is
+        available (linlm.ops.scan_kernel: one pass each way, the backward recomputes the conv)."""
+        B, T, C = x.shape
+        K = self.kernel
+        if reset is not None:
+            pos = torch.arange(T, device=x.device)
+            # Position of the latest document start at or before t; far in the past when none.
+            last = torch.where(reset, pos, -(T + K)).cummax(dim=1).values  # [B, T]
+        if silu and x.device.type == "cpu" and scan_kernel.available():
+            since = None if reset is None else pos - last
+            out = scan_kernel.conv_silu(x, state, self.weight, self.bias, since)
+            if state is None:
+                state = x.new_zeros(B, K - 1, C)
+            tail = torch.cat([state.to(x.dtype), x[:, max(0, T - (K - 1)):]], dim=1)  # K - 1 + min(T, K - 1)
+            new_state = tail[:, min(T, K - 1):]  # the last K - 1 inputs (some from the old state when T < K - 1)
+            return out, self._mask_state(new_state, reset, last if reset is not None else None, T)
+        out, new_state = self._conv(x, state, reset, last if reset is not None else None)
+        return (F.silu(out) if silu else out), new_state
+
+    def _mask_state(self, new_state, reset, last, T):
+        """Zero the inputs of a finished document in the returned state."""
+        K = self.kernel
+        if reset is not None and K > 1:
+            times = torch.arange(T - (K - 1), T, device=new_state.device)
+            new_state = new_state * (times >= last[:, -1:]).unsqueeze(-1).to(new_state.dtype)
+        return new_state
+
+    def _conv(self, x, state, reset, last):
         B, T, C = x.shape
         K = self.kernel
         if state is None:
@@ -92,8 +122,6 @@ class ShortConv(nn.Module):
         out = torch.addcmul(self.bias.to(x.dtype), xs[:, K - 1 :], w[:, K - 1])
         if reset is not None:
             pos = torch.arange(T, device=x.device)
-            # Position of the latest document start at or before t; far in the past when none.
-            last = torch.where(reset, pos, -(T + K)).cummax(dim=1).values  # [B, T]
             since = (pos - last).unsqueeze(-1)  # tokens since the document start, >= T + K when none
         for j in range(K - 1):
             lag = K - 1 - j
@@ -102,10 +130,7 @@ class ShortConv(nn.Module):
                 term = term * (since >= lag).to(x.dtype)
             out = out + term
         new_state = xs[:, T:]  # the last K - 1 inputs (some from the old state when T < K - 1)
-        if reset is not None and K > 1:
-            times = torch.arange(T - (K - 1), T, device=x.device)
-            new_state = new_state * (times >= last[:, -1:]).unsqueeze(-1).to(x.dtype)
-        return out, new_state
+        return out, self._mask_state(new_state, reset, last, T)
 
     def flops_per_token(self, seq_len: int) -> float:
         return 2.0 * self.channels * self.kernel
@@ -138,8 +163,7 @@ class MambaMixer(nn.Module):
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         T = x.shape[1]
         u, z = self.in_proj(x).chunk(2, dim=-1)
-        u, conv_state = self.conv(u, None if state is None else state["conv"], reset)
-        u = F.silu(u)
+        u, conv_state = self.conv(u, None if state is None else state["conv"], reset, silu=True)
         dt_low, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(F.linear(dt_low, self.dt_weight, self.dt_bias))
         A = decay_rate(self.A_log)

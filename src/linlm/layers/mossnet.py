@@ -89,8 +89,7 @@ class MossNetMixer(nn.Module):
         gates, idx = gates.view(B, T, self.top_k), idx.view(B, T, self.top_k)
 
         u, z = self.in_proj(x).chunk(2, dim=-1)
-        u, conv_state = self.conv(u, None if state is None else state["conv"], reset)
-        u = F.silu(u)
+        u, conv_state = self.conv(u, None if state is None else state["conv"], reset, silu=True)
         ssm = None if state is None else state["ssm"]
         if ssm is not None and T == 1 and reset is None:
             y, ssm = self._step(u[:, 0], gates[:, 0], idx[:, 0], ssm)
@@ -142,12 +141,13 @@ class MossNetMixer(nn.Module):
         u_rows = ug.view(E * B, L, Din)
         B_rows, C_rows = Bm.reshape(E * B, L, N), Cm.reshape(E * B, L, N)
         if self.kernel == "s6":
-            dt = F.softplus(torch.bmm(dt_raw, self.dt_weight.transpose(1, 2)) + self.dt_bias[:, None])
-            dt = (dt * valid[..., None]).view(E * B, L, Din)
+            # Padding past each row's count is skipped by the scan (lengths), so dt needs no mask there.
+            dt = F.softplus(torch.baddbmm(self.dt_bias[:, None], dt_raw, self.dt_weight.transpose(1, 2)))
             init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, Din, N)
             yg, final = selective_scan(
-                u_rows, dt, A.repeat_interleave(B, dim=0), B_rows, C_rows, D, initial_state=init, reset=reset_g,
-                output_final_state=return_state, chunk_size=self.chunk_size,
+                u_rows, dt.view(E * B, L, Din), A.repeat_interleave(B, dim=0), B_rows, C_rows, D,
+                initial_state=init, reset=reset_g, output_final_state=return_state, chunk_size=self.chunk_size,
+                lengths=counts.t().reshape(E * B),
             )
         else:
             dt = F.softplus(dt_raw[..., 0] + self.dt_bias[:, None]) * valid  # [E, B L]

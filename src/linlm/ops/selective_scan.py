@@ -58,10 +58,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError, ShapeError
+from linlm.ops import scan_kernel
 
 __all__ = [
     "selective_scan",
     "selective_scan_chunked",
+    "selective_scan_kernel",
     "selective_scan_reference",
     "selective_scan_step",
 ]
@@ -129,9 +131,10 @@ def _check_scan_values(fn: str, dt: Tensor, A: Tensor) -> None:
     (Skipped while torch.export traces: a graph cannot branch on values.)"""
     if torch.compiler.is_exporting():
         return
-    if bool((A > 0).any()):
+    # One reduction each (no boolean temporary of dt's size); a NaN fails neither test, as before.
+    if A.numel() and float(A.detach().max()) > 0:
         raise ShapeError(f"{fn}: `A` must be <= 0 (A = -exp(A_log)), got a maximum of {A.max().item():.4g}")
-    if bool((dt < 0).any()):
+    if dt.numel() and float(dt.detach().min()) < 0:
         raise ShapeError(
             f"{fn}: `dt` must be >= 0 (apply softplus first), got a minimum of {dt.min().item():.4g}"
         )
@@ -438,6 +441,48 @@ def selective_scan_chunked(
     return y, (final if output_final_state else None)
 
 
-def selective_scan(u, dt, A, B, C, D=None, **kw) -> tuple[Tensor, Tensor | None]:
-    """The scan models call: the chunked form. Keywords as selective_scan_chunked."""
-    return selective_scan_chunked(u, dt, A, B, C, D, **kw)
+def selective_scan_kernel(
+    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True, lengths=None
+) -> tuple[Tensor, Tensor | None]:
+    """The compiled CPU kernel (linlm.ops.scan_kernel): same result as selective_scan_reference, one pass over the
+    sequence per direction, states checkpointed every 64 steps for the backward. Raises ConfigError when the kernel
+    cannot be built (see scan_kernel.available).
+
+    lengths: None, or int [Bt]: row b ends after lengths[b] steps and the rest is padding that is skipped (y there is
+    D u; the final state is the one after step lengths[b] - 1). The same as the reference on each row's prefix.
+    """
+    fn = "selective_scan_kernel"
+    Bt, Din, N = _check_scan_args(fn, u, dt, A, B, C, D, initial_state, reset)
+    _check_scan_values(fn, dt, A)
+    if u.device.type != "cpu":
+        raise ShapeError(f"{fn}: the kernel runs on the CPU, got `u` on {u.device}; use selective_scan_chunked")
+    if N > scan_kernel.MAX_STATE:
+        raise ShapeError(f"{fn}: the kernel takes a state size N of at most {scan_kernel.MAX_STATE}, got N = {N} "
+                         f"(from `A`); use selective_scan_chunked")
+    if not scan_kernel.available():
+        raise ConfigError(f"{fn}: the selective-scan kernel is not available (no C compiler, the build failed, or "
+                          f"LINLM_SCAN_BACKEND=torch); use selective_scan_chunked")
+    cd = _compute_dtype(u)
+    if u.shape[1] == 0:
+        s = torch.zeros(Bt, Din, N, dtype=cd, device=u.device) if initial_state is None else initial_state.to(cd)
+        return u.new_zeros(Bt, 0, Din), (s if output_final_state else None)
+    uc, dtc, Ac, Bc, Cc = (t.to(cd) for t in (u, dt, A, B, C))
+    init = None if initial_state is None else initial_state.to(cd)
+    if lengths is not None and (not isinstance(lengths, Tensor) or list(lengths.shape) != [Bt]
+                                or lengths.is_floating_point()):
+        raise ShapeError(f"{fn}: `lengths` must be None or an integer tensor [Bt] = [{Bt}], got {_shape(lengths)}")
+    y, final = scan_kernel.kernel_scan(uc, dtc, Ac, Bc, Cc, D, init, reset, lengths)
+    return y.to(u.dtype), (final if output_final_state else None)
+
+
+def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, **kw) -> tuple[Tensor, Tensor | None]:
+    """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available()),
+    else the chunked form. Keywords as selective_scan_kernel; chunk_size only matters to the chunked form, which
+    runs `lengths` as dt = 0 and C = 0 on the padding (the same result, at the cost of scanning the padding)."""
+    if (isinstance(u, Tensor) and u.device.type == "cpu" and isinstance(A, Tensor)
+            and A.shape[-1] <= scan_kernel.MAX_STATE and scan_kernel.available()):
+        return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, **kw)
+    if lengths is not None:
+        valid = (torch.arange(u.shape[1], device=u.device) < lengths.to(u.device)[:, None])[..., None]
+        dt, C = dt * valid, C * valid
+    return selective_scan_chunked(u, dt, A, B, C, D, chunk_size=chunk_size, **kw)

@@ -1,0 +1,385 @@
+/* The S6 selective scan as a plain C kernel, forward and backward, for linlm.ops.scan_kernel.
+
+   One compile gives both precisions: the file includes itself once more at the end with REAL = double, so every
+   function exists as NAME_f32 and NAME_f64.
+   No Python or torch headers: it takes raw pointers to contiguous row-major buffers and is called through ctypes,
+   which releases the GIL, so the caller can split the work items over threads. Shapes (as selective_scan.py):
+
+       u, dt, y, du, ddt   [Bt, T, Din]          A            [Din, N] (a_bstride 0) or [Bt, Din, N]
+       Bm, Cm              [Bt, T, N]            dB, dC       [ntiles, Bt, T, N] (one partial sum per tile)
+       init, final, dinit  [Bt, Din, N]          dA           [Bt, Din, N] (per row; the caller sums shared A)
+       reset               [Bt, T] bytes or NULL ckpt         [Bt, nseg, Din, N], nseg = ceil(T / K)
+       D, dD               [Din] or [Bt, Din]    lengths      [Bt] int64 or NULL
+
+   A work item is one (batch row b, tile of TILE channels). Its state is held as s[n][d] (d fastest), so every loop
+   over d is a straight vector loop and the sums over n (y, dx, the dt gradient) are vertical; only the sums over d
+   (dB, dC) are horizontal, once per (t, n, tile). The forward keeps the state in a 8 KiB array and writes the state
+   at every K-th step to ckpt. The backward walks the segments of K steps from last to first: it recomputes the
+   segment's states and decays from the checkpoint into two K x N x TILE buffers (256 KiB each at K 64, N 16, TILE
+   64 in float32: L2-resident), then runs the adjoint g_t = dL/ds_t backwards through them. */
+
+#include <stdint.h>
+#include <string.h>
+
+#ifndef REAL
+#define REAL float
+#define REAL_IS_DOUBLE 0
+#define SUF(name) name##_f32
+#endif
+
+#define TILE 64
+
+/* exp(x) for x <= 0 (the decays; dt >= 0 and A <= 0 are checked by the caller), in plain arithmetic so that the
+   compiler vectorises it: range reduction x = n ln2 + r, |r| <= ln2 / 2, a Taylor polynomial for exp(r), and 2^n
+   from the exponent bits. Below the smallest normal number (x < -87.3 in float32, -708 in float64) it returns 0 (the
+   2^n factor is clamped to the bit pattern of 0.0); the clamp is on the integer n, because a comparison of floats
+   in the loop stops gcc from vectorising it. Valid for x down to about -1.4e9 (where n overflows an int32). */
+#if REAL_IS_DOUBLE
+#define EXP_LOG2E 1.4426950408889634
+#define EXP_LN2_HI 0.693145751953125
+#define EXP_LN2_LO 1.4286068203094173e-06
+#define EXP_NCOEF 14  /* 1/13! down to 1/0!: error below 1e-17 for |r| <= ln2 / 2 */
+#define EXP_MIN_N (-1023)
+#define EXP_BIAS 1023
+#define EXP_SHIFT 52
+#define EXP_BITS int64_t
+static const double SUF(exp_coef)[EXP_NCOEF] = {
+    1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
+    1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
+#else
+#define EXP_LOG2E 1.44269504f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_NCOEF 8  /* 1/7! down to 1/0!: error below 1e-8 */
+#define EXP_MIN_N (-127)
+#define EXP_BIAS 127
+#define EXP_SHIFT 23
+#define EXP_BITS int32_t
+static const float SUF(exp_coef)[EXP_NCOEF] = {
+    1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+#endif
+
+static inline REAL SUF(exp_neg)(REAL x) {
+    int32_t ni = (int32_t)(x * EXP_LOG2E - (REAL)0.5);  /* round to nearest, x <= 0 */
+    const REAL n = (REAL)ni;
+    const REAL r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
+    REAL p = SUF(exp_coef)[0];
+    for (int i = 1; i < EXP_NCOEF; i++) p = p * r + SUF(exp_coef)[i];
+    ni = ni < EXP_MIN_N ? EXP_MIN_N : ni;  /* 2^n = 0.0 below the normal range */
+    union { REAL f; EXP_BITS i; } v;
+    v.i = ((EXP_BITS)ni + EXP_BIAS) << EXP_SHIFT;
+    return p * v.f;
+}
+
+/* Decays of one step: a[n][d] = exp(dt[d] A[n][d]), or 0 at a reset step. */
+static inline void SUF(decays)(REAL *restrict a, const REAL *restrict At, const REAL *restrict dtv, int64_t N,
+                               int64_t dl, int reset) {
+    for (int64_t n = 0; n < N; n++) {
+        REAL *restrict an = a + n * TILE;
+        const REAL *restrict An = At + n * TILE;
+        if (reset) {
+            for (int64_t d = 0; d < dl; d++) an[d] = 0;
+        } else {
+#pragma omp simd
+            for (int64_t d = 0; d < dl; d++) an[d] = SUF(exp_neg)(dtv[d] * An[d]);
+        }
+    }
+}
+
+/* A of row b, tile d0..d0+dl, transposed to At[n][d]. */
+static void SUF(load_A)(REAL *restrict At, const REAL *restrict A, int64_t a_bstride, int64_t b, int64_t d0,
+                        int64_t dl, int64_t N) {
+    const REAL *Ab = A + b * a_bstride;
+    for (int64_t d = 0; d < dl; d++)
+        for (int64_t n = 0; n < N; n++) At[n * TILE + d] = Ab[(d0 + d) * N + n];
+}
+
+/* state [Din, N] slice (row layout) <-> tile s[n][d] */
+static void SUF(load_state)(REAL *restrict s, const REAL *restrict src, int64_t d0, int64_t dl, int64_t N) {
+    for (int64_t d = 0; d < dl; d++)
+        for (int64_t n = 0; n < N; n++) s[n * TILE + d] = src[(d0 + d) * N + n];
+}
+
+static void SUF(store_state)(REAL *restrict dst, const REAL *restrict s, int64_t d0, int64_t dl, int64_t N) {
+    for (int64_t d = 0; d < dl; d++)
+        for (int64_t n = 0; n < N; n++) dst[(d0 + d) * N + n] = s[n * TILE + d];
+}
+
+/* One forward step over a tile: s <- a s + x B_t, optionally y = <C_t, s>. */
+static inline void SUF(step)(REAL *restrict s, const REAL *restrict a, const REAL *restrict x, const REAL *restrict Bt_,
+                             int64_t N, int64_t dl) {
+    for (int64_t n = 0; n < N; n++) {
+        REAL *restrict sn = s + n * TILE;
+        const REAL *restrict an = a + n * TILE;
+        const REAL bn = Bt_[n];
+#pragma omp simd
+        for (int64_t d = 0; d < dl; d++) sn[d] = an[d] * sn[d] + x[d] * bn;
+    }
+}
+
+/* Rows may end early: with lengths != NULL, row b runs steps 0 .. lengths[b] - 1 only; later steps are padding:
+   there y = D u, the state is not touched and no gradient reaches u (beyond D's term), dt, B or C. D (NULL for
+   none) is [Din] (d_bstride 0) or [Bt, Din]. */
+void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+                   const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
+                   REAL *y, REAL *final, REAL *ckpt, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
+                   int64_t item0, int64_t item1) {
+    const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / ntiles, d0 = (item % ntiles) * TILE;
+        const int64_t dl = Din - d0 < TILE ? Din - d0 : TILE;
+        const int64_t Tb = lengths ? lengths[b] : T;
+        REAL st[N * TILE], At[N * TILE], a[N * TILE], x[TILE], dtv[TILE], yv[TILE], Dv[TILE];
+        SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
+        for (int64_t d = 0; d < dl; d++) Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
+        if (init) SUF(load_state)(st, init + b * Din * N, d0, dl, N);
+        else memset(st, 0, sizeof(st));
+        for (int64_t t = 0; t < Tb; t++) {
+            if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
+            const int64_t row = (b * T + t) * Din + d0;
+            for (int64_t d = 0; d < dl; d++) {
+                dtv[d] = dt[row + d];
+                x[d] = dtv[d] * u[row + d];
+                yv[d] = Dv[d] * u[row + d];
+            }
+            SUF(decays)(a, At, dtv, N, dl, reset && reset[b * T + t]);
+            SUF(step)(st, a, x, Bm + (b * T + t) * N, N, dl);
+            const REAL *Ct = Cm + (b * T + t) * N;
+            for (int64_t n = 0; n < N; n++) {
+                const REAL cn = Ct[n];
+                const REAL *restrict sn = st + n * TILE;
+#pragma omp simd
+                for (int64_t d = 0; d < dl; d++) yv[d] += cn * sn[d];
+            }
+            for (int64_t d = 0; d < dl; d++) y[row + d] = yv[d];
+        }
+        for (int64_t t = Tb; t < T; t++) {
+            const int64_t row = (b * T + t) * Din + d0;
+            for (int64_t d = 0; d < dl; d++) y[row + d] = Dv[d] * u[row + d];
+        }
+        if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
+    }
+}
+
+/* work: per calling thread, 2 * K * N * TILE elements (segment states and decays). dD: [Bt, Din] per row. */
+void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
+                   const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                   REAL *dinit, REAL *work, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, int64_t item0,
+                   int64_t item1) {
+    const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
+    REAL *S = work, *Adec = work + K * N * TILE;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / ntiles, tile = item % ntiles, d0 = tile * TILE;
+        const int64_t dl = Din - d0 < TILE ? Din - d0 : TILE;
+        const int64_t Tb = lengths ? lengths[b] : T;
+        REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], x[TILE], dtv[TILE], dx[TILE], dlt[TILE];
+        REAL Dv[TILE], gD[TILE];
+        REAL *dBp = dB + (tile * Bt + b) * T * N, *dCp = dC + (tile * Bt + b) * T * N;
+        SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
+        for (int64_t d = 0; d < dl; d++) {
+            Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
+            gD[d] = 0;
+        }
+        if (dfinal) SUF(load_state)(g, dfinal + b * Din * N, d0, dl, N);
+        else memset(g, 0, sizeof(g));
+        memset(gA, 0, sizeof(gA));
+        for (int64_t t = Tb; t < T; t++) {  /* padding: only the skip term */
+            const int64_t row = (b * T + t) * Din + d0;
+            for (int64_t d = 0; d < dl; d++) {
+                du[row + d] = dy[row + d] * Dv[d];
+                ddt[row + d] = 0;
+                gD[d] += dy[row + d] * u[row + d];
+            }
+            for (int64_t n = 0; n < N; n++) dBp[t * N + n] = dCp[t * N + n] = 0;
+        }
+        for (int64_t seg = (Tb + K - 1) / K - 1; seg >= 0; seg--) {
+            const int64_t t0 = seg * K, t1 = t0 + K < Tb ? t0 + K : Tb;
+            /* recompute the segment's decays and states from its checkpoint */
+            SUF(load_state)(s0, ckpt + (b * nseg + seg) * Din * N, d0, dl, N);
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t row = (b * T + t) * Din + d0;
+                for (int64_t d = 0; d < dl; d++) {
+                    dtv[d] = dt[row + d];
+                    x[d] = dtv[d] * u[row + d];
+                }
+                REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
+                SUF(decays)(at, At, dtv, N, dl, reset && reset[b * T + t]);
+                memcpy(st, t == t0 ? s0 : st - N * TILE, sizeof(REAL) * N * TILE);
+                SUF(step)(st, at, x, Bm + (b * T + t) * N, N, dl);
+            }
+            /* the adjoint, backwards: g holds dL/ds_t once dy_t's term is added */
+            for (int64_t t = t1 - 1; t >= t0; t--) {
+                const int64_t row = (b * T + t) * Din + d0;
+                const REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
+                const REAL *sp = t == t0 ? s0 : st - N * TILE;
+                const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
+                const REAL *dyt = dy + row;
+                REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
+                for (int64_t d = 0; d < dl; d++) {
+                    dtv[d] = dt[row + d];
+                    x[d] = dtv[d] * u[row + d];
+                    dx[d] = 0;
+                    dlt[d] = 0;
+                }
+                for (int64_t n = 0; n < N; n++) {
+                    REAL *restrict gn = g + n * TILE, *restrict gAn = gA + n * TILE;
+                    const REAL *restrict sn = st + n * TILE, *restrict spn = sp + n * TILE;
+                    const REAL *restrict an = at + n * TILE, *restrict An = At + n * TILE;
+                    const REAL cn = Ct[n], bn = Bt_[n];
+                    REAL accB = 0, accC = 0;
+#pragma omp simd reduction(+ : accB, accC)
+                    for (int64_t d = 0; d < dl; d++) {
+                        const REAL gd = gn[d] + cn * dyt[d];
+                        accC += dyt[d] * sn[d];
+                        accB += gd * x[d];
+                        dx[d] += gd * bn;
+                        const REAL ga = gd * an[d];
+                        const REAL dlog = ga * spn[d];
+                        dlt[d] += dlog * An[d];
+                        gAn[d] += dlog * dtv[d];
+                        gn[d] = ga;
+                    }
+                    dBt[n] = accB;
+                    dCt[n] = accC;
+                }
+                for (int64_t d = 0; d < dl; d++) {
+                    du[row + d] = dx[d] * dtv[d] + dyt[d] * Dv[d];
+                    ddt[row + d] = dx[d] * u[row + d] + dlt[d];
+                    gD[d] += dyt[d] * u[row + d];
+                }
+            }
+        }
+        SUF(store_state)(dinit + b * Din * N, g, d0, dl, N);
+        SUF(store_state)(dA + b * Din * N, gA, d0, dl, N);
+        for (int64_t d = 0; d < dl; d++) dD[b * Din + d0 + d] = gD[d];
+    }
+}
+
+/* Mamba's short convolution with the SiLU after it: a causal depthwise conv1d over time, K taps, on x [Bt, T, C]
+   with the K - 1 inputs before x in state [Bt, K - 1, C] (NULL: zeros), weights wt [K, C] (tap j reads the input
+   lag K - 1 - j steps back), bias [C]. since [Bt, T] (NULL: no documents) counts the steps since the latest document
+   start; a tap whose lag exceeds it reads an earlier document and is dropped. out = silu(pre). Items: (row b, block
+   of CONV_TB time steps), all channels, so that every access is a contiguous row. */
+#define CONV_TB 128
+
+static inline REAL SUF(sigmoid)(REAL z) {
+    const REAL e = SUF(exp_neg)(-__builtin_fabs(z));  /* in (0, 1]: no overflow for any z */
+    const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
+    return (REAL)0.5 + __builtin_copysign(r - (REAL)0.5, z);
+}
+
+/* the input row that tap `lag` of output t reads, or NULL (before the state, or dropped at a document start) */
+static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const int64_t *since, int64_t b, int64_t t,
+                                        int64_t lag, int64_t T, int64_t C, int64_t K) {
+    const int64_t tau = t - lag;
+    if (since && since[b * T + t] < lag) return NULL;
+    if (tau >= 0) return x + (b * T + tau) * C;
+    return state ? state + (b * (K - 1) + (K - 1 + tau)) * C : NULL;
+}
+
+static inline void SUF(conv_pre)(REAL *restrict acc, const REAL *x, const REAL *state, const REAL *wt,
+                                 const REAL *restrict bias, const int64_t *since, int64_t b, int64_t t, int64_t T,
+                                 int64_t C, int64_t K) {
+    for (int64_t c = 0; c < C; c++) acc[c] = bias[c];
+    for (int64_t j = 0; j < K; j++) {
+        const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K);
+        if (!src) continue;
+        const REAL *restrict w = wt + j * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) acc[c] += w[c] * src[c];
+    }
+}
+
+void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since, REAL *out,
+                   int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL acc[C];
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        for (int64_t t = t0; t < t1; t++) {
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K);
+            REAL *restrict o = out + (b * T + t) * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) o[c] = acc[c] * SUF(sigmoid)(acc[c]);
+        }
+    }
+}
+
+/* Backward, pass 1: dpre = dy silu'(pre) into the scratch dpre [Bt, T, C]; dw [items, K, C] and dbias [items, C],
+   one partial sum per item (the caller sums them). */
+void SUF(conv_bwd1)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
+                    const int64_t *since, REAL *dpre, REAL *dw, REAL *dbias, int64_t Bt, int64_t T, int64_t C,
+                    int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL acc[C];
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        REAL *restrict dwi = dw + item * K * C, *restrict gb = dbias + item * C;
+        for (int64_t c = 0; c < K * C; c++) dwi[c] = 0;
+        for (int64_t c = 0; c < C; c++) gb[c] = 0;
+        for (int64_t t = t0; t < t1; t++) {
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K);
+            const REAL *restrict g = dy + (b * T + t) * C;
+            REAL *restrict dp = dpre + (b * T + t) * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) {
+                const REAL sg = SUF(sigmoid)(acc[c]);
+                dp[c] = g[c] * sg * ((REAL)1 + acc[c] * ((REAL)1 - sg));
+                gb[c] += dp[c];
+            }
+            for (int64_t j = 0; j < K; j++) {
+                const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K);
+                if (!src) continue;
+                REAL *restrict w = dwi + j * C;
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) w[c] += dp[c] * src[c];
+            }
+        }
+    }
+}
+
+/* Backward, pass 2 (after pass 1 has filled dpre for every item): each input position tau of the block, and for the
+   first block of a row the state positions before it, gathers the taps that read it. dstate may be NULL. */
+void SUF(conv_bwd2)(const REAL *wt, const int64_t *since, const REAL *dpre, REAL *dx, REAL *dstate, int64_t Bt,
+                    int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL acc[C];
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        for (int64_t tau = t0 == 0 ? -(K - 1) : t0; tau < t1; tau++) {
+            REAL *restrict dst;
+            if (tau >= 0) dst = dx + (b * T + tau) * C;
+            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C;
+            else continue;
+            for (int64_t c = 0; c < C; c++) acc[c] = 0;
+            for (int64_t j = 0; j < K; j++) {
+                const int64_t lag = K - 1 - j, t = tau + lag;
+                if (t < 0 || t >= T || (since && since[b * T + t] < lag)) continue;
+                const REAL *restrict w = wt + j * C, *restrict dp = dpre + (b * T + t) * C;
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) acc[c] += w[c] * dp[c];
+            }
+            for (int64_t c = 0; c < C; c++) dst[c] = acc[c];
+        }
+    }
+}
+
+/* The same code again in double precision. */
+#if !REAL_IS_DOUBLE
+#undef REAL
+#undef REAL_IS_DOUBLE
+#undef SUF
+#undef EXP_LOG2E
+#undef EXP_LN2_HI
+#undef EXP_LN2_LO
+#undef EXP_NCOEF
+#undef EXP_MIN_N
+#undef EXP_BIAS
+#undef EXP_SHIFT
+#undef EXP_BITS
+#define REAL double
+#define REAL_IS_DOUBLE 1
+#define SUF(name) name##_f64
+#include "_scan_kernel.c"
+#endif

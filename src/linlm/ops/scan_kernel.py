@@ -1,0 +1,296 @@
+"""The S6 selective scan, and Mamba's short causal conv + SiLU, as compiled CPU kernels (``_scan_kernel.c``),
+loaded through ctypes.
+
+Why a kernel: the scan is a few multiply-adds per state element and step, so any form built from tensor ops is
+bound by its passes over a [Bt, T, Din, N] working set (the chunked form makes about a dozen). The kernel keeps a
+tile of 64 channels' states (N x 64 values) in L1 and makes one pass over the inputs forward, and in the backward
+one recomputation and one adjoint pass per segment of 64 steps, from states checkpointed every 64 steps in the
+forward (Bt x T/64 x Din x N values, what the chunked form keeps too). See the C file's header for the layout.
+
+Build: plain C, no Python or torch headers, compiled on first use with the system's C compiler (``$CC``, else
+``cc`` or ``gcc``), about a second. The library is cached under ``$LINLM_KERNEL_CACHE`` (default: the user cache
+dir, ``.../linlm/kernels``), named by a hash of the source, the flags, the compiler and the CPU's feature flags
+(it is built with ``-march=native``); it is written to a temporary name and renamed, so concurrent processes never
+load a half-written file. Without a compiler, or if the build fails (a warning says why), ``available()`` is False
+and ``linlm.ops.selective_scan.selective_scan`` uses the pure-torch chunked form. ``LINLM_SCAN_BACKEND=torch``
+forces that form; ``=kernel`` makes a missing kernel an error.
+
+Threads: ctypes releases the GIL, so the (batch row, channel tile) work items are split over
+``torch.get_num_threads()`` Python threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from linlm.errors import ConfigError
+
+__all__ = ["available", "backend", "conv_silu", "kernel_scan"]
+
+SOURCE = Path(__file__).with_name("_scan_kernel.c")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp-simd", "-std=gnu11")
+TILE = 64  # channels per work item; must equal TILE in the C source
+CKPT = 64  # steps between saved states (the backward's segment length)
+MAX_STATE = 64  # largest d_state the kernel takes: its per-item arrays (6 x N x TILE values) live on the stack
+BACKENDS = ("auto", "torch", "kernel")
+
+
+def backend() -> str:
+    """The scan backend asked for by $LINLM_SCAN_BACKEND: auto (default), torch or kernel."""
+    name = os.environ.get("LINLM_SCAN_BACKEND", "auto").strip().lower() or "auto"
+    if name not in BACKENDS:
+        raise ConfigError(
+            f"LINLM_SCAN_BACKEND={name!r} is not a scan backend; use one of {', '.join(BACKENDS)}"
+        )
+    return name
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("LINLM_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("linlm")) / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(cc: str) -> Path:
+    """Compile the source once per (source, flags, compiler, CPU); return the library's path."""
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), cc.encode(), _cpu_flags().encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    out_dir = _cache_dir()
+    path = out_dir / f"scan_kernel_{key}.so"
+    if path.exists():
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".scan_kernel_", suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_FWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P] + [_I] * 7
+_BWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P] + [_I] * 7
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL | None:
+    cc = _compiler()
+    if cc is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        warnings.warn(f"linlm: the selective-scan kernel could not be built ({e}); using the pure-torch scan",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    for suf in ("f32", "f64"):
+        getattr(lib, f"scan_fwd_{suf}").argtypes = _FWD_ARGS
+        getattr(lib, f"scan_bwd_{suf}").argtypes = _BWD_ARGS
+        getattr(lib, f"conv_fwd_{suf}").argtypes = [_P] * 6 + [_I] * 6
+        getattr(lib, f"conv_bwd1_{suf}").argtypes = [_P] * 9 + [_I] * 6
+        getattr(lib, f"conv_bwd2_{suf}").argtypes = [_P] * 5 + [_I] * 6
+    return lib
+
+
+def available() -> bool:
+    """True when the scan should run on the compiled kernel (built now if need be)."""
+    name = backend()
+    if name == "torch":
+        return False
+    ok = _library() is not None
+    if not ok and name == "kernel":
+        raise ConfigError(
+            "LINLM_SCAN_BACKEND=kernel but the selective-scan kernel could not be built (no C compiler on PATH, "
+            "or the build failed: see the warning); install gcc or unset LINLM_SCAN_BACKEND"
+        )
+    return ok
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# running the work items on threads
+
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor(n: int) -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid() or _pool[1] != n:  # a forked child needs threads of its own
+            _pool = (os.getpid(), n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="linlm-scan"))
+        return _pool[2]
+
+
+def _run(fn, n_items: int, make_args) -> None:
+    """Call fn(*make_args(worker), item0, item1) over contiguous ranges of the items, one per thread."""
+    n = max(1, min(torch.get_num_threads(), n_items))
+    if n == 1:
+        fn(*make_args(0), 0, n_items)
+        return
+    bounds = [n_items * i // n for i in range(n + 1)]
+    futures = [_executor(n).submit(fn, *make_args(i), bounds[i], bounds[i + 1]) for i in range(n)]
+    for f in futures:
+        f.result()
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class _KernelScan(torch.autograd.Function):
+    """y (with the D skip) and the final state. Inputs contiguous, float32 or float64, on the CPU."""
+
+    @staticmethod
+    def forward(ctx, u, dt, A, B, C, D, init, reset, lengths):
+        ctx.set_materialize_grads(False)
+        lib = _library()
+        Bt, T, Din = u.shape
+        N = A.shape[-1]
+        suf = "f64" if u.dtype == torch.float64 else "f32"
+        nseg = -(-T // CKPT)
+        ckpt = u.new_empty(Bt, nseg, Din, N) if any(ctx.needs_input_grad[:7]) else None
+        y = u.new_empty(Bt, T, Din)
+        final = u.new_empty(Bt, Din, N)
+        reset_b = None if reset is None else reset.contiguous().view(torch.uint8)
+        args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(init),
+                _ptr(reset_b), _ptr(lengths), _ptr(y), _ptr(final), _ptr(ckpt), Bt, T, Din, N, CKPT)
+        _run(getattr(lib, f"scan_fwd_{suf}"), Bt * -(-Din // TILE), lambda i: args)
+        if ckpt is not None:
+            ctx.save_for_backward(u, dt, A, B, C, D, reset_b, lengths, ckpt)
+        return y, final
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dfinal):
+        u, dt, A, B, C, D, reset_b, lengths, ckpt = ctx.saved_tensors
+        lib = _library()
+        Bt, T, Din = u.shape
+        N = A.shape[-1]
+        suf = "f64" if u.dtype == torch.float64 else "f32"
+        ntiles = -(-Din // TILE)
+        dy = u.new_zeros(Bt, T, Din) if dy is None else dy.to(u.dtype).contiguous()
+        dfinal = None if dfinal is None else dfinal.to(u.dtype).contiguous()
+        du, ddt = torch.empty_like(u), torch.empty_like(dt)
+        dA_rows, dD_rows = u.new_empty(Bt, Din, N), u.new_empty(Bt, Din)
+        dB_parts, dC_parts = u.new_empty(ntiles, Bt, T, N), u.new_empty(ntiles, Bt, T, N)
+        dinit = u.new_empty(Bt, Din, N)
+        n_items = Bt * ntiles
+        work = u.new_empty(max(1, min(torch.get_num_threads(), n_items)), 2 * CKPT * N * TILE)
+        args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(reset_b),
+                _ptr(lengths), _ptr(ckpt), _ptr(dy), _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows),
+                _ptr(dB_parts), _ptr(dC_parts), _ptr(dD_rows), _ptr(dinit))
+        _run(getattr(lib, f"scan_bwd_{suf}"), n_items, lambda i: (*args, work[i].data_ptr(), Bt, T, Din, N, CKPT))
+        dA = dA_rows if A.dim() == 3 else dA_rows.sum(0)
+        dD = None if D is None else (dD_rows if D.dim() == 2 else dD_rows.sum(0))
+        dB = dB_parts[0] if ntiles == 1 else dB_parts.sum(0)
+        dC = dC_parts[0] if ntiles == 1 else dC_parts.sum(0)
+        grads = (du, ddt, dA, dB, dC, dD, dinit)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:7])), None, None)
+
+
+def _bstride(t: Tensor | None, batched_dim: int) -> int:
+    """Elements between batch rows: A batched is [Bt, Din, N] (dim 3), D batched is [Bt, Din] (dim 2); 0 when shared."""
+    return t[0].numel() if t is not None and t.dim() == batched_dim else 0
+
+
+def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, init: Tensor | None,
+                reset: Tensor | None, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(y = scan + D u, final state), all in u's dtype (float32 or float64). Arguments already checked.
+
+    lengths: None or int64 [Bt]: row b is steps 0 .. lengths[b] - 1; later steps are padding, where y = D u, the state
+    stays as it is and no gradient reaches dt, B, C (nor u beyond D's term).
+    """
+    u, dt, A, B, C = (t.contiguous() for t in (u, dt, A, B, C))
+    D, init = (None if t is None else t.to(u.dtype).contiguous() for t in (D, init))
+    if lengths is not None:
+        lengths = lengths.to(torch.int64).clamp(0, u.shape[1]).contiguous()
+    return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths)
+
+
+CONV_TB = 128  # time steps per work item of the conv; must equal CONV_TB in the C source
+
+
+class _ConvSiLU(torch.autograd.Function):
+    """silu(causal depthwise conv1d(x) + bias), the backward recomputing the pre-activation (nothing else saved)."""
+
+    @staticmethod
+    def forward(ctx, x, state, wt, bias, since):
+        lib = _library()
+        Bt, T, C = x.shape
+        K = wt.shape[0]
+        suf = "f64" if x.dtype == torch.float64 else "f32"
+        out = torch.empty_like(x)
+        args = (_ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(out), Bt, T, C, K)
+        _run(getattr(lib, f"conv_fwd_{suf}"), Bt * -(-T // CONV_TB), lambda i: args)
+        ctx.save_for_backward(x, state, wt, bias, since)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, state, wt, bias, since = ctx.saved_tensors
+        lib = _library()
+        Bt, T, C = x.shape
+        K = wt.shape[0]
+        suf = "f64" if x.dtype == torch.float64 else "f32"
+        n_items = Bt * -(-T // CONV_TB)
+        dy = dy.to(x.dtype).contiguous()
+        dpre, dx = torch.empty_like(x), torch.empty_like(x)
+        dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
+        dw, dbias = x.new_empty(n_items, K, C), x.new_empty(n_items, C)
+        args1 = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(dpre), _ptr(dw),
+                 _ptr(dbias), Bt, T, C, K)
+        _run(getattr(lib, f"conv_bwd1_{suf}"), n_items, lambda i: args1)
+        args2 = (_ptr(wt), _ptr(since), _ptr(dpre), _ptr(dx), _ptr(dstate), Bt, T, C, K)
+        _run(getattr(lib, f"conv_bwd2_{suf}"), n_items, lambda i: args2)
+        return dx, dstate, dw.sum(0), dbias.sum(0), None
+
+
+def conv_silu(x: Tensor, state: Tensor | None, weight: Tensor, bias: Tensor, since: Tensor | None) -> Tensor:
+    """silu(out) for out[t] = bias + sum_j weight[:, j] * x[t - (K - 1 - j)] (nn.Conv1d's tap layout), reading the
+    K - 1 inputs before x from state [Bt, K - 1, C] (None: zeros). since: None or int [Bt, T], steps since the latest
+    document start; a tap further back than that is dropped. Computed in float32 (float64 for float64 x), returned in
+    x's dtype. Arguments already checked (layers.mamba.ShortConv)."""
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xc = x.to(cd).contiguous()
+    st = None if state is None or state.shape[1] == 0 else state.to(cd).contiguous()
+    sc = None if since is None else since.to(torch.int64).contiguous()
+    out = _ConvSiLU.apply(xc, st, weight.to(cd).t().contiguous(), bias.to(cd).contiguous(), sc)
+    return out.to(x.dtype)

@@ -1,0 +1,206 @@
+"""The compiled selective-scan kernel (linlm.ops.scan_kernel) against the sequential reference, and its fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_selective_scan import (
+    F64,
+    assert_close_all,
+    make_inputs,
+    packed_and_separate,
+    run_with_grads,
+)
+
+import linlm.ops.selective_scan as ss
+from linlm.errors import ConfigError, ShapeError
+from linlm.ops import scan_kernel
+from linlm.ops.selective_scan import (
+    selective_scan,
+    selective_scan_chunked,
+    selective_scan_kernel,
+    selective_scan_reference,
+)
+
+needs_kernel = pytest.mark.skipif(not scan_kernel.available(), reason="no C compiler: the kernel is not built")
+
+
+@needs_kernel
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("batched", [False, True])
+def test_kernel_matches_reference_float64(T, batched):
+    """Lengths around the 64-step checkpoint interval; Din = 70 spans two channel tiles of 64 (one partial)."""
+    x = make_inputs(Bt=2, T=T, Din=70, N=3, seed=T, batched=batched, D="batch" if batched else "vec")
+    want = run_with_grads(selective_scan_reference, x)
+    got = run_with_grads(selective_scan_kernel, x)
+    assert_close_all(got, want, rtol=1e-9, atol=1e-10)
+
+
+@needs_kernel
+def test_kernel_without_initial_state_or_D():
+    x = make_inputs(T=45, D="none", init=False, seed=3)
+    assert_close_all(run_with_grads(selective_scan_kernel, x), run_with_grads(selective_scan_reference, x),
+                     rtol=1e-9, atol=1e-10)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dt_scale", [1.0, 200.0])
+def test_kernel_float32_against_float64(dt_scale):
+    """Float32 at a realistic size against the float64 definition; dt_scale 200 drives dt * A to -400 per step,
+    where the kernel's exp must give 0, not NaN or inf."""
+    x64 = make_inputs(Bt=2, T=150, Din=24, N=16, seed=5)
+    x64["dt"] = x64["dt"] * dt_scale
+    want = run_with_grads(selective_scan_reference, x64)
+    x32 = {k: (v.float() if v is not None else None) for k, v in x64.items()}
+    got = run_with_grads(selective_scan_kernel, x32)
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
+    assert_close_all(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_kernel_packed_documents_and_reset_gradients():
+    y, ys, g = packed_and_separate(selective_scan_kernel, [[20, 1, 49, 30], [63, 37]], seed=8)
+    torch.testing.assert_close(y, ys, rtol=1e-10, atol=1e-10)
+    assert torch.equal(g["initial_state"], torch.zeros_like(g["initial_state"]))
+    x = make_inputs(Bt=2, T=140, seed=9)
+    reset = torch.rand(2, 140, generator=torch.Generator().manual_seed(10)) < 0.05
+    reset[0, 64] = reset[1, 65] = True  # on and just after a checkpoint
+    assert_close_all(run_with_grads(selective_scan_kernel, x, reset=reset),
+                     run_with_grads(selective_scan_reference, x, reset=reset), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+def test_lengths_equal_the_reference_on_each_prefix(backend, monkeypatch):
+    """Rows that end early (MossNet's padded expert rows): the kernel skips the padding, the torch fallback of
+    selective_scan masks it; both equal the reference run on each row's prefix, with y = D u on the padding and no
+    gradient to dt, B, C there."""
+    if backend == "kernel" and not scan_kernel.available():
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("LINLM_SCAN_BACKEND", backend)
+    x = make_inputs(Bt=3, T=150, Din=70, N=5, seed=21, batched=True, D="batch")
+    lengths = torch.tensor([150, 0, 77])
+    y, s, g = run_with_grads(selective_scan, x, lengths=lengths, chunk_size=16)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=F64)  # as run_with_grads draws
+    for b, n in enumerate(lengths.tolist()):
+        row = {k: (v[b:b + 1, :n] if k in ("u", "dt", "B", "C") else v[b:b + 1]) for k, v in x.items()}
+        if n:
+            y_b, s_b = selective_scan_reference(**row)
+            torch.testing.assert_close(y[b:b + 1, :n], y_b, rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(s[b:b + 1], s_b, rtol=1e-9, atol=1e-10)
+        else:
+            torch.testing.assert_close(s[b], x["initial_state"][b], rtol=0, atol=0)
+        torch.testing.assert_close(y[b, n:], x["D"][b] * x["u"][b, n:], rtol=1e-12, atol=1e-12)
+        for name in ("dt", "B", "C"):
+            assert torch.equal(g[name][b, n:], torch.zeros_like(g[name][b, n:])), name
+        torch.testing.assert_close(g["u"][b, n:], gy[b, n:] * x["D"][b], rtol=1e-12, atol=1e-12)
+    # the prefix gradients equal the reference's, for the loss <gy, y> alone
+    full = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    (selective_scan(**full, lengths=lengths, chunk_size=16)[0] * gy).sum().backward()
+    b, n = 2, 77
+    row = {k: (v[b:b + 1, :n] if k in ("u", "dt", "B", "C") else v[b:b + 1]) for k, v in x.items()}
+    leaves = {k: v.clone().requires_grad_(True) for k, v in row.items()}
+    (selective_scan_reference(**leaves)[0] * gy[b:b + 1, :n]).sum().backward()
+    for name in ("u", "dt", "B", "C"):
+        torch.testing.assert_close(full[name].grad[b:b + 1, :n], leaves[name].grad, rtol=1e-9, atol=1e-10)
+    for name in ("A", "initial_state"):
+        torch.testing.assert_close(full[name].grad[b:b + 1], leaves[name].grad, rtol=1e-9, atol=1e-10)
+    pad_term = (gy[b, n:] * x["u"][b, n:]).sum(0)  # y = D u on the padding
+    torch.testing.assert_close(full["D"].grad[b], leaves["D"].grad[0] + pad_term, rtol=1e-9, atol=1e-10)
+
+
+@needs_kernel
+def test_threads_do_not_change_the_result():
+    """The work items are split over threads; each item's arithmetic is the same, so the results are bitwise equal."""
+    x = {k: (v.float() if v is not None else None) for k, v in make_inputs(Bt=3, T=100, Din=200, N=8).items()}
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_with_grads(selective_scan_kernel, x)
+        torch.set_num_threads(3)
+        three = run_with_grads(selective_scan_kernel, x)
+    finally:
+        torch.set_num_threads(was)
+    assert_close_all(three, one, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_dispatcher_uses_the_kernel_and_the_env_switch(monkeypatch):
+    x = make_inputs(T=40, seed=30)
+    calls = []
+    real = scan_kernel.kernel_scan
+    monkeypatch.setattr(scan_kernel, "kernel_scan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    y, _ = selective_scan(**x)
+    assert calls == [1]
+    monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
+    y2, _ = selective_scan(**x)
+    assert calls == [1]  # the chunked form ran
+    torch.testing.assert_close(y2, y, rtol=1e-9, atol=1e-10)
+    with pytest.raises(ConfigError, match="selective_scan_chunked"):
+        selective_scan_kernel(**x)
+    monkeypatch.setenv("LINLM_SCAN_BACKEND", "fastest")
+    with pytest.raises(ConfigError, match="LINLM_SCAN_BACKEND"):
+        selective_scan(**x)
+
+
+def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
+    """A failing build warns once and leaves the pure-torch scan in charge; nothing half-written stays behind."""
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("LINLM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("LINLM_SCAN_BACKEND", raising=False)
+    scan_kernel._library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="pure-torch"):
+            assert not scan_kernel.available()
+        x = make_inputs(T=20, seed=31)
+        y, _ = selective_scan(**x)
+        torch.testing.assert_close(y, selective_scan_chunked(**x)[0], rtol=0, atol=0)
+        assert list(tmp_path.iterdir()) == []
+        monkeypatch.setenv("LINLM_SCAN_BACKEND", "kernel")
+        with pytest.raises(ConfigError, match="could not be built"):
+            selective_scan(**x)
+    finally:
+        scan_kernel._library.cache_clear()
+
+
+@needs_kernel
+def test_kernel_bad_inputs():
+    x = make_inputs(Bt=2, T=7, Din=5, N=3)
+    with pytest.raises(ShapeError, match="`lengths`"):
+        selective_scan_kernel(**x, lengths=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ShapeError, match="`dt`"):
+        selective_scan_kernel(**{**x, "dt": -x["dt"]})
+    assert ss.selective_scan_kernel is selective_scan_kernel
+
+
+@needs_kernel
+@pytest.mark.parametrize("K", [1, 2, 4])
+@pytest.mark.parametrize("T", [1, 3, 50])
+def test_conv_silu_kernel_matches_the_torch_conv(K, T, monkeypatch):
+    """ShortConv(silu=True) through the kernel against the torch taps + F.silu: outputs, new states and gradients
+    of x, the state, the weights and the bias, with and without documents; C = 70 spans two channel blocks."""
+    from linlm.layers.mamba import ShortConv
+
+    torch.manual_seed(40 + K + T)
+    conv = ShortConv(70, K).double()
+    x = torch.randn(2, T, 70, dtype=F64)
+    state = torch.randn(2, K - 1, 70, dtype=F64)
+    reset = torch.zeros(2, T, dtype=torch.bool)
+    reset[0, T // 2] = True
+    reset[1, 0] = True
+    for st, rs in [(None, None), (state, None), (state, reset)]:
+        outs = []
+        for backend in ("kernel", "torch"):
+            monkeypatch.setenv("LINLM_SCAN_BACKEND", backend)
+            conv.zero_grad()
+            xl = x.clone().requires_grad_(True)
+            sl = None if st is None else st.clone().requires_grad_(True)
+            out, new_state = conv(xl, sl, rs, silu=True)
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+            (out * g).sum().backward()
+            outs.append([out, new_state, xl.grad, None if sl is None else sl.grad, conv.weight.grad.clone(),
+                         conv.bias.grad.clone()])
+        for name, a, b in zip(["out", "state", "dx", "dstate", "dw", "dbias"], *outs):
+            if a is None or b is None:  # no state, or an empty one (K = 1): no gradient either way
+                assert (a if b is None else b) is None or (a if b is None else b).numel() == 0, name
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
