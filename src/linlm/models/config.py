@@ -124,24 +124,24 @@ class ModelConfig:
 
     def _validate_llama_layout(self) -> None:
         if self.n_kv_heads < 0 or self.n_heads % self.kv_heads:
-            raise ConfigError(
-                f"n_kv_heads: {self.n_kv_heads} must divide n_heads={self.n_heads} (0 means n_heads); "
-                f"choose among {[h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]}"
-            )
+            raise config_error("n_kv_heads", f"{self.n_kv_heads} must divide n_heads={self.n_heads} (0 means n_heads); "
+                               f"choose among {[h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]}",
+                               related=("n_heads",))
         if self.n_kv_heads not in (0, self.n_heads) and self.arch != "llama":
-            raise ConfigError(f"n_kv_heads: grouped-query attention exists only for arch 'llama', not {self.arch!r}")
+            raise config_error("n_kv_heads", f"grouped-query attention exists only for arch 'llama', not {self.arch!r}",
+                               related=("arch",))
         if self.rope_scaling not in ROPE_SCALINGS:
-            raise ConfigError(f"rope_scaling: unknown scaling {self.rope_scaling!r}; valid choices are "
-                              f"{choices_text(ROPE_SCALINGS)}")
+            raise config_error("rope_scaling", f"unknown scaling {self.rope_scaling!r}; valid choices are "
+                               f"{choices_text(ROPE_SCALINGS)}")
         if self.rope_scaling == "llama3" and not (
             self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
             and self.rope_original_max_len > 0
         ):
-            raise ConfigError(
-                "rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_len: llama3 scaling needs "
-                f"factor >= 1, 0 < low < high and a positive original length, got {self.rope_factor}, "
-                f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}, {self.rope_original_max_len}"
-            )
+            raise config_error(
+                "rope_factor", "llama3 scaling needs factor >= 1, 0 < low < high and a positive original length, got "
+                f"rope_factor={self.rope_factor}, rope_low_freq_factor={self.rope_low_freq_factor}, "
+                f"rope_high_freq_factor={self.rope_high_freq_factor}, rope_original_max_len={self.rope_original_max_len}",
+                related=("rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len", "rope_scaling"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
