@@ -37,7 +37,6 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from linlm.errors import ShapeError
-from linlm.layers.state import ModelState
 
 PAD_ID = 0  # right padding: any valid id, never read back
 
@@ -73,21 +72,6 @@ def model_max_length(model) -> Optional[int]:
 
     cfg = model.config
     return cfg.max_seq_len if get_arch(cfg.arch).position_limit else None
-
-
-def map_state(state: ModelState, fn: Callable[[torch.Tensor], torch.Tensor]) -> ModelState:
-    """A new state with ``fn`` applied to every tensor (every state tensor has the batch in dimension 0)."""
-
-    def walk(obj):
-        if isinstance(obj, torch.Tensor):
-            return fn(obj)
-        if isinstance(obj, dict):
-            return {k: walk(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(walk(v) for v in obj)
-        return obj
-
-    return ModelState(walk(state.layers), state.offset, walk(state.extra))
 
 
 def truncate(request: Request, max_length: Optional[int]) -> tuple[Request, int]:
@@ -199,7 +183,7 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
         row_state = None
         if state is not None:
             index = torch.tensor(owner, dtype=torch.long, device=device)
-            row_state = map_state(state, lambda t: t.index_select(0, index))
+            row_state = state.map(lambda t: t.index_select(0, index))
         # Only positions from the earliest continuation on need logits (shared mode skips the head elsewhere;
         # the naive mode computes every position's logits, as a plain full pass does).
         skip = min(max(c0, 1) - 1 for c0 in starts) if shared else 0

@@ -56,18 +56,7 @@ class LinlmCache(Cache):
     def _map(self, fn) -> None:
         if self.state is None:
             return
-
-        def walk(obj):
-            if isinstance(obj, torch.Tensor):
-                return fn(obj)
-            if isinstance(obj, dict):
-                return {k: walk(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return type(obj)(walk(v) for v in obj)
-            return obj
-
-        self.state = ModelState(walk(self.state.layers), self.state.offset, walk(self.state.extra),
-                                self.state.signature)
+        self.state = self.state.map(fn)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))

@@ -19,6 +19,16 @@ def _tensors(obj: Any):
             yield from _tensors(v)
 
 
+def _map(obj: Any, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(v, fn) for v in obj)
+    return obj
+
+
 @dataclass
 class ModelState:
     """Recurrent states (linear models) or KV caches (LLaMA) for a batch, after ``offset`` tokens."""
@@ -39,3 +49,8 @@ class ModelState:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _tensors([self.layers, self.extra]))
+
+    def map(self, fn) -> "ModelState":
+        """A new state with ``fn`` applied to every tensor (each is batch-first: ``lambda t: t.index_select(0, i)``
+        picks rows), keeping the offset and the signature."""
+        return ModelState(_map(self.layers, fn), self.offset, _map(self.extra, fn), self.signature)
