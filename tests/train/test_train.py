@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,3 +230,44 @@ def test_mixture_of_experts_aux_loss_is_logged(make_config):
                       model__overrides={"n_layers": 1, "d_model": 32, "n_heads": 2, "glu_dim": 64})
     recs = read_metrics(train(cfg, verbose=False).out_dir / "metrics.jsonl")
     assert all(r.get("aux_loss", 0) > 0 for r in recs)
+
+
+def _as_written_before_the_options(run: Path, keys) -> None:
+    """Rewrite a run directory as linlm wrote it before the options in ``keys`` existed: no such keys in its configs,
+    config.json in format 1 without a checksum, and manifests that match."""
+    import yaml
+
+    from linlm.io_utils import MANIFEST, file_digests
+
+    def strip_yaml(path: Path) -> None:
+        data = yaml.safe_load(path.read_text())
+        for k in keys:
+            data["model"]["overrides"].pop(k, None)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    strip_yaml(run / "config.yaml")
+    for ck in sorted((run / "checkpoints").glob("step_*")):
+        meta = json.loads((ck / "config.json").read_text())
+        meta["format_version"] = 1
+        meta.pop("config_sha256", None)
+        for k in keys:
+            del meta["config"][k]
+        (ck / "config.json").write_text(json.dumps(meta))
+        strip_yaml(ck / "train_config.yaml")
+        manifest = json.loads((ck / MANIFEST).read_text())
+        manifest["files"] = {n: d for n, d in file_digests(ck).items() if n != MANIFEST}
+        (ck / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_run_saved_before_the_new_defaults_resumes_with_the_options_it_was_trained_with(make_config):
+    from linlm.models.config import SAVED_BEFORE
+
+    shape = {"n_layers": 2, "d_model": 32, "n_heads": 2, "glu_dim": 64, "max_seq_len": 128}
+    first = train(make_config("run", model__arch="tnl", model__overrides={**shape, **SAVED_BEFORE}, steps=4),
+                  verbose=False)
+    _as_written_before_the_options(first.out_dir, SAVED_BEFORE)
+    resumed = train(make_config("run", model__arch="tnl", model__overrides=shape, steps=6), resume=True,
+                    verbose=False)
+    assert resumed.step == 6
+    saved = json.loads((resumed.checkpoint / "config.json").read_text())["config"]
+    assert {k: saved[k] for k in SAVED_BEFORE} == SAVED_BEFORE  # not the new defaults (alibi, SiLU on v, gate first)

@@ -143,6 +143,20 @@ class _StopSignal:
             signal.signal(sig, old)
 
 
+def as_saved(model_config, checkpoint: Path, overrides: dict):
+    """The model config to resume ``checkpoint`` with: a run started before an option's default changed
+    (``linlm.models.config.SAVED_BEFORE``) keeps computing what it computed, unless its config now sets that option.
+    The checkpoint is verified later; an unreadable config.json changes nothing here."""
+    from linlm.models.config import SAVED_BEFORE
+
+    try:
+        saved = json.loads((checkpoint / "config.json").read_text()).get("config", {})
+    except (OSError, ValueError, AttributeError):
+        return model_config
+    keep = {k: v for k, v in SAVED_BEFORE.items() if k not in saved and k not in overrides}
+    return model_config.replace(**keep) if keep else model_config
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                  hooks: Optional[TrainHooks] = None, verbose: bool = False, live: Optional[bool] = False,
@@ -195,6 +209,8 @@ class Trainer:
         else:
             self.data = self.data_factory(cfg, info.rank, info.world_size)
         self.model_config = cfg.model_config(vocab_size=self.data.vocab_size)
+        if plan.checkpoint is not None:
+            self.model_config = as_saved(self.model_config, Path(plan.checkpoint), cfg.model.overrides)
         if self.data.tokenizer is not None and hasattr(self.data.tokenizer, "ensure_fits"):
             self.data.tokenizer.ensure_fits(self.model_config.vocab_size)
         self._build(init_from=cfg.init_from if plan.checkpoint is None else None)
