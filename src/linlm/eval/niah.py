@@ -147,6 +147,17 @@ def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] =
         raise ConfigError(f"every context length exceeds this model's max_seq_len={limit}; give shorter --lengths")
     haystack = build_haystack(tokenizer, texts, max(lengths))
     reqs = niah_requests(tokenizer, haystack, cfg, lengths)
+    if limit is not None:  # the context plus the answer must fit; a length that leaves no room is skipped
+        over = {lengths[r[0]] for r in reqs if len(r[3].context) + max(map(len, r[3].continuations)) - 1 > limit}
+        if over:
+            log.warning("NIAH: context lengths %s leave no room for the answer within this %s model's "
+                        "max_seq_len=%s and are skipped", sorted(over), model.config.arch, limit)
+            skipped += sorted(over)
+            lengths = [L for L in lengths if L not in over]
+            if not lengths:
+                raise ConfigError(f"every context length leaves no room for the answer within this model's "
+                                  f"max_seq_len={limit}; give shorter --lengths")
+            reqs = niah_requests(tokenizer, haystack, cfg, lengths)
     scored = score_requests(model, [r[3] for r in reqs], batch_size=batch_size, max_length=None, progress=progress)
     hits = [[0] * len(lengths) for _ in cfg.depths]
     for (i, j, _, _), s in zip(reqs, scored):

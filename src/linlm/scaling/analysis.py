@@ -101,7 +101,14 @@ def fit_arch(arch: str, curves: list, opt: FitOptions) -> ArchFits:
 
 def analyze(root: str | Path, *, strict: bool = False, include_unfinished: bool = False,
             options: Optional[FitOptions] = None) -> Analysis:
-    opt = options or FitOptions()
+    import scipy.optimize  # noqa: F401 - load its BLAS first: threadpool_limits acts on the libraries loaded
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # the fits use tiny arrays: BLAS threads only contend with each other
+        return _analyze(root, strict, include_unfinished, options or FitOptions())
+
+
+def _analyze(root: str | Path, strict: bool, include_unfinished: bool, opt: FitOptions) -> Analysis:
     loaded = load_runs(root, strict=strict, include_unfinished=include_unfinished)
     if not loaded.runs:
         why = "; ".join(f"{n}: {w}" for n, w in loaded.skipped[:4])

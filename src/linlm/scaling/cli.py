@@ -132,7 +132,7 @@ def cmd_run(args) -> int:
 
     from linlm.config import parse_overrides
     from linlm.scaling.ladder import load_ladder, plan_runs
-    from linlm.scaling.runner import emit_torchrun, estimate, prepare_rows, print_plan, run_grid
+    from linlm.scaling.runner import emit_torchrun, estimate, plan_rows, print_plan, run_grid
 
     ladder = load_ladder(args.ladder)
     archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else None
@@ -144,8 +144,8 @@ def cmd_run(args) -> int:
         return 0
     if args.dry_run:
         runs = plan_runs(ladder, archs, args.out, overrides)
-        rows = prepare_rows(ladder, runs, prepare=True)
         say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+        rows = plan_rows(ladder, runs, say)
         estimate(rows, args.flops_per_s, measure=not args.no_measure, say=say)
         timed = (f"from {args.flops_per_s:.3g} FLOP/s" if args.flops_per_s else
                  "n/a: --no-measure" if args.no_measure else

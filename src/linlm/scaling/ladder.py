@@ -70,13 +70,18 @@ def load_ladder(spec: str) -> Ladder:
         if not path.is_file():
             raise ConfigError(f"--ladder: unknown ladder {spec!r}; built-in ladders are "
                               f"{choices_text(builtin_ladders())}, or give the path of a YAML ladder")
-    data = load_yaml(path)
-    rungs = data.get("rungs")
+    return ladder_from_dict(load_yaml(path), path.stem, str(path))
+
+
+def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
+    """A ladder from its YAML mapping (``where`` names it in errors: a file, or the preset that holds it)."""
+    path = where
+    rungs = data.get("rungs") if isinstance(data, dict) else None
     if not isinstance(rungs, list) or not rungs:
         raise ConfigError(f"{path}: rungs: expected a non-empty list of rungs (name, model, tokens)")
     try:
         parsed = [from_dict(Rung, r, prefix=f"rungs[{i}].") for i, r in enumerate(rungs)]
-        ladder = from_dict(Ladder, {**data, "rungs": parsed, "name": data.get("name", path.stem)})
+        ladder = from_dict(Ladder, {**data, "rungs": parsed, "name": data.get("name", default_name)})
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     names = [r.name for r in ladder.rungs]

@@ -293,6 +293,8 @@ def render_markdown(blocks: list[tuple]) -> str:
             out.append(f"## {blk[1]}\n")
         elif kind == "p":
             out.append(blk[1] + "\n")
+        elif kind == "pre":
+            out.append("```\n" + blk[1] + "\n```\n")
         elif kind == "img":
             out.append(f"![{blk[1]}]({blk[1]})\n")
         elif kind == "table":
@@ -304,9 +306,9 @@ def render_markdown(blocks: list[tuple]) -> str:
     return "\n".join(out)
 
 
-def render_html(blocks: list[tuple]) -> str:
+def render_html(blocks: list[tuple], title: str = "linlm scaling report") -> str:
     e = html.escape
-    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", "<title>linlm scaling report</title>",
+    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
              "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f2f2f2}"
@@ -317,6 +319,8 @@ def render_html(blocks: list[tuple]) -> str:
             parts.append(f"<{kind}>{e(blk[1])}</{kind}>")
         elif kind == "p":
             parts.append(f"<p>{e(blk[1])}</p>")
+        elif kind == "pre":
+            parts.append(f"<pre>{e(blk[1])}</pre>")
         elif kind == "img":
             data = base64.b64encode(blk[2]).decode("ascii")
             parts.append(f"<img alt='{e(blk[1])}' src='data:image/png;base64,{data}'>")

@@ -47,7 +47,15 @@ def resolve_run_data(cfg, prepare: bool) -> DataInfo:
     """The prepared data of a run (prepared into the linlm cache when ``prepare``), with its token count."""
     from linlm.train.pipeline import prepared_data_dir, resolve_data
 
-    directory = Path(cfg.data.dir).expanduser() if cfg.data.dir else prepared_data_dir(cfg)
+    if cfg.data.dir:
+        directory = Path(cfg.data.dir).expanduser()
+    else:
+        try:
+            directory = prepared_data_dir(cfg)
+        except DataError:
+            if prepare:
+                raise
+            return DataInfo(None, None, None, None)  # a plan may name a source this machine cannot reach
     if prepare and not cfg.data.dir:
         directory = resolve_data(cfg, show_progress=False)
     meta_path = directory / "meta.json"
@@ -247,7 +255,10 @@ def plan_table(rows: list[PlanRow]) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
-def prepare_rows(ladder: Ladder, runs: list[PlannedRun], prepare: bool) -> list[PlanRow]:
+def prepare_rows(ladder: Ladder, runs: list[PlannedRun], prepare: bool,
+                 say: Optional[Callable[[str], None]] = None) -> list[PlanRow]:
+    """The rows of a grid with their data resolved (prepared when ``prepare``). Too many epochs raise, or,
+    when ``say`` is given (a plan that trains nothing), are reported through it."""
     infos: dict[str, DataInfo] = {}
     cache: dict[str, DataInfo] = {}
     for r in runs:
@@ -258,8 +269,28 @@ def prepare_rows(ladder: Ladder, runs: list[PlannedRun], prepare: bool) -> list[
         infos[r.name] = cache[key]
         if infos[r.name].directory is not None and not r.config.data.dir:
             r.config.data.dir = str(infos[r.name].directory)
-    check_epochs(runs, infos, ladder)
+    try:
+        check_epochs(runs, infos, ladder)
+    except DataError as e:
+        if say is None:
+            raise
+        say(f"warning: {e}")
     return [PlanRow(r, infos[r.name], None, _status(r)) for r in runs]
+
+
+def plan_rows(ladder: Ladder, runs: list[PlannedRun], say: Callable[[str], None], prepare: bool = True,
+              strict_epochs: bool = True) -> list[PlanRow]:
+    """The rows of a plan, with the data prepared (when ``prepare``) if this machine can read the source, for
+    the epochs; a source it cannot reach leaves the epochs unknown. Too many epochs raise (``strict_epochs``)
+    or are a warning."""
+    warn = None if strict_epochs else say
+    try:
+        return prepare_rows(ladder, runs, prepare=prepare, say=warn)
+    except DataError as e:
+        if "max_epochs" in str(e):
+            raise
+        say(f"note: the data was not prepared, so epochs are unknown: {e}")
+        return prepare_rows(ladder, runs, prepare=False, say=warn)
 
 
 def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str]:
@@ -286,8 +317,10 @@ def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str
 class GridProgress:
     """One display for the whole grid: runs done, compute done, and the time left (measured FLOP/s so far)."""
 
-    def __init__(self, rows: list[PlanRow], live: bool, say: Callable[[str], None]):
+    def __init__(self, rows: list[PlanRow], live: bool, say: Callable[[str], None],
+                 on_fraction: Optional[Callable[[float], None]] = None):
         self.total = sum(self._work(r) for r in rows if r.status != "done")
+        self.on_fraction = on_fraction
         self.done = 0.0
         self.t0 = time.perf_counter()
         self.say = say
@@ -314,6 +347,8 @@ class GridProgress:
 
     def advance(self, work: float, info: str) -> None:
         self.done += work
+        if self.on_fraction is not None:
+            self.on_fraction(min(1.0, self.done / self.total) if self.total else 1.0)
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, info=info)
 
@@ -336,8 +371,10 @@ def _train(cfg, on_step: Callable[[dict], None]):
 
 
 def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, overrides: Optional[dict] = None,
-             live: bool = False, say: Callable[[str], None] = print) -> dict:
-    """Train every run of the grid not yet finished; returns {"done": [...], "trained": [...], "interrupted": name}."""
+             live: bool = False, say: Callable[[str], None] = print,
+             on_fraction: Optional[Callable[[float], None]] = None) -> dict:
+    """Train every run of the grid not yet finished; returns {"done": [...], "trained": [...], "interrupted": name}.
+    ``on_fraction(f)`` hears the fraction of the grid's remaining compute done so far, after every step."""
     out = Path(out)
     runs = plan_runs(ladder, archs, out, overrides)
     archs = list(dict.fromkeys(r.arch for r in runs))
@@ -350,7 +387,7 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
         _write_plan(out, ladder, archs, runs)
         todo = [r for r in rows if r.status != "done"]
         say(f"{ladder.name}: {len(rows)} runs ({len(rows) - len(todo)} already finished) in {out}")
-        progress = GridProgress(rows, live, say)
+        progress = GridProgress(rows, live, say, on_fraction)
         result = {"done": [r.run.name for r in rows if r.status == "done"], "trained": [], "interrupted": None}
         try:
             for i, row in enumerate(todo, 1):

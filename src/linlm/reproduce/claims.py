@@ -1,0 +1,193 @@
+"""The headline claims of the two papers, each judged from this run's own numbers.
+
+A verdict is computed, never written in advance: every function takes the section results and returns the
+verdict, the numbers it rests on and the rule (with its threshold) that decided it. Verdicts are one of
+``supported``, ``partly supported`` (some of the models compared, not all), ``not supported``,
+``not supported at this scale`` (the measurement cannot tell: no fit, or every model at chance) and
+``not measured`` (the section did not run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+LINEAR = ("tnl", "hgrn2", "cosformer2")
+SCALING = "Scaling Laws for Linear Complexity LMs (arXiv 2406.16690)"
+MOSSNET = "MossNet (arXiv 2510.26182)"
+
+# Thresholds (shown in the report beside each verdict).
+EXPONENT_REL_TOL = 0.25  # exponents within 25 % of LLaMA's count as "scaling like" it
+MIN_R2 = 0.8  # a fit of L(C) below this R^2 cannot support or refute anything
+LOSS_MARGIN = 0.01  # nats/token: a smaller difference in loss is a tie
+ACC_MARGIN = 0.05  # accuracy: a smaller difference in retrieval accuracy is a tie
+ABOVE_CHANCE = 0.05  # a model within this of chance accuracy has not learned the task
+CONSTANT_STATE = 1.01  # state(longest context) / state(shortest) at most this is constant
+
+
+@dataclass
+class Claim:
+    claim: str
+    paper: str
+    verdict: str
+    evidence: str
+    rule: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _tally(wins: int, total: int) -> str:
+    if total == 0:
+        return "not measured"
+    return "supported" if wins == total else ("partly supported" if wins else "not supported")
+
+
+def scale_like_transformers(fits: Optional[dict]) -> Claim:
+    text, rule = "Linear models scale like transformers", (
+        f"each linear model's L(C) exponent within {EXPONENT_REL_TOL:.0%} of LLaMA's, with R² >= {MIN_R2} for both")
+    if not fits:
+        return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
+    laws = {a: (f.get("envelope") or {}).get("L(C)") for a, f in fits.get("archs", {}).items()}
+    ref = laws.get("llama")
+    if not ref or ref["r2"] < MIN_R2:
+        why = "no L(C) fit for llama" if not ref else f"llama's L(C) fit has R² {ref['r2']:.2f}"
+        return Claim(text, SCALING, "not supported at this scale", why, rule)
+    parts, wins, total = [f"llama alpha {ref['alpha']:.4f} (R² {ref['r2']:.2f})"], 0, 0
+    for arch in LINEAR:
+        law = laws.get(arch)
+        if not law:
+            parts.append(f"{arch}: no fit")
+            continue
+        if law["r2"] < MIN_R2:
+            parts.append(f"{arch} alpha {law['alpha']:.4f} but R² {law['r2']:.2f}")
+            continue
+        rel = abs(law["alpha"] / ref["alpha"] - 1)
+        total += 1
+        wins += rel <= EXPONENT_REL_TOL
+        parts.append(f"{arch} alpha {law['alpha']:.4f} ({rel:.0%} from llama)")
+    verdict = _tally(wins, total) if total else "not supported at this scale"
+    return Claim(text, SCALING, verdict, "; ".join(parts), rule)
+
+
+def lower_loss_at_equal_compute(fits: Optional[dict]) -> Claim:
+    text = "At equal compute, linear models reach lower loss"
+    rule = (f"fitted L(C) of each linear model below LLaMA's by more than {LOSS_MARGIN} nats at the largest compute "
+            "every architecture's envelope reaches")
+    if not fits:
+        return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
+    envs = {a: f.get("envelope") for a, f in fits.get("archs", {}).items() if f.get("envelope")}
+    if "llama" not in envs:
+        return Claim(text, SCALING, "not supported at this scale", "no L(C) fit for llama", rule)
+    c = min(max(e["envelope"]["compute_pflops_days"]) for e in envs.values())
+
+    def at(arch):
+        law = envs[arch]["L(C)"]
+        return law["beta"] * c ** law["alpha"]
+
+    ref = at("llama")
+    parts, wins, total = [f"at C = {c:.3e} PFLOP/s-days: llama {ref:.4f}"], 0, 0
+    for arch in LINEAR:
+        if arch not in envs:
+            parts.append(f"{arch}: no fit")
+            continue
+        v = at(arch)
+        total += 1
+        wins += v < ref - LOSS_MARGIN
+        parts.append(f"{arch} {v:.4f} ({v - ref:+.4f})")
+    return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
+
+
+def _mqar_best(mqar: Optional[dict]) -> tuple[dict, Optional[int]]:
+    """{name-without-width: accuracy} at the largest width of the MQAR experiment."""
+    if not mqar or not mqar.get("rows"):
+        return {}, None
+    width = max(r["d_model"] for r in mqar["rows"])
+    return {r["name"].rsplit("-d", 1)[0]: r["accuracy"] for r in mqar["rows"] if r["d_model"] == width}, width
+
+
+def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
+    text = "Linear models are weaker at retrieval"
+    rule = (f"MQAR accuracy at the largest width: LLaMA above each linear model by more than {ACC_MARGIN:.2f}; "
+            f"LLaMA must be more than {ABOVE_CHANCE:.2f} above chance")
+    acc, width = _mqar_best(mqar)
+    if "llama" not in acc:
+        return Claim(text, SCALING, "not measured", "no MQAR result for llama", rule)
+    chance = mqar["chance"]
+    parts = [f"MQAR d={width}: llama {acc['llama']:.3f} (chance {chance:.3f})"]
+    wins = total = 0
+    for arch in LINEAR:
+        if arch in acc:
+            total += 1
+            wins += acc["llama"] - acc[arch] > ACC_MARGIN
+            parts.append(f"{arch} {acc[arch]:.3f}")
+    if niah and niah.get("models"):
+        parts.append("NIAH mean: " + ", ".join(f"{k} {v['mean']:.2f}" for k, v in niah["models"].items()))
+    if acc["llama"] - chance <= ABOVE_CHANCE:
+        return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
+    return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
+
+
+def decay_helps_retrieval(mqar: Optional[dict]) -> Claim:
+    text = "Data-dependent decay helps retrieval"
+    rule = (f"MQAR accuracy at the largest width: HGRN2 (data-dependent decay) above both TNL and cosFormer2 (fixed "
+            f"decay) by more than {ACC_MARGIN:.2f}; some linear model must be more than {ABOVE_CHANCE:.2f} above chance")
+    acc, width = _mqar_best(mqar)
+    fixed = [a for a in ("tnl", "cosformer2") if a in acc]
+    if "hgrn2" not in acc or not fixed:
+        return Claim(text, SCALING, "not measured", "MQAR did not include hgrn2 and a fixed-decay model", rule)
+    chance = mqar["chance"]
+    parts = [f"MQAR d={width}: hgrn2 {acc['hgrn2']:.3f}"] + [f"{a} {acc[a]:.3f}" for a in fixed]
+    if "mamba" in acc:
+        parts.append(f"(mamba, also data-dependent: {acc['mamba']:.3f})")
+    if max(acc["hgrn2"], *(acc[a] for a in fixed)) - chance <= ABOVE_CHANCE:
+        return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
+    wins = sum(acc["hgrn2"] - acc[a] > ACC_MARGIN for a in fixed)
+    return Claim(text, SCALING, _tally(wins, len(fixed)), "; ".join(parts), rule)
+
+
+def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
+    text = "MossNet beats transformer and SSM baselines"
+    rule = (f"validation loss of MossNet below LLaMA's and Mamba's (equal active parameters, equal tokens) by more "
+            f"than {LOSS_MARGIN} nats/token")
+    models = (compare_quality or {}).get("models", {})
+    by_arch = {m["arch"]: m for m in models.values()}
+    if "mossnet" not in by_arch:
+        return Claim(text, MOSSNET, "not measured", "no trained MossNet in the comparison", rule)
+    ref = by_arch["mossnet"]
+    parts = [f"mossnet {ref['val_loss']:.4f} ({ref['bits_per_byte']:.4f} bpb, {ref['params']:,} active)"]
+    wins = total = 0
+    for arch in ("llama", "mamba"):
+        if arch in by_arch:
+            m = by_arch[arch]
+            total += 1
+            wins += ref["val_loss"] < m["val_loss"] - LOSS_MARGIN
+            parts.append(f"{arch} {m['val_loss']:.4f} ({m['bits_per_byte']:.4f} bpb, {m['params']:,} active)")
+    return Claim(text, MOSSNET, _tally(wins, total), "; ".join(parts), rule)
+
+
+def constant_memory_decode(decode: Optional[dict]) -> Claim:
+    from linlm.reproduce.sections import state_growth
+
+    text = "MossNet decodes with constant memory"
+    rule = f"MossNet's decoding state at the longest profiled context at most {CONSTANT_STATE}x its state at the shortest"
+    rows = (decode or {}).get("rows") or []
+    g = state_growth(rows, "mossnet")
+    if g is None:
+        return Claim(text, MOSSNET, "not measured", "decode profile has no MossNet rows", rule)
+    parts = [f"mossnet state {g['state_lo']:,} B at {g['context_lo']} tokens, {g['state_hi']:,} B at "
+             f"{g['context_hi']} ({g['ratio']:.3f}x over a {g['context_ratio']:.0f}x longer context)"]
+    ref = state_growth(rows, "llama")
+    if ref is not None:
+        parts.append(f"llama KV cache {ref['ratio']:.1f}x over the same contexts")
+    verdict = "supported" if g["ratio"] <= CONSTANT_STATE else "not supported"
+    return Claim(text, MOSSNET, verdict, "; ".join(parts), rule)
+
+
+def judge(results: dict) -> list[Claim]:
+    """Every claim, from the saved sections (missing ones give "not measured")."""
+    fits = results.get("fits")
+    return [scale_like_transformers(fits), lower_loss_at_equal_compute(fits),
+            weaker_at_retrieval(results.get("mqar"), results.get("niah")), decay_helps_retrieval(results.get("mqar")),
+            mossnet_beats_baselines(results.get("compare_quality")), constant_memory_decode(results.get("decode"))]

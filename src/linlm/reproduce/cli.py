@@ -1,0 +1,67 @@
+"""``linlm reproduce``: parse, call :func:`linlm.reproduce.run` (or print the plan), print where the report is."""
+
+from __future__ import annotations
+
+import sys
+
+
+def register(subparsers) -> None:
+    from linlm.reproduce.presets import preset_names
+
+    p = subparsers.add_parser(
+        "reproduce", help="both studies end to end (scaling laws, MossNet vs baselines, evaluation, retrieval, "
+                          "decoding) with a report; resumable",
+        description="Run a preset of both studies into --out and write OUT/report.md and OUT/report.html. Run the "
+                    "same command again to continue an interrupted job. See docs/reproduce.md.")
+    p.add_argument("--preset", default="smoke",
+                   help=f"the job's size: {', '.join(preset_names())} (default: smoke)")
+    p.add_argument("--out", required=True, help="the job directory")
+    p.add_argument("--data-dir", default=None,
+                   help="a directory of zero-shot task files (JSON Lines, see docs/evaluation.md); without it the "
+                        "zero-shot section is skipped and the report says so")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the job in --out even if it was started with another preset or linlm version")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in --out, removing what an earlier reproduce job wrote there (nothing else)")
+    p.add_argument("--scaling-dir", default=None,
+                   help="take the scaling sweep from this `linlm scaling run --ladder L` directory (L: the preset's "
+                        "ladder) instead of OUT/scaling; unfinished runs there are trained")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a training config key for every training run, e.g. --set data.source=corpus.txt "
+                        "(repeatable; a continued job keeps the ones it started with)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (runs, compute in PFLOP/s-days, GPU-hours for cluster presets) and run nothing")
+    p.set_defaults(func=cmd_reproduce)
+
+
+def cmd_reproduce(args) -> int:
+    from linlm.reproduce.plan import print_plan
+
+    from linlm.config import parse_overrides
+
+    overrides = parse_overrides(args.overrides)
+    if args.dry_run:
+        print_plan(args.preset, args.out, overrides=overrides)
+        return 0
+    from linlm.reproduce.job import run
+    from linlm.train.cli import setup_logging
+    from linlm.train.metrics import use_live_display
+
+    setup_logging()
+    say = lambda text: print(f"linlm reproduce: {text}", file=sys.stderr)  # noqa: E731
+    try:
+        result = run(args.preset, args.out, data_dir=args.data_dir, resume=args.resume, overwrite=args.overwrite,
+                     overrides=overrides, scaling_dir=args.scaling_dir, live=use_live_display(), say=say)
+    except KeyboardInterrupt:
+        print(f"linlm reproduce: interrupted; run the same command again to continue from where it stopped",
+              file=sys.stderr)
+        return 130
+    print(f"\nclaims ({args.preset}):")
+    for c in result["claims"]:
+        print(f"  {c.verdict:<30} {c.claim}")
+    if result["pending"]:
+        print(f"not finished: {', '.join(result['pending'])}; run the same command again")
+    if result["failed"]:
+        print(f"failed sections: {', '.join(result['failed'])} (see errors.log beside the report)")
+    print(f"report: {result['report']}\n        {result['report'].html}")
+    return 0

@@ -1,0 +1,72 @@
+"""``linlm reproduce --dry-run``: the plan of a preset (its training runs, their compute in PFLOP/s-days, the time
+or GPU-hours they need, and the evaluation sections), without running anything."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from linlm.reproduce.presets import load_preset
+from linlm.scaling.fits import PFLOPS_DAY
+
+
+def training_flops(rows) -> float:
+    """FLOPs the runs of a plan will spend, the LM head included (what a GPU-hour estimate needs)."""
+    return sum(r.run.tokens * (r.run.flops_per_token + r.run.head_flops_per_token) for r in rows)
+
+
+def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
+    from linlm.reproduce.job import Job
+    from linlm.scaling.ladder import plan_runs
+    from linlm.scaling.runner import estimate, plan_rows
+    from linlm.scaling.runner import print_plan as print_ladder
+
+    file = file or sys.stdout
+    preset = load_preset(preset_name)
+    job = Job(preset, Path(out), overrides=overrides or {})
+    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    local = preset.mode == "local"
+    totals = {"runs": 0, "compute_flops": 0.0, "training_flops": 0.0, "seconds": 0.0}
+    print(f"linlm reproduce --preset {preset.name}: {preset.description}", file=file)
+    for name, ladder in (("scaling", job.scaling_ladder()), ("compare", job.compare_ladder())):
+        runs = plan_runs(ladder, None, Path(out) / name, job.overrides)
+        rows = plan_rows(ladder, runs, say, prepare=local, strict_epochs=False)
+        if local:
+            estimate(rows, None, measure=True, say=say)
+        print(f"\n[{name}]", file=file)
+        timed = (f"from training steps timed now on this machine, load average {os.getloadavg()[0]:.1f}" if local
+                 else "n/a: cluster jobs")
+        print_ladder(rows, ladder, timed=timed, out=file)
+        totals["runs"] += len(rows)
+        totals["compute_flops"] += sum(r.run.compute for r in rows)
+        totals["training_flops"] += training_flops(rows)
+        totals["seconds"] += sum(r.seconds or 0.0 for r in rows)
+    p = preset
+    print("\n[evaluation]", file=file)
+    print(f"  validation loss and bits/byte: up to {p.quality.get('max_tokens', 40_000):,} tokens per model", file=file)
+    print(f"  zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task", file=file)
+    print(f"  NIAH: lengths {p.niah.get('lengths')}, depths {p.niah.get('depths')}", file=file)
+    print(f"  MQAR: widths {p.mqar.get('widths')}, {p.mqar.get('steps')} steps per model", file=file)
+    print(f"  decode: contexts {p.decode.get('contexts')}", file=file)
+    print(f"\ntotal: {totals['runs']} training runs, C = {totals['compute_flops']:.3e} FLOPs = "
+          f"{totals['compute_flops'] / PFLOPS_DAY:.3e} PFLOP/s-days (paper convention); "
+          f"{totals['training_flops']:.3e} FLOPs with the LM head", file=file)
+    if local:
+        print(f"training time here: about {totals['seconds'] / 60:.0f} min (steps timed now; the evaluation "
+              f"sections add about {100 * (1 - _training_share()):.0f} % on top)", file=file)
+    else:
+        gpu = p.gpu
+        hours = totals["training_flops"] / (gpu["peak_flops"] * gpu["mfu"]) / 3600
+        totals["gpu_hours"] = hours
+        print(f"GPU-hours: {hours:,.0f} on {gpu['name']} (peak {gpu['peak_flops']:.3g} FLOP/s at {gpu['mfu']:.0%} MFU"
+              f"), i.e. {hours / 8 / 24:,.1f} days on 8 GPUs; `linlm reproduce --preset {p.name} --out {out}` "
+              "writes OUT/torchrun.sh with one command per run", file=file)
+    return totals
+
+
+def _training_share() -> float:
+    from linlm.reproduce.job import SECTIONS, TRAINING
+
+    return sum(SECTIONS[s] for s in TRAINING) / sum(SECTIONS.values())

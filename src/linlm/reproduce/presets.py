@@ -1,0 +1,61 @@
+"""The presets of ``linlm reproduce``: one YAML file each in ``linlm/reproduce/presets/``.
+
+A preset names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
+holds the MossNet comparison as a one-rung ladder of its own (``compare``: LLaMA, Mamba and MossNet at equal
+active parameters and equal tokens), and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``,
+``mqar``, ``decode``). ``mode: local`` trains here; ``mode: torchrun`` writes one torchrun command per run and
+evaluates whatever has finished when the command is run again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from linlm.config import from_dict, load_yaml
+from linlm.errors import ConfigError, choices_text
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+MODES = ("local", "torchrun")
+
+
+@dataclass
+class Preset:
+    name: str
+    description: str
+    scaling: dict  # {ladder: NAME, archs: [...] (optional)}
+    compare: dict  # a ladder mapping (linlm.scaling.ladder.ladder_from_dict)
+    mode: str = "local"
+    fits: dict = field(default_factory=dict)  # linlm.scaling.analysis.FitOptions fields
+    quality: dict = field(default_factory=dict)  # {max_tokens: N}: validation tokens scored per model
+    zeroshot: dict = field(default_factory=dict)  # {tasks: [...], limit: N}
+    niah: dict = field(default_factory=dict)  # NIAHConfig fields
+    mqar: dict = field(default_factory=dict)  # {task: MQARConfig fields, widths, experts, archs, steps, ...}
+    decode: dict = field(default_factory=dict)  # {contexts, decode_tokens, archs, model, per_arch, device, dtype}
+    # For --dry-run of torchrun presets: the accelerator assumed for GPU-hours.
+    gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})
+
+    def source(self) -> dict[str, Any]:
+        """The preset as written (for the report and the directory's marker)."""
+        return load_yaml(PRESET_DIR / f"{self.name}.yaml")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> Preset:
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--preset: unknown preset {name!r}; valid presets are {choices_text(preset_names())}")
+    data = load_yaml(path)
+    try:
+        preset = from_dict(Preset, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if preset.mode not in MODES:
+        raise ConfigError(f"{path}: mode: {preset.mode!r} is not one of {choices_text(MODES)}")
+    if not isinstance(preset.scaling.get("ladder"), str):
+        raise ConfigError(f"{path}: scaling.ladder: name a built-in ladder")
+    return preset

@@ -1,0 +1,208 @@
+"""The sections of ``linlm reproduce``: each one computes its numbers from the job directory and returns a dict
+that is saved as ``DIR/sections/<name>.json`` (so a rerun skips it) and read back by the claims and the report.
+
+Training sections (``scaling``, ``compare``) go through :func:`linlm.scaling.runner.run_grid`, which skips
+finished runs and resumes interrupted ones; the evaluation sections read the trained checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Optional
+
+from linlm.errors import DataError
+
+log = logging.getLogger("linlm.reproduce")
+
+Tick = Callable[[float], None]  # fraction of the section done
+
+
+def _summary(run_dir: Path) -> Optional[dict]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
+    """{label: {run, arch, params, checkpoint, data_dir, seq_len}} for each finished run of a sweep directory
+    (``largest_only``: the run with the most parameters of each architecture)."""
+    from linlm.scaling.runs import META_FILE, run_finished
+
+    found: dict[str, dict] = {}
+    for run_dir in sorted((sweep / "runs").glob("*")) if (sweep / "runs").is_dir() else []:
+        try:
+            meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        summary = _summary(run_dir)
+        if not summary or not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
+            continue
+        from linlm.config import load_yaml
+
+        cfg = load_yaml(run_dir / "config.yaml")
+        row = {"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
+               "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
+               "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"]),
+               "train_loss": summary.get("loss"), "val_loss_trainer": summary.get("val_loss")}
+        key = meta["arch"] if largest_only else run_dir.name
+        if key not in found or row["params"] > found[key]["params"]:
+            found[key] = row
+    return found
+
+
+def validation_text(data_dir: str | Path, tokenizer, max_tokens: int) -> str:
+    """The first ``max_tokens`` tokens of a prepared validation split, decoded back to text."""
+    from linlm.data.loader import TokenDataset
+
+    ds = TokenDataset(data_dir, "val")
+    n = min(ds.num_tokens, max_tokens)
+    if n < 2:
+        raise DataError(f"{data_dir}: the validation split holds {ds.num_tokens} tokens; prepare the data with "
+                        "val_fraction > 0")
+    return tokenizer.decode([int(t) for t in ds.read(0, n)])
+
+
+# ---- training ------------------------------------------------------------------------------------------------
+
+
+def train_sweep(ladder, out: Path, tick: Tick, say: Callable[[str], None], overrides: dict) -> dict:
+    from linlm.scaling.runner import run_grid
+
+    return run_grid(ladder, None, out, overrides=overrides, say=say, on_fraction=tick)
+
+
+# ---- quality: validation loss and bits per byte ----------------------------------------------------------------
+
+
+def quality(models: dict[str, dict], max_tokens: int, tick: Tick) -> dict:
+    """Validation loss (nats/token) and bits per byte of each model, on the same validation text: its own
+    prepared split, decoded, in sliding windows of its training context with half-window strides."""
+    from linlm.eval.perplexity import perplexity
+    from linlm.infer.generate import load_for_generation
+
+    rows = {}
+    for i, (label, m) in enumerate(models.items()):
+        model, tok = load_for_generation(m["checkpoint"])
+        text = validation_text(m["data_dir"], tok, max_tokens)
+        res = perplexity(model, tok, [text], mode="sliding", window=m["seq_len"], stride=max(1, m["seq_len"] // 2))
+        rows[label] = {**m, "val_loss": res.nll_per_token, "bits_per_byte": res.bits_per_byte,
+                       "token_perplexity": res.token_perplexity, "scored_tokens": res.tokens, "bytes": res.bytes}
+        tick((i + 1) / len(models))
+    return {"models": rows, "max_tokens": max_tokens}
+
+
+# ---- zero-shot tasks -----------------------------------------------------------------------------------------
+
+
+def zeroshot(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Optional[int], tick: Tick) -> dict:
+    from linlm.eval.evaluator import evaluate
+    from linlm.eval.tasks import TASKS, resolve_tasks
+    from linlm.infer.generate import load_for_generation
+
+    if not data_dir:
+        return {"not_run": "no --data-dir was given: the zero-shot tasks need their JSON Lines files "
+                           "(see docs/evaluation.md)"}
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        return {"not_run": f"--data-dir {root} is not a directory"}
+    names = resolve_tasks(tasks or "commonsense")
+    present = [n for n in names if (root / TASKS[n].filename).is_file()]
+    missing = [n for n in names if n not in present]
+    if not present:
+        return {"not_run": f"--data-dir {root} holds none of the task files ({', '.join(TASKS[n].filename for n in names)})"}
+    out = {"data_dir": str(root), "limit": limit, "missing_tasks": missing, "models": {}}
+    for i, (label, m) in enumerate(models.items()):
+        model, tok = load_for_generation(m["checkpoint"])
+        res = evaluate(model, tok, present, root, limit=limit)
+        out["models"][label] = {"arch": m["arch"], "params": m["params"], "tasks": res["tasks"],
+                                "commonsense_avg": res.get("commonsense_avg")}
+        tick((i + 1) / len(models))
+    return out
+
+
+# ---- retrieval -----------------------------------------------------------------------------------------------
+
+
+def niah(models: dict[str, dict], settings: dict, plots: Path, tick: Tick) -> dict:
+    from linlm.eval.niah import NIAHConfig, plot_heatmap, run_niah
+    from linlm.infer.generate import load_for_generation
+
+    cfg = NIAHConfig(**settings)
+    out = {"settings": settings, "models": {}}
+    for i, (label, m) in enumerate(models.items()):
+        model, tok = load_for_generation(m["checkpoint"])
+        text = validation_text(m["data_dir"], tok, 10 * max(cfg.lengths) + 1000)
+        res = run_niah(model, tok, [text], NIAHConfig(**settings))
+        png = plots / f"niah_{label}.png"
+        plot_heatmap(res, png, title=f"NIAH ({cfg.mode}): {label}")
+        out["models"][label] = {"arch": m["arch"], "params": m["params"], "mean": res["mean"],
+                                "weighted": res["weighted"], "lengths": res["lengths"], "plot": png.name}
+        tick((i + 1) / len(models))
+    return out
+
+
+def mqar(settings: dict, out: Path, plots: Path, tick: Tick) -> dict:
+    """The MQAR experiment, one run at a time so that a rerun keeps the finished ones (results/NAME.json)."""
+    from linlm.eval.mqar import MQARConfig, default_runs, plot_experiment, run_experiment
+    from linlm.io_utils import atomic_write_bytes
+
+    task = MQARConfig(**settings.get("task", {})).validate()
+    kw = {"archs": tuple(settings["archs"])} if settings.get("archs") else {}
+    runs = default_runs(tuple(settings.get("widths", (32, 64))), settings.get("experts", 4), **kw)
+    train = {k: settings[k] for k in ("steps", "batch_size", "lr", "n_layers", "head_dim", "test_sequences")
+             if k in settings}
+    done_dir = out / "results"
+    done_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, run in enumerate(runs):
+        path = done_dir / f"{run.name()}.json"
+        if path.is_file():
+            rows.append(json.loads(path.read_text(encoding="utf-8")))
+        else:
+            # An interrupted run starts again: each is a minute or two, and its directory is linlm's own.
+            row = run_experiment([run], task, out / "runs", threads=1, overwrite=True, **train)[0]
+            atomic_write_bytes(path, (json.dumps(row, indent=1) + "\n").encode())
+            rows.append(row)
+        tick((i + 1) / len(runs))
+    plot_experiment(rows, plots / "mqar.png")
+    chance = 1.0 / max(1, task.vocab_size - 1 - task.num_keys)
+    return {"task": asdict(task), "chance": chance, "settings": settings, "rows": rows, "plot": "mqar.png"}
+
+
+# ---- decoding ------------------------------------------------------------------------------------------------
+
+
+def decode(settings: dict, archs: list[str], plots: Path, tick: Tick) -> dict:
+    """Decode latency, peak memory and state size against context length (random weights: speed and memory do
+    not depend on them), one architecture at a time with its shape from the preset."""
+    from linlm.infer.profile import environment, plot, profile, rows_to_dicts
+
+    rows = []
+    archs = list(settings.get("archs") or archs)
+    for i, arch in enumerate(archs):
+        overrides = {**settings.get("model", {}), **settings.get("per_arch", {}).get(arch, {})}
+        rows += profile([arch], settings.get("preset"), settings.get("contexts", [128, 512, 2048]), device=settings.get("device", "cpu"),
+                        dtype=settings.get("dtype", "float32"), decode_tokens=settings.get("decode_tokens", 16),
+                        overrides=overrides)
+        tick((i + 1) / len(archs))
+    plot(rows, plots / "decode.png", title="decode latency and memory against context")
+    return {"rows": rows_to_dicts(rows), "environment": environment(), "plot": "decode.png",
+            "settings": settings}
+
+
+def state_growth(rows: list[dict], arch: str) -> Optional[dict]:
+    """The decoding state of ``arch`` at its shortest and longest profiled context, and their ratio."""
+    ok = sorted((r for r in rows if r["arch"] == arch and r.get("error") is None and r.get("state_bytes")),
+                key=lambda r: r["context"])
+    if len(ok) < 2:
+        return None
+    lo, hi = ok[0], ok[-1]
+    return {"arch": arch, "context_lo": lo["context"], "context_hi": hi["context"], "state_lo": lo["state_bytes"],
+            "state_hi": hi["state_bytes"], "ratio": hi["state_bytes"] / lo["state_bytes"],
+            "context_ratio": hi["context"] / lo["context"],
+            "peak_lo": lo.get("peak_memory_bytes"), "peak_hi": hi.get("peak_memory_bytes")}

@@ -1,0 +1,179 @@
+"""linlm reproduce: the smoke preset end to end and resumed, the directory rules, the dry-run plan, the presets'
+comparisons at equal active size, and claims whose verdicts follow the numbers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from linlm.cli import main
+from linlm.errors import ConfigError
+from linlm.reproduce import claims as C
+from linlm.reproduce.job import FORMAT, MARKER, check_directory, clear_owned, run
+from linlm.reproduce.presets import load_preset, preset_names
+
+VERDICTS = {"supported", "partly supported", "not supported", "not supported at this scale", "not measured"}
+
+
+def test_smoke_preset_end_to_end_then_resumed(tmp_path, text_file):
+    out = tmp_path / "job"
+    said: list[str] = []
+    t0 = time.perf_counter()
+    result = run("smoke", out, overrides={"data": {"source": str(text_file)}}, data_dir=str(tmp_path / "no-tasks"),
+                 say=said.append)
+    first = time.perf_counter() - t0
+    assert not result["pending"] and not result["failed"], (result["pending"], result["failed"])
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    # Every claim is judged, with a verdict from the fixed vocabulary and its rule shown.
+    assert [c.claim for c in result["claims"]] == [c.claim for c in C.judge({})]
+    assert all(c.verdict in VERDICTS for c in result["claims"])
+    for c in result["claims"]:
+        assert c.rule in md and c.verdict in md
+    # Each section ran and is in the report: tables and plots, provenance, and the skipped zero-shot section.
+    for name in ("scaling", "compare", "fits", "quality", "compare_quality", "niah", "mqar", "decode"):
+        assert (out / "sections" / f"{name}.json").is_file(), name
+    assert not (out / "sections" / "zeroshot.json").exists()  # skipped sections run again next time
+    assert "Skipped: --data-dir" in md and "is not a directory" in md
+    for png in ("loss_vs_compute.png", "mqar.png", "decode.png"):
+        assert (out / "plots" / png).stat().st_size > 1000
+        assert f"plots/{png}" in md
+    assert html.count("data:image/png;base64,") >= 4
+    assert "git revision" in md and "torch" in md and '"ladder": "smoke"' in md
+    # MossNet's decode state is measured at two contexts and the constant-memory verdict follows from it.
+    decode = json.loads((out / "sections" / "decode.json").read_text())
+    moss = [r["state_bytes"] for r in decode["rows"] if r["arch"] == "mossnet"]
+    assert len(moss) == 2 and C.constant_memory_decode(decode).verdict == (
+        "supported" if moss[1] <= C.CONSTANT_STATE * moss[0] else "not supported")
+    assert any("[1/9] scaling" in s for s in said) and any("[9/9] decode" in s for s in said)
+
+    # The same command again: every finished section is read back, nothing trains.
+    said.clear()
+    t0 = time.perf_counter()
+    again = run("smoke", out, overrides={"data": {"source": str(text_file)}}, say=said.append)
+    assert time.perf_counter() - t0 < first / 3
+    assert not any("training" in s for s in said)
+    assert [c.verdict for c in again["claims"]] == [c.verdict for c in result["claims"]]
+
+
+def test_unknown_preset_lists_the_valid_ones(tmp_path, capsys):
+    assert main(["reproduce", "--preset", "laptop", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'laptop'" in err and all(repr(p) in err for p in ("cpu", "gpu", "paper", "smoke"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_directory_rules(tmp_path):
+    smoke = load_preset("smoke")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("mine")
+    for flags in ({}, {"resume": True}, {"overwrite": True}):
+        with pytest.raises(ConfigError, match="did not write"):
+            check_directory(foreign, smoke, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
+    assert (foreign / "thesis.tex").read_text() == "mine"
+
+    other = tmp_path / "other"
+    (other / "sections").mkdir(parents=True)
+    (other / "sections" / "mqar.json").write_text("{}")
+    (other / "notes.txt").write_text("keep me")
+    import linlm
+
+    (other / MARKER).write_text(json.dumps({"format": FORMAT, "preset": "cpu", "version": linlm.__version__}))
+    with pytest.raises(ConfigError, match="preset 'cpu'.*--resume.*--overwrite"):
+        check_directory(other, smoke, resume=False, overwrite=False)
+    preset, marker = check_directory(other, smoke, resume=True, overwrite=False)
+    assert preset.name == "cpu" and marker["preset"] == "cpu"  # --resume continues the directory's own job
+    preset, _ = check_directory(other, smoke, resume=False, overwrite=True)
+    assert preset.name == "smoke"
+    clear_owned(other)
+    assert not (other / "sections").exists() and not (other / MARKER).exists()
+    assert (other / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ConfigError, match="nothing to resume|no reproduce job"):
+        check_directory(tmp_path / "empty", smoke, resume=True, overwrite=False)
+
+
+def test_paper_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
+    out = tmp_path / "paper"
+    assert main(["reproduce", "--preset", "paper", "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "llama-7b" in text and "mossnet-410m" in text and "PFLOP/s-days" in text and "GPU-hours" in text
+    assert "27 training runs" in text
+    assert not (out / MARKER).exists() and not (out / "torchrun.sh").exists()
+
+
+@pytest.mark.parametrize("name", ["smoke", "cpu", "gpu"])
+def test_comparison_is_at_equal_active_parameters(name):
+    from linlm.reproduce.job import Job
+    from linlm.scaling.ladder import plan_runs
+
+    runs = plan_runs(Job(load_preset(name), None).compare_ladder(), None, "/nonexistent")
+    params = {r.arch: r.params for r in runs}
+    assert set(params) == {"llama", "mamba", "mossnet"}
+    assert all(abs(n / params["llama"] - 1) < 0.05 for n in params.values()), params  # within 5 % of LLaMA
+    assert len({r.tokens for r in runs}) == 1
+
+
+def test_every_preset_loads():
+    assert set(preset_names()) == {"smoke", "cpu", "gpu", "paper"}
+    for name in preset_names():
+        p = load_preset(name)
+        assert p.mode in ("local", "torchrun") and p.scaling["ladder"]
+
+
+# ---- claims: the verdict follows the numbers ----------------------------------------------------------------------
+
+
+def _fits(alphas: dict, r2: float = 0.95, c_max: float = 1e-6) -> dict:
+    return {"archs": {a: {"envelope": {"L(C)": {"alpha": al, "beta": b, "r2": r2},
+                                       "envelope": {"compute_pflops_days": [c_max / 10, c_max]}}}
+                      for a, (al, b) in alphas.items()}}
+
+
+def test_scaling_claims_follow_the_fits():
+    same = _fits({"llama": (-0.08, 3.0), "tnl": (-0.075, 2.9), "hgrn2": (-0.085, 2.8), "cosformer2": (-0.07, 2.9)})
+    assert C.scale_like_transformers(same).verdict == "supported"
+    apart = _fits({"llama": (-0.08, 3.0), "tnl": (-0.2, 2.9), "hgrn2": (-0.085, 2.8), "cosformer2": (-0.02, 2.9)})
+    assert C.scale_like_transformers(apart).verdict == "partly supported"
+    assert C.scale_like_transformers(_fits({"llama": (-0.08, 3.0)}, r2=0.3)).verdict == "not supported at this scale"
+    assert C.scale_like_transformers(None).verdict == "not measured"
+    # Equal compute: beta decides at a common C when the exponents match.
+    lower = _fits({"llama": (-0.08, 3.0), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 2.8), "cosformer2": (-0.08, 2.9)})
+    assert C.lower_loss_at_equal_compute(lower).verdict == "supported"
+    higher = _fits({"llama": (-0.08, 2.8), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 3.0), "cosformer2": (-0.08, 2.9)})
+    claim = C.lower_loss_at_equal_compute(higher)
+    assert claim.verdict == "not supported" and f"{C.LOSS_MARGIN}" in claim.rule
+
+
+def _mqar(acc: dict, chance: float = 0.01) -> dict:
+    return {"chance": chance, "rows": [{"name": f"{a}-d64", "d_model": 64, "accuracy": v} for a, v in acc.items()]
+            + [{"name": f"{a}-d32", "d_model": 32, "accuracy": 0.0} for a in acc]}
+
+
+def test_retrieval_claims_follow_mqar():
+    strong_llama = _mqar({"llama": 0.9, "tnl": 0.2, "hgrn2": 0.6, "cosformer2": 0.1})
+    assert C.weaker_at_retrieval(strong_llama, None).verdict == "supported"
+    assert C.decay_helps_retrieval(strong_llama).verdict == "supported"
+    even = _mqar({"llama": 0.5, "tnl": 0.5, "hgrn2": 0.52, "cosformer2": 0.49})
+    assert C.weaker_at_retrieval(even, None).verdict == "not supported"
+    assert C.decay_helps_retrieval(even).verdict == "not supported"
+    chance = _mqar({"llama": 0.02, "tnl": 0.01, "hgrn2": 0.012, "cosformer2": 0.01})
+    assert C.weaker_at_retrieval(chance, None).verdict == "not supported at this scale"
+    assert C.decay_helps_retrieval(chance).verdict == "not supported at this scale"
+
+
+def test_mossnet_claims_follow_the_numbers():
+    def q(moss, llama, mamba):
+        return {"models": {a: {"arch": a, "val_loss": v, "bits_per_byte": v / 2, "params": 1000}
+                           for a, v in (("mossnet", moss), ("llama", llama), ("mamba", mamba))}}
+
+    assert C.mossnet_beats_baselines(q(3.0, 3.2, 3.1)).verdict == "supported"
+    assert C.mossnet_beats_baselines(q(3.0, 3.2, 2.9)).verdict == "partly supported"
+    assert C.mossnet_beats_baselines(q(3.3, 3.2, 3.1)).verdict == "not supported"
+    assert C.mossnet_beats_baselines(q(3.195, 3.2, 3.2)).verdict == "not supported"  # within the margin: a tie
+    rows = [{"arch": "mossnet", "context": n, "state_bytes": s} for n, s in ((16, 100), (64, 100))]
+    assert C.constant_memory_decode({"rows": rows}).verdict == "supported"
+    rows[1]["state_bytes"] = 400
+    assert C.constant_memory_decode({"rows": rows}).verdict == "not supported"
