@@ -36,6 +36,7 @@ from linlm.layers.mamba import (
     ShortConv,
     decay_rate,
     dt_bias_init_,
+    dt_preactivation,
     dt_rank,
     dt_weight_init_,
     inner_dim,
@@ -125,7 +126,10 @@ class MossNetMixer(nn.Module):
         src[slot[sel]] = token[sel]
         valid = (src < B * T).view(E, B * L)
 
-        ug = torch.cat([u.reshape(B * T, Din), u.new_zeros(1, Din)])[src].view(E, B * L, Din)
+        # Gathered in float32, the scan's dtype, so that the E * B * L rows are never converted (under autocast the
+        # x_proj bmm casts its copy down; the scan and the read-back run on this one).
+        uf = u.reshape(B * T, Din).to(torch.promote_types(u.dtype, torch.float32))
+        ug = torch.cat([uf, uf.new_zeros(1, Din)])[src].view(E, B * L, Din)
         xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))  # [E, B L, P]
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 
@@ -142,12 +146,12 @@ class MossNetMixer(nn.Module):
         B_rows, C_rows = Bm.reshape(E * B, L, N), Cm.reshape(E * B, L, N)
         if self.kernel == "s6":
             # Padding past each row's count is skipped by the scan (lengths), so dt needs no mask there.
-            dt = F.softplus(torch.baddbmm(self.dt_bias[:, None], dt_raw, self.dt_weight.transpose(1, 2)))
+            dt = dt_preactivation(dt_raw, self.dt_weight, self.dt_bias)  # the scan applies softplus
             init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, Din, N)
             yg, final = selective_scan(
                 u_rows, dt.view(E * B, L, Din), A.repeat_interleave(B, dim=0), B_rows, C_rows, D,
                 initial_state=init, reset=reset_g, output_final_state=return_state, chunk_size=self.chunk_size,
-                lengths=counts.t().reshape(E * B),
+                lengths=counts.t().reshape(E * B), dt_softplus=True,
             )
         else:
             dt = F.softplus(dt_raw[..., 0] + self.dt_bias[:, None]) * valid  # [E, B L]
@@ -172,7 +176,7 @@ class MossNetMixer(nn.Module):
 
         picked = yg.reshape(E * B * L, Din)[slot.gather(2, idx)]  # [B, T, k, Din]
         y = (gates.to(picked.dtype)[..., None] * picked).sum(dim=2)
-        return y, final
+        return y.to(u.dtype), final
 
     def _step(self, u, gates, idx, ssm):
         """One decoding token. u [B, Din]; gates, idx [B, k]. Only the selected (routed) or all (dense) states move."""
