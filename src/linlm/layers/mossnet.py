@@ -129,14 +129,20 @@ class MossNetMixer(nn.Module):
         # Gathered in float32, the scan's dtype, so that the E * B * L rows are never converted (under autocast the
         # x_proj bmm casts its copy down; the scan and the read-back run on this one).
         uf = u.reshape(B * T, Din).to(torch.promote_types(u.dtype, torch.float32))
-        ug = torch.cat([uf, uf.new_zeros(1, Din)])[src].view(E, B * L, Din)
-        xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))  # [E, B L, P]
+        ug = torch.cat([uf, uf.new_zeros(1, Din)]).index_select(0, src).view(E, B * L, Din)
+        # Every expert's (dt~, B, C) projection on every token, one matmul (E * P columns, a few per expert), then the
+        # rows each expert needs are gathered: cheaper than a bmm over the gathered [E, B L, Din] inputs, whose
+        # backward would also have to add a second gradient into them.
+        xp_tok = F.linear(u.reshape(B * T, Din), self.x_proj.weight).view(B * T * E, P)
+        expert = torch.arange(E, device=u.device)[:, None]
+        pick = torch.where(valid, src.view(E, B * L) * E + expert, B * T * E).reshape(-1)
+        xp = torch.cat([xp_tok, xp_tok.new_zeros(1, P)]).index_select(0, pick).view(E, B * L, P)
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 
         reset_g = None
         if reset is not None:
             doc = torch.cumsum(reset, dim=1)  # document number of each token, 0 = the one the state belongs to
-            doc_g = torch.cat([doc.reshape(-1), doc.new_zeros(1)])[src].view(E * B, L)
+            doc_g = torch.cat([doc.reshape(-1), doc.new_zeros(1)]).index_select(0, src).view(E * B, L)
             prev = F.pad(doc_g[:, :-1], (1, 0))
             reset_g = valid.view(E * B, L) & (doc_g != prev)
 
@@ -174,7 +180,8 @@ class MossNetMixer(nn.Module):
             final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
             final = final.reshape(B, E, *final.shape[3:]) if self.kernel == "ssd" else final.contiguous()
 
-        picked = yg.reshape(E * B * L, Din)[slot.gather(2, idx)]  # [B, T, k, Din]
+        picked = yg.reshape(E * B * L, Din).index_select(0, slot.gather(2, idx).reshape(-1))
+        picked = picked.view(B, T, self.top_k, Din)
         y = (gates.to(picked.dtype)[..., None] * picked).sum(dim=2)
         return y.to(u.dtype), final
 
