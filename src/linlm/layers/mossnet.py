@@ -126,9 +126,11 @@ class MossNetMixer(nn.Module):
         src[slot[sel]] = token[sel]
         valid = (src < B * T).view(E, B * L)
 
-        # Gathered in float32, the scan's dtype, so that the E * B * L rows are never converted (under autocast the
-        # x_proj bmm casts its copy down; the scan and the read-back run on this one).
-        uf = u.reshape(B * T, Din).to(torch.promote_types(u.dtype, torch.float32))
+        # For S6, gathered in float32, the scan kernel's dtype, so that the E * B * L rows are not converted on the
+        # way in (nor their gradient on the way out); the GLA op of "ssd" takes them as they are.
+        uf = u.reshape(B * T, Din)
+        if self.kernel == "s6":
+            uf = uf.to(torch.promote_types(u.dtype, torch.float32))
         ug = torch.cat([uf, uf.new_zeros(1, Din)]).index_select(0, src).view(E, B * L, Din)
         # Every expert's (dt~, B, C) projection on every token, one matmul (E * P columns, a few per expert), then the
         # rows each expert needs are gathered: cheaper than a bmm over the gathered [E, B L, Din] inputs, whose
