@@ -260,6 +260,8 @@ def main(argv=None) -> int:
                     help="instead of timing, the peak RSS of each model's step, each in a process of its own")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="instead of timing, torch.profiler over 2 steps of each model: the top ROWS ops by self CPU")
+    ap.add_argument("--json-name", default="bench_train_step",
+                    help="results file benchmarks/results/NAME.json (a second run beside another keeps both)")
     ap.add_argument("--_peak-rss-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._peak_rss_child:
@@ -317,7 +319,7 @@ def report(results: list[dict], ceilings: dict, args, partial: bool) -> None:
         r["mfu"] = r["model_flops_per_step"] / r["seconds_per_step"] / ceilings[f"{r['dtype']}/{r['threads']} threads"]
     add_ratios(results)
     if partial:
-        write_json("bench_train_step", dict(meta=meta(), partial=True, matmul_flops_per_s=ceilings, vocab=args.vocab,
+        write_json(args.json_name, dict(meta=meta(), partial=True, matmul_flops_per_s=ceilings, vocab=args.vocab,
                                             demo=DEMO, results=results, target_checks=check_targets(results)))
         return
     rows = [[r["arch"], r["name"], f"{r['tokens_per_s']:.0f}",
@@ -337,7 +339,7 @@ def report(results: list[dict], ceilings: dict, args, partial: bool) -> None:
             if key in r:
                 per = ", ".join(f"{x:.2f}" for x in r[key])
                 print(f"[{r['name']}] {r['arch']} {key.replace('_per_round', '')}, round by round: {per}")
-    write_json("bench_train_step", dict(meta=meta(), partial=False, matmul_flops_per_s=ceilings, vocab=args.vocab,
+    write_json(args.json_name, dict(meta=meta(), partial=False, matmul_flops_per_s=ceilings, vocab=args.vocab,
                                         demo=DEMO, results=results, target_checks=checks,
                                         targets={"our_llama_vs_hf": 1.0, "linear_vs_llama_2048": 1.0,
                                                  "linear_vs_llama_8192": 1.4}))
