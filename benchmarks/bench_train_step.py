@@ -20,6 +20,7 @@ cross-entropy that linlm's trainer uses); transformers' model returns logits and
 
     python benchmarks/bench_train_step.py [--shapes demo paper] [--dtypes fp32 bf16] [--seq-lens 2048 8192]
                                           [--archs ...] [--ssm-kernels s6 ssd] [--repeat 5] [--no-hf]
+                                          [--clock wall|cpu] [--json-name NAME]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import gc
 import resource
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -128,6 +130,15 @@ def build(entry, phase: dict, args):
     return row_name(arch, mode, kernel), cfg, make_step(model, ids, mode, phase["dtype"])
 
 
+def cpu_seconds(fn) -> float:
+    """CPU seconds of this process (all its threads) for one call: on a machine shared with other jobs, a 1-thread
+    phase measured this way is not charged for the time the scheduler gives to others (contention for caches and
+    memory bandwidth still shows)."""
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
 def time_rounds(entries, phase: dict, args) -> list[dict]:
     """Build every model of a phase first, then time them in interleaved rounds, so that drift in the machine's
     load (or first-touch memory costs) does not favour whichever model happens to run first."""
@@ -142,7 +153,7 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
         # Every other round runs in reverse order, so that no model always follows the same neighbour.
         for name, _, step in (runs if i % 2 == 0 else runs[::-1]):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            times[name].append(time_fn(step, warmup=0, repeat=1))
+            times[name].append(cpu_seconds(step) if args.clock == "cpu" else time_fn(step, warmup=0, repeat=1))
             faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     out = []
     for name, cfg, _ in runs:
@@ -150,7 +161,7 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
         tokens = batch * n
         c = count(cfg, batch=batch, seq_len=n)
         flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
-        out.append(dict(arch=name, **phase, seq_len=n, seconds_per_step=seconds,
+        out.append(dict(arch=name, **phase, seq_len=n, clock=args.clock, seconds_per_step=seconds,
                         step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops,
                         page_faults_per_step=statistics.median(faults[name])))
         print(f"  [{phase['name']}] {name:>22}: {tokens / seconds:8.1f} tok/s, "
@@ -260,6 +271,9 @@ def main(argv=None) -> int:
                     help="instead of timing, the peak RSS of each model's step, each in a process of its own")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="instead of timing, torch.profiler over 2 steps of each model: the top ROWS ops by self CPU")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="time a step by the wall clock (default) or by the process's CPU time (the sum over its "
+                         "threads: for 1-thread phases on a loaded machine; tokens/s is then per CPU second)")
     ap.add_argument("--json-name", default="bench_train_step",
                     help="results file benchmarks/results/NAME.json (a second run beside another keeps both)")
     ap.add_argument("--_peak-rss-child", nargs=6, help=argparse.SUPPRESS)
