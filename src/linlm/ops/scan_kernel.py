@@ -234,7 +234,8 @@ def _bstride(t: Tensor | None, batched_dim: int) -> int:
 
 
 def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, init: Tensor | None,
-                reset: Tensor | None, lengths: Tensor | None = None, dt_softplus: bool = False) -> tuple[Tensor, Tensor]:
+                reset: Tensor | None, lengths: Tensor | None = None,
+                dt_softplus: bool = False) -> tuple[Tensor, Tensor]:
     """(y = scan + D u, final state), all in u's dtype (float32 or float64). Arguments already checked.
 
     dt_softplus: dt is the pre-activation and the step size is softplus(dt), computed in the kernel (no separate pass
