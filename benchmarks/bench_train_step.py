@@ -20,6 +20,7 @@ cross-entropy that linlm's trainer uses); transformers' model returns logits and
 
     python benchmarks/bench_train_step.py [--shapes demo paper] [--dtypes fp32 bf16] [--seq-lens 2048 8192]
                                           [--archs ...] [--ssm-kernels s6 ssd] [--repeat 5] [--no-hf]
+                                          [--clock wall|cpu] [--json-name NAME]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import gc
 import resource
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,10 +59,13 @@ TARGETS = [
 ]
 
 
-def matmul_flops_per_s(dtype=torch.float32, n: int = 2048, tries: int = 7) -> float:
-    """The fastest of several square matmuls: the ceiling MFU is measured against (a slow outlier would inflate MFU)."""
+def matmul_flops_per_s(dtype=torch.float32, n: int = 2048, tries: int = 7, clock: str = "wall") -> float:
+    """The fastest of several square matmuls: the ceiling MFU is measured against (a slow outlier would inflate MFU).
+    By the same clock as the steps (with --clock cpu, FLOPs per CPU second)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    t = min(time_fn(lambda: a @ b, warmup=1 if i else 2, repeat=1) for i in range(tries))
+    a @ b
+    timer = cpu_seconds if clock == "cpu" else (lambda fn: time_fn(fn, warmup=0, repeat=1))
+    t = min(timer(lambda: a @ b) for _ in range(tries))
     return 2 * n**3 / t
 
 
@@ -128,6 +133,15 @@ def build(entry, phase: dict, args):
     return row_name(arch, mode, kernel), cfg, make_step(model, ids, mode, phase["dtype"])
 
 
+def cpu_seconds(fn) -> float:
+    """CPU seconds of this process (all its threads) for one call: on a machine shared with other jobs, a 1-thread
+    phase measured this way is not charged for the time the scheduler gives to others (contention for caches and
+    memory bandwidth still shows)."""
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
 def time_rounds(entries, phase: dict, args) -> list[dict]:
     """Build every model of a phase first, then time them in interleaved rounds, so that drift in the machine's
     load (or first-touch memory costs) does not favour whichever model happens to run first."""
@@ -142,7 +156,7 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
         # Every other round runs in reverse order, so that no model always follows the same neighbour.
         for name, _, step in (runs if i % 2 == 0 else runs[::-1]):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            times[name].append(time_fn(step, warmup=0, repeat=1))
+            times[name].append(cpu_seconds(step) if args.clock == "cpu" else time_fn(step, warmup=0, repeat=1))
             faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     out = []
     for name, cfg, _ in runs:
@@ -150,7 +164,7 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
         tokens = batch * n
         c = count(cfg, batch=batch, seq_len=n)
         flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
-        out.append(dict(arch=name, **phase, seq_len=n, seconds_per_step=seconds,
+        out.append(dict(arch=name, **phase, seq_len=n, clock=args.clock, seconds_per_step=seconds,
                         step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops,
                         page_faults_per_step=statistics.median(faults[name])))
         print(f"  [{phase['name']}] {name:>22}: {tokens / seconds:8.1f} tok/s, "
@@ -260,6 +274,11 @@ def main(argv=None) -> int:
                     help="instead of timing, the peak RSS of each model's step, each in a process of its own")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="instead of timing, torch.profiler over 2 steps of each model: the top ROWS ops by self CPU")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="time a step by the wall clock (default) or by the process's CPU time (the sum over its "
+                         "threads: for 1-thread phases on a loaded machine; tokens/s is then per CPU second)")
+    ap.add_argument("--json-name", default="bench_train_step",
+                    help="results file benchmarks/results/NAME.json (a second run beside another keeps both)")
     ap.add_argument("--_peak-rss-child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._peak_rss_child:
@@ -291,7 +310,7 @@ def main(argv=None) -> int:
         for ph in phases:
             with num_threads(ph["threads"]) as nt:
                 key = f"{ph['dtype']}/{nt} threads"
-                ceilings[key] = max(ceilings.get(key, 0.0), matmul_flops_per_s(DTYPES[ph["dtype"]]))
+                ceilings[key] = max(ceilings.get(key, 0.0), matmul_flops_per_s(DTYPES[ph["dtype"]], clock=args.clock))
 
     measure_ceilings()
     results = []
@@ -317,7 +336,7 @@ def report(results: list[dict], ceilings: dict, args, partial: bool) -> None:
         r["mfu"] = r["model_flops_per_step"] / r["seconds_per_step"] / ceilings[f"{r['dtype']}/{r['threads']} threads"]
     add_ratios(results)
     if partial:
-        write_json("bench_train_step", dict(meta=meta(), partial=True, matmul_flops_per_s=ceilings, vocab=args.vocab,
+        write_json(args.json_name, dict(meta=meta(), partial=True, matmul_flops_per_s=ceilings, vocab=args.vocab,
                                             demo=DEMO, results=results, target_checks=check_targets(results)))
         return
     rows = [[r["arch"], r["name"], f"{r['tokens_per_s']:.0f}",
@@ -337,7 +356,7 @@ def report(results: list[dict], ceilings: dict, args, partial: bool) -> None:
             if key in r:
                 per = ", ".join(f"{x:.2f}" for x in r[key])
                 print(f"[{r['name']}] {r['arch']} {key.replace('_per_round', '')}, round by round: {per}")
-    write_json("bench_train_step", dict(meta=meta(), partial=False, matmul_flops_per_s=ceilings, vocab=args.vocab,
+    write_json(args.json_name, dict(meta=meta(), partial=False, matmul_flops_per_s=ceilings, vocab=args.vocab,
                                         demo=DEMO, results=results, target_checks=checks,
                                         targets={"our_llama_vs_hf": 1.0, "linear_vs_llama_2048": 1.0,
                                                  "linear_vs_llama_8192": 1.4}))

@@ -141,6 +141,18 @@ def decay_rate(A_log: torch.Tensor) -> torch.Tensor:
     return -torch.exp(A_log if A_log.dtype in (torch.float32, torch.float64) else A_log.float())
 
 
+def dt_preactivation(dt_low: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """dt_low @ weight^T + bias, the pre-activation of dt (the scan applies softplus: dt_softplus=True), in float32
+    at least and outside autocast: it is a rank-R product whose output is as large as u, and the scan reads it in
+    float32 (a bfloat16 result would be rounded, then converted back, for no saving). weight [..., Din, R]
+    (batched over leading dims like dt_low [..., L, R]), bias [..., Din]."""
+    cd = torch.promote_types(weight.dtype, torch.float32)
+    with torch.autocast(dt_low.device.type, enabled=False):
+        if weight.dim() == 2:
+            return F.linear(dt_low.to(cd), weight.to(cd), bias.to(cd))
+        return torch.baddbmm(bias.to(cd).unsqueeze(-2), dt_low.to(cd), weight.to(cd).transpose(-1, -2))
+
+
 def scan_flops_per_token(d_inner: int, d_state: int) -> float:
     """Forward FLOPs per token of the selective scan: decay exponent and product, input, update, readout, skip."""
     return 6.0 * d_inner * d_state + 2.0 * d_inner
@@ -165,16 +177,17 @@ class MambaMixer(nn.Module):
         u, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv_state = self.conv(u, None if state is None else state["conv"], reset, silu=True)
         dt_low, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = F.softplus(F.linear(dt_low, self.dt_weight, self.dt_bias))
+        dt = dt_preactivation(dt_low, self.dt_weight, self.dt_bias)  # the scans apply softplus
         A = decay_rate(self.A_log)
         ssm = None if state is None else state["ssm"]
         if ssm is not None and T == 1 and reset is None:
-            y, ssm = selective_scan_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], self.D, state=ssm)
+            y, ssm = selective_scan_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], self.D, state=ssm,
+                                         dt_softplus=True)
             y = y[:, None]
         else:
             y, ssm = selective_scan(
                 u, dt, A, Bm, Cm, self.D, initial_state=ssm, reset=reset,
-                output_final_state=return_state, chunk_size=self.chunk_size,
+                output_final_state=return_state, chunk_size=self.chunk_size, dt_softplus=True,
             )
         out = self.out_proj(y * F.silu(z))
         return out, ({"conv": conv_state, "ssm": ssm} if return_state else None)

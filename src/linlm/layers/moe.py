@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.glu import GLU
+from linlm.ops.fused import glu
 from linlm.ops.routing import combine, group_by_expert, load_balance_loss, router_z_loss, top_k_route
 
 # The batched path pads every expert to the busiest one's load; it is used while that costs at most PAD_LIMIT x the
@@ -86,10 +87,10 @@ class MoEMLP(nn.Module):
         dest = expert * capacity + torch.arange(n_assign, device=flat.device) - starts[expert]
         src = torch.full((self.n_experts * capacity,), flat.shape[0], dtype=torch.long, device=flat.device)
         src[dest] = order // self.top_k  # token of each buffer row; the extra last row of `padded` is zeros
-        padded = torch.cat([flat, flat.new_zeros(1, self.d_model)])[src].view(self.n_experts, capacity, -1)
-        gate, up = torch.bmm(padded, self.w_in.transpose(1, 2)).chunk(2, dim=-1)
-        out = torch.bmm(F.silu(gate) * up, self.w_out.transpose(1, 2))
-        return out.reshape(-1, self.d_model)[dest]
+        padded = torch.cat([flat, flat.new_zeros(1, self.d_model)]).index_select(0, src)
+        h = torch.bmm(padded.view(self.n_experts, capacity, -1), self.w_in.transpose(1, 2))
+        out = torch.bmm(glu(h, "silu"), self.w_out.transpose(1, 2))
+        return out.reshape(-1, self.d_model).index_select(0, dest)
 
     def _experts_looped(self, flat, order, counts):
         """One matmul pair per expert on its contiguous slice of the sorted rows (no padding)."""
@@ -97,8 +98,7 @@ class MoEMLP(nn.Module):
         # split / unbind (not slicing or indexing) so that the backward joins the pieces with one cat / stack.
         outs = []
         for part, w_in, w_out in zip(x_sorted.split(counts.tolist()), self.w_in.unbind(0), self.w_out.unbind(0)):
-            gate, up = F.linear(part, w_in).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up, w_out))
+            outs.append(F.linear(glu(F.linear(part, w_in), "silu"), w_out))
         return torch.cat(outs)
 
     def active_params(self) -> int:

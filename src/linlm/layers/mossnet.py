@@ -36,6 +36,7 @@ from linlm.layers.mamba import (
     ShortConv,
     decay_rate,
     dt_bias_init_,
+    dt_preactivation,
     dt_rank,
     dt_weight_init_,
     inner_dim,
@@ -125,14 +126,25 @@ class MossNetMixer(nn.Module):
         src[slot[sel]] = token[sel]
         valid = (src < B * T).view(E, B * L)
 
-        ug = torch.cat([u.reshape(B * T, Din), u.new_zeros(1, Din)])[src].view(E, B * L, Din)
-        xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))  # [E, B L, P]
+        # For S6, gathered in float32, the scan kernel's dtype, so that the E * B * L rows are not converted on the
+        # way in (nor their gradient on the way out); the GLA op of "ssd" takes them as they are.
+        uf = u.reshape(B * T, Din)
+        if self.kernel == "s6":
+            uf = uf.to(torch.promote_types(u.dtype, torch.float32))
+        ug = torch.cat([uf, uf.new_zeros(1, Din)]).index_select(0, src).view(E, B * L, Din)
+        # Every expert's (dt~, B, C) projection on every token, one matmul (E * P columns, a few per expert), then the
+        # rows each expert needs are gathered: cheaper than a bmm over the gathered [E, B L, Din] inputs, whose
+        # backward would also have to add a second gradient into them.
+        xp_tok = F.linear(u.reshape(B * T, Din), self.x_proj.weight).view(B * T * E, P)
+        expert = torch.arange(E, device=u.device)[:, None]
+        pick = torch.where(valid, src.view(E, B * L) * E + expert, B * T * E).reshape(-1)
+        xp = torch.cat([xp_tok, xp_tok.new_zeros(1, P)]).index_select(0, pick).view(E, B * L, P)
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 
         reset_g = None
         if reset is not None:
             doc = torch.cumsum(reset, dim=1)  # document number of each token, 0 = the one the state belongs to
-            doc_g = torch.cat([doc.reshape(-1), doc.new_zeros(1)])[src].view(E * B, L)
+            doc_g = torch.cat([doc.reshape(-1), doc.new_zeros(1)]).index_select(0, src).view(E * B, L)
             prev = F.pad(doc_g[:, :-1], (1, 0))
             reset_g = valid.view(E * B, L) & (doc_g != prev)
 
@@ -142,12 +154,12 @@ class MossNetMixer(nn.Module):
         B_rows, C_rows = Bm.reshape(E * B, L, N), Cm.reshape(E * B, L, N)
         if self.kernel == "s6":
             # Padding past each row's count is skipped by the scan (lengths), so dt needs no mask there.
-            dt = F.softplus(torch.baddbmm(self.dt_bias[:, None], dt_raw, self.dt_weight.transpose(1, 2)))
+            dt = dt_preactivation(dt_raw, self.dt_weight, self.dt_bias)  # the scan applies softplus
             init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, Din, N)
             yg, final = selective_scan(
                 u_rows, dt.view(E * B, L, Din), A.repeat_interleave(B, dim=0), B_rows, C_rows, D,
                 initial_state=init, reset=reset_g, output_final_state=return_state, chunk_size=self.chunk_size,
-                lengths=counts.t().reshape(E * B),
+                lengths=counts.t().reshape(E * B), dt_softplus=True,
             )
         else:
             dt = F.softplus(dt_raw[..., 0] + self.dt_bias[:, None]) * valid  # [E, B L]
@@ -170,9 +182,10 @@ class MossNetMixer(nn.Module):
             final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
             final = final.reshape(B, E, *final.shape[3:]) if self.kernel == "ssd" else final.contiguous()
 
-        picked = yg.reshape(E * B * L, Din)[slot.gather(2, idx)]  # [B, T, k, Din]
+        picked = yg.reshape(E * B * L, Din).index_select(0, slot.gather(2, idx).reshape(-1))
+        picked = picked.view(B, T, self.top_k, Din)
         y = (gates.to(picked.dtype)[..., None] * picked).sum(dim=2)
-        return y, final
+        return y.to(u.dtype), final
 
     def _step(self, u, gates, idx, ssm):
         """One decoding token. u [B, Din]; gates, idx [B, k]. Only the selected (routed) or all (dense) states move."""

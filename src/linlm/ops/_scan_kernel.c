@@ -71,6 +71,39 @@ static inline REAL SUF(exp_neg)(REAL x) {
     return p * v.f;
 }
 
+static inline REAL SUF(sigmoid)(REAL z) {
+    const REAL e = SUF(exp_neg)(-__builtin_fabs(z));  /* in (0, 1]: no overflow for any z */
+    const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
+    return (REAL)0.5 + __builtin_copysign(r - (REAL)0.5, z);
+}
+
+/* softplus(x) = max(x, 0) + log1p(exp(-|x|)), with log1p(e) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) for
+   s = e / (2 + e) in [0, 1/3]: SP_NCOEF terms of the series in s^2 <= 1/9 (error below 2e-8 in float32, 2e-17 in
+   float64, relative, also for tiny e). max(x, 0) = (x + |x|) / 2 is exact. */
+#if REAL_IS_DOUBLE
+#define SP_NCOEF 17
+#else
+#define SP_NCOEF 8
+#endif
+static inline REAL SUF(softplus)(REAL x) {
+    const REAL ax = __builtin_fabs(x);
+    const REAL e = SUF(exp_neg)(-ax);
+    const REAL s = e / ((REAL)2 + e), s2 = s * s;
+    REAL p = (REAL)1 / (REAL)(2 * SP_NCOEF - 1);
+    for (int i = SP_NCOEF - 2; i >= 0; i--) p = p * s2 + (REAL)1 / (REAL)(2 * i + 1);
+    return (REAL)0.5 * (x + ax) + (REAL)2 * s * p;
+}
+
+/* One step's dt for a tile: dt as given, or softplus(dt) when the caller passes the pre-activation (dt_sp). */
+static inline void SUF(load_dt)(REAL *restrict dtv, const REAL *restrict src, int64_t dl, int64_t dt_sp) {
+    if (dt_sp) {
+#pragma omp simd
+        for (int64_t d = 0; d < dl; d++) dtv[d] = SUF(softplus)(src[d]);
+    } else {
+        for (int64_t d = 0; d < dl; d++) dtv[d] = src[d];
+    }
+}
+
 /* Decays of one step: a[n][d] = exp(dt[d] A[n][d]), or 0 at a reset step. */
 static inline void SUF(decays)(REAL *restrict a, const REAL *restrict At, const REAL *restrict dtv, int64_t N,
                                int64_t dl, int reset) {
@@ -122,8 +155,8 @@ static inline void SUF(step)(REAL *restrict s, const REAL *restrict a, const REA
    none) is [Din] (d_bstride 0) or [Bt, Din]. */
 void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
-                   REAL *y, REAL *final, REAL *ckpt, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
-                   int64_t item0, int64_t item1) {
+                   REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
+                   int64_t K, int64_t item0, int64_t item1) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / ntiles, d0 = (item % ntiles) * TILE;
@@ -137,8 +170,8 @@ void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
         for (int64_t t = 0; t < Tb; t++) {
             if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
             const int64_t row = (b * T + t) * Din + d0;
+            SUF(load_dt)(dtv, dt + row, dl, dt_sp);
             for (int64_t d = 0; d < dl; d++) {
-                dtv[d] = dt[row + d];
                 x[d] = dtv[d] * u[row + d];
                 yv[d] = Dv[d] * u[row + d];
             }
@@ -165,8 +198,8 @@ void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
 void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
                    const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
-                   REAL *dinit, REAL *work, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, int64_t item0,
-                   int64_t item1) {
+                   REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
+                   int64_t item0, int64_t item1) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
     REAL *S = work, *Adec = work + K * N * TILE;
     for (int64_t item = item0; item < item1; item++) {
@@ -199,10 +232,8 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             SUF(load_state)(s0, ckpt + (b * nseg + seg) * Din * N, d0, dl, N);
             for (int64_t t = t0; t < t1; t++) {
                 const int64_t row = (b * T + t) * Din + d0;
-                for (int64_t d = 0; d < dl; d++) {
-                    dtv[d] = dt[row + d];
-                    x[d] = dtv[d] * u[row + d];
-                }
+                SUF(load_dt)(dtv, dt + row, dl, dt_sp);
+                for (int64_t d = 0; d < dl; d++) x[d] = dtv[d] * u[row + d];
                 REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
                 SUF(decays)(at, At, dtv, N, dl, reset && reset[b * T + t]);
                 memcpy(st, t == t0 ? s0 : st - N * TILE, sizeof(REAL) * N * TILE);
@@ -216,8 +247,8 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
                 const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
                 const REAL *dyt = dy + row;
                 REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
+                SUF(load_dt)(dtv, dt + row, dl, dt_sp);
                 for (int64_t d = 0; d < dl; d++) {
-                    dtv[d] = dt[row + d];
                     x[d] = dtv[d] * u[row + d];
                     dx[d] = 0;
                     dlt[d] = 0;
@@ -245,8 +276,12 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
                 }
                 for (int64_t d = 0; d < dl; d++) {
                     du[row + d] = dx[d] * dtv[d] + dyt[d] * Dv[d];
-                    ddt[row + d] = dx[d] * u[row + d] + dlt[d];
+                    ddt[row + d] = dx[d] * u[row + d] + dlt[d];  /* d/d(dt); times softplus' below */
                     gD[d] += dyt[d] * u[row + d];
+                }
+                if (dt_sp) {
+#pragma omp simd
+                    for (int64_t d = 0; d < dl; d++) ddt[row + d] *= SUF(sigmoid)(dt[row + d]);
                 }
             }
         }
@@ -263,11 +298,6 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
    of CONV_TB time steps), all channels, so that every access is a contiguous row. */
 #define CONV_TB 128
 
-static inline REAL SUF(sigmoid)(REAL z) {
-    const REAL e = SUF(exp_neg)(-__builtin_fabs(z));  /* in (0, 1]: no overflow for any z */
-    const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
-    return (REAL)0.5 + __builtin_copysign(r - (REAL)0.5, z);
-}
 
 /* the input row that tap `lag` of output t reads, or NULL (before the state, or dropped at a document start) */
 static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const int64_t *since, int64_t b, int64_t t,
@@ -378,6 +408,7 @@ void SUF(conv_bwd2)(const REAL *wt, const int64_t *since, const REAL *dpre, REAL
 #undef EXP_BIAS
 #undef EXP_SHIFT
 #undef EXP_BITS
+#undef SP_NCOEF
 #define REAL double
 #define REAL_IS_DOUBLE 1
 #define SUF(name) name##_f64

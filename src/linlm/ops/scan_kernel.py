@@ -43,7 +43,7 @@ from linlm.errors import ConfigError
 __all__ = ["available", "backend", "conv_silu", "kernel_scan"]
 
 SOURCE = Path(__file__).with_name("_scan_kernel.c")
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp-simd", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-fopenmp-simd", "-std=gnu11")
 TILE = 64  # channels per work item; must equal TILE in the C source
 CKPT = 64  # steps between saved states (the backward's segment length)
 MAX_STATE = 64  # largest d_state the kernel takes: its per-item arrays (6 x N x TILE values) live on the stack
@@ -105,8 +105,8 @@ def _build(cc: str) -> Path:
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_FWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P] + [_I] * 7
-_BWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P] + [_I] * 7
+_FWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P] + [_I] * 8
+_BWD_ARGS = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P] + [_I] * 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,10 +175,11 @@ def _ptr(t: Tensor | None) -> int | None:
 
 
 class _KernelScan(torch.autograd.Function):
-    """y (with the D skip) and the final state. Inputs contiguous, float32 or float64, on the CPU."""
+    """y (with the D skip) and the final state. Inputs contiguous, float32 or float64, on the CPU. With dt_sp, dt is
+    the pre-activation and the kernel applies softplus (its gradient is then the pre-activation's)."""
 
     @staticmethod
-    def forward(ctx, u, dt, A, B, C, D, init, reset, lengths):
+    def forward(ctx, u, dt, A, B, C, D, init, reset, lengths, dt_sp):
         ctx.set_materialize_grads(False)
         lib = _library()
         Bt, T, Din = u.shape
@@ -190,10 +191,11 @@ class _KernelScan(torch.autograd.Function):
         final = u.new_empty(Bt, Din, N)
         reset_b = None if reset is None else reset.contiguous().view(torch.uint8)
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(init),
-                _ptr(reset_b), _ptr(lengths), _ptr(y), _ptr(final), _ptr(ckpt), Bt, T, Din, N, CKPT)
+                _ptr(reset_b), _ptr(lengths), _ptr(y), _ptr(final), _ptr(ckpt), int(dt_sp), Bt, T, Din, N, CKPT)
         _run(getattr(lib, f"scan_fwd_{suf}"), Bt * -(-Din // TILE), lambda i: args)
         if ckpt is not None:
             ctx.save_for_backward(u, dt, A, B, C, D, reset_b, lengths, ckpt)
+            ctx.dt_sp = bool(dt_sp)
         return y, final
 
     @staticmethod
@@ -216,13 +218,14 @@ class _KernelScan(torch.autograd.Function):
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(reset_b),
                 _ptr(lengths), _ptr(ckpt), _ptr(dy), _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows),
                 _ptr(dB_parts), _ptr(dC_parts), _ptr(dD_rows), _ptr(dinit))
-        _run(getattr(lib, f"scan_bwd_{suf}"), n_items, lambda i: (*args, work[i].data_ptr(), Bt, T, Din, N, CKPT))
+        _run(getattr(lib, f"scan_bwd_{suf}"), n_items,
+             lambda i: (*args, work[i].data_ptr(), int(ctx.dt_sp), Bt, T, Din, N, CKPT))
         dA = dA_rows if A.dim() == 3 else dA_rows.sum(0)
         dD = None if D is None else (dD_rows if D.dim() == 2 else dD_rows.sum(0))
         dB = dB_parts[0] if ntiles == 1 else dB_parts.sum(0)
         dC = dC_parts[0] if ntiles == 1 else dC_parts.sum(0)
         grads = (du, ddt, dA, dB, dC, dD, dinit)
-        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:7])), None, None)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:7])), None, None, None)
 
 
 def _bstride(t: Tensor | None, batched_dim: int) -> int:
@@ -231,8 +234,12 @@ def _bstride(t: Tensor | None, batched_dim: int) -> int:
 
 
 def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, init: Tensor | None,
-                reset: Tensor | None, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                reset: Tensor | None, lengths: Tensor | None = None,
+                dt_softplus: bool = False) -> tuple[Tensor, Tensor]:
     """(y = scan + D u, final state), all in u's dtype (float32 or float64). Arguments already checked.
+
+    dt_softplus: dt is the pre-activation and the step size is softplus(dt), computed in the kernel (no separate pass
+    over dt, forward or backward).
 
     lengths: None or int64 [Bt]: row b is steps 0 .. lengths[b] - 1; later steps are padding, where y = D u, the state
     stays as it is and no gradient reaches dt, B, C (nor u beyond D's term).
@@ -241,7 +248,7 @@ def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     D, init = (None if t is None else t.to(u.dtype).contiguous() for t in (D, init))
     if lengths is not None:
         lengths = lengths.to(torch.int64).clamp(0, u.shape[1]).contiguous()
-    return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths)
+    return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths, dt_softplus)
 
 
 CONV_TB = 128  # time steps per work item of the conv; must equal CONV_TB in the C source

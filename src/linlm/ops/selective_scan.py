@@ -6,7 +6,9 @@ For every channel d the state s_t[d, :] in R^N follows
     y_t[d]    = sum_n C_t[n] * s_t[d, n] + D[d] * u_t[d]
 
 Shapes (Bt = batch, T = time, Din = channels, N = state size):
-    u, dt          [Bt, T, Din]   dt is already positive (after softplus)
+    u, dt          [Bt, T, Din]   dt is already positive (after softplus); with dt_softplus=True (every form) dt is
+                                  the pre-activation and the step size is softplus(dt), which the kernel computes
+                                  on the fly (no separate pass over dt forward or backward)
     A              [Din, N] or [Bt, Din, N], real and <= 0; the batched form lets MossNet put experts in the batch
     B, C           [Bt, T, N]     shared by all channels
     D              None, [Din] or [Bt, Din]
@@ -54,6 +56,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -126,18 +129,24 @@ def _check_scan_args(fn, u, dt, A, B, C, D, state, reset, *, step: bool = False)
     return Bt, Din, N
 
 
-def _check_scan_values(fn: str, dt: Tensor, A: Tensor) -> None:
-    """dt * A must be <= 0, or exp(dt * A) grows without bound. Cheap next to the scan itself.
-    (Skipped while torch.export traces: a graph cannot branch on values.)"""
+def _check_scan_values(fn: str, dt: Tensor | None, A: Tensor) -> None:
+    """dt * A must be <= 0, or exp(dt * A) grows without bound. Cheap next to the scan itself. dt None: not checked
+    (a softplus pre-activation). (Skipped while torch.export traces: a graph cannot branch on values.)"""
     if torch.compiler.is_exporting():
         return
     # One reduction each (no boolean temporary of dt's size); a NaN fails neither test, as before.
     if A.numel() and float(A.detach().max()) > 0:
         raise ShapeError(f"{fn}: `A` must be <= 0 (A = -exp(A_log)), got a maximum of {A.max().item():.4g}")
-    if dt.numel() and float(dt.detach().min()) < 0:
+    if dt is not None and dt.numel() and float(dt.detach().min()) < 0:
         raise ShapeError(
             f"{fn}: `dt` must be >= 0 (apply softplus first), got a minimum of {dt.min().item():.4g}"
         )
+
+
+def _activate_dt(dt: Tensor, cd: torch.dtype, dt_softplus: bool) -> Tensor:
+    """dt in the compute dtype; softplus(dt) when dt is the pre-activation."""
+    dt = dt.to(cd)
+    return F.softplus(dt) if dt_softplus else dt
 
 
 def _broadcast_A(A: Tensor) -> Tensor:
@@ -167,7 +176,7 @@ def _step_update(s: Tensor, u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tens
     return y, s
 
 
-def selective_scan_step(u, dt, A, B, C, D=None, *, state=None) -> tuple[Tensor, Tensor]:
+def selective_scan_step(u, dt, A, B, C, D=None, *, state=None, dt_softplus=False) -> tuple[Tensor, Tensor]:
     """Advance the scan by one token. u, dt [Bt, Din]; B, C [Bt, N]; state [Bt, Din, N] or None (zeros).
 
     Returns (y [Bt, Din] in u's dtype, new_state [Bt, Din, N] in float32, float64 for float64 u).
@@ -178,7 +187,8 @@ def selective_scan_step(u, dt, A, B, C, D=None, *, state=None) -> tuple[Tensor, 
     cd = _compute_dtype(u)
     if state is None:
         state = torch.zeros(Bt, Din, N, dtype=cd, device=u.device)
-    y, new_state = _step_update(state.to(cd), u.to(cd), dt.to(cd), A.to(cd), B.to(cd), C.to(cd))
+    dt = _activate_dt(dt, cd, dt_softplus)
+    y, new_state = _step_update(state.to(cd), u.to(cd), dt, A.to(cd), B.to(cd), C.to(cd))
     return _add_skip(y, u, D).to(u.dtype), new_state
 
 
@@ -187,13 +197,14 @@ def selective_scan_step(u, dt, A, B, C, D=None, *, state=None) -> tuple[Tensor, 
 
 
 def selective_scan_reference(
-    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True
+    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True, dt_softplus=False
 ) -> tuple[Tensor, Tensor | None]:
     """The sequential definition of the scan, one step per token. Slow; used to check the other forms."""
     fn = "selective_scan_reference"
     Bt, Din, N = _check_scan_args(fn, u, dt, A, B, C, D, initial_state, reset)
-    _check_scan_values(fn, dt, A)
     cd = _compute_dtype(u)
+    dt = _activate_dt(dt, cd, dt_softplus)
+    _check_scan_values(fn, dt, A)
     uc, dtc, Ac, Bc, Cc = (t.to(cd) for t in (u, dt, A, B, C))
     s = torch.zeros(Bt, Din, N, dtype=cd, device=u.device) if initial_state is None else initial_state.to(cd)
     ys = []
@@ -414,7 +425,8 @@ class _ChunkedScan(torch.autograd.Function):
 
 
 def selective_scan_chunked(
-    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True, chunk_size=64
+    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True, chunk_size=64,
+    dt_softplus=False,
 ) -> tuple[Tensor, Tensor | None]:
     """The chunked scan: same result as selective_scan_reference, for training and prefill.
 
@@ -427,9 +439,10 @@ def selective_scan_chunked(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError(f"{fn}: `chunk_size` must be a positive int, got {chunk_size!r}")
     Bt, Din, N = _check_scan_args(fn, u, dt, A, B, C, D, initial_state, reset)
-    _check_scan_values(fn, dt, A)
     T = u.shape[1]
     cd = _compute_dtype(u)
+    dt = _activate_dt(dt, cd, dt_softplus)
+    _check_scan_values(fn, dt, A)
     if T == 0:
         s = torch.zeros(Bt, Din, N, dtype=cd, device=u.device) if initial_state is None else initial_state.to(cd)
         return u.new_zeros(Bt, 0, Din), (s if output_final_state else None)
@@ -442,7 +455,8 @@ def selective_scan_chunked(
 
 
 def selective_scan_kernel(
-    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True, lengths=None
+    u, dt, A, B, C, D=None, *, initial_state=None, reset=None, output_final_state=True, lengths=None,
+    dt_softplus=False,
 ) -> tuple[Tensor, Tensor | None]:
     """The compiled CPU kernel (linlm.ops.scan_kernel): same result as selective_scan_reference, one pass over the
     sequence per direction, states checkpointed every 64 steps for the backward. Raises ConfigError when the kernel
@@ -453,7 +467,7 @@ def selective_scan_kernel(
     """
     fn = "selective_scan_kernel"
     Bt, Din, N = _check_scan_args(fn, u, dt, A, B, C, D, initial_state, reset)
-    _check_scan_values(fn, dt, A)
+    _check_scan_values(fn, None if dt_softplus else dt, A)
     if u.device.type != "cpu":
         raise ShapeError(f"{fn}: the kernel runs on the CPU, got `u` on {u.device}; use selective_scan_chunked")
     if N > scan_kernel.MAX_STATE:
@@ -471,17 +485,20 @@ def selective_scan_kernel(
     if lengths is not None and (not isinstance(lengths, Tensor) or list(lengths.shape) != [Bt]
                                 or lengths.is_floating_point()):
         raise ShapeError(f"{fn}: `lengths` must be None or an integer tensor [Bt] = [{Bt}], got {_shape(lengths)}")
-    y, final = scan_kernel.kernel_scan(uc, dtc, Ac, Bc, Cc, D, init, reset, lengths)
+    y, final = scan_kernel.kernel_scan(uc, dtc, Ac, Bc, Cc, D, init, reset, lengths, dt_softplus=bool(dt_softplus))
     return y.to(u.dtype), (final if output_final_state else None)
 
 
-def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, **kw) -> tuple[Tensor, Tensor | None]:
+def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, dt_softplus=False,
+                   **kw) -> tuple[Tensor, Tensor | None]:
     """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available()),
     else the chunked form. Keywords as selective_scan_kernel; chunk_size only matters to the chunked form, which
     runs `lengths` as dt = 0 and C = 0 on the padding (the same result, at the cost of scanning the padding)."""
     if (isinstance(u, Tensor) and u.device.type == "cpu" and isinstance(A, Tensor)
             and A.shape[-1] <= scan_kernel.MAX_STATE and scan_kernel.available()):
-        return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, **kw)
+        return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, dt_softplus=dt_softplus, **kw)
+    if dt_softplus:  # activated first, so that the padding below gets dt = 0
+        dt = _activate_dt(dt, _compute_dtype(u), True)
     if lengths is not None:
         valid = (torch.arange(u.shape[1], device=u.device) < lengths.to(u.device)[:, None])[..., None]
         dt, C = dt * valid, C * valid
