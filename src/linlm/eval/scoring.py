@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from linlm.errors import ShapeError
 
 PAD_ID = 0  # right padding: any valid id, never read back
+ROWS_PER_ITEM = 2  # a continuation forward holds at most ROWS_PER_ITEM * batch_size rows
 
 
 @dataclass
@@ -191,7 +192,7 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
         parts.append((first_logits.index_select(0, pick), [rows[i][0] for i in first], first))
     # The rows run longest first, at most 2 * batch_size to a forward (both ways): rows of similar length pad less.
     by_length = sorted((i for i in range(len(rows)) if len(rows[i]) > 1), key=lambda i: -len(rows[i]))
-    per_forward = 2 * len(batch)
+    per_forward = ROWS_PER_ITEM * len(batch)
     for g in range(0, len(by_length), per_forward):
         group = by_length[g:g + per_forward]
         T = len(rows[group[0]]) - 1  # the last token of a row is only a target
