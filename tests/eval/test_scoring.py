@@ -106,3 +106,19 @@ def test_length_batches_group_equal_contexts():
     # The five requests of length 9 give two pure batches; one is left for a mixed batch.
     pure9 = [b for b in batches if {lengths[i] for i in b} == {9}]
     assert len(pure9) == 2 and all(len(b) == 2 for b in pure9)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mamba"])
+def test_logits_at_equals_full_logits_at_those_positions(arch):
+    """The scorer computes the head only where it reads a log-likelihood (``logits_at``), from a state too."""
+    model = create_model(arch, preset="tiny").eval()
+    torch.manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (3, 7))
+    ids = torch.randint(0, model.config.vocab_size, (3, 5))
+    rows, pos = torch.tensor([0, 2, 2, 1]), torch.tensor([4, 0, 3, 1])
+    with torch.no_grad():
+        state = model(prompt, return_state=True).state
+        full = model(ids, state=state)
+        picked = model(ids, state=state, logits_at=(rows, pos))
+    assert picked.shape == (4, model.config.vocab_size)
+    torch.testing.assert_close(picked, full[rows, pos], rtol=0, atol=1e-5)

@@ -18,11 +18,18 @@ for every continuation:
    one [B, P] forward with ``return_state=True``; no padding, so the state is exact for every architecture.
 3. The state is gathered to one row per (request, continuation). Each row runs the rest of its context (the few
    tokens past P) and its continuation in one right-padded forward from that state. Right padding only follows the
-   real tokens, so it cannot change them (the models are causal).
+   real tokens, so it cannot change them (the models are causal). The rows run longest first, at most
+   2 * batch_size to a forward, so rows of similar length share a forward and pad little.
+4. The head runs only at the positions whose log-likelihood is read (``logits_at``): with a vocabulary of 8192 and
+   d_model 256 it costs 2/3 of the four layers per position. One fused log-softmax per forward gives log p(target); the target is greedy when its logit
+   reaches the maximum (a max is several times cheaper than an argmax over the vocabulary on CPU; an exact tie
+   with another token, which an argmax breaks by index, counts as greedy).
 
 Cost per item with n choices: P + n (r + m) token positions against n (P + r + m) for scoring each choice on its
-own (r: context tokens past P, m: continuation length). ``shared=False`` is that naive per-choice scoring (one
-right-padded full pass per choice, no state), kept as the reference and as the benchmark's baseline.
+own (r: context tokens past P, m: continuation length), and the head at n m positions against n (P + r + m).
+``shared=False`` is that naive per-choice scoring (one right-padded full pass per choice, no state, the head at
+every position as a plain full pass computes it; rows grouped the same way), kept as the reference and as the
+benchmark's baseline.
 
 Contexts too long for the model are truncated from the left, as lm-evaluation-harness does: a request keeps the
 last ``max_length + 1 - len(longest continuation)`` context tokens, so every choice of an item sees the same context.
@@ -35,10 +42,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from linlm.errors import ShapeError
 
 PAD_ID = 0  # right padding: any valid id, never read back
+ROWS_PER_ITEM = 2  # a continuation forward holds at most ROWS_PER_ITEM * batch_size rows
 
 
 @dataclass
@@ -174,45 +183,51 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
             rows.append(r.context[P:] + cont)
             owner.append(b)
             starts.append(len(r.context) - P)  # where the continuation starts in the row
-    T = max(len(s) for s in rows) - 1  # the last token of a row is only a target
-    tail_logits, skip = None, 0
-    if T > 0:
-        ids = torch.full((len(rows), T), PAD_ID, dtype=torch.long, device=device)
-        for i, s in enumerate(rows):
-            ids[i, :len(s) - 1] = torch.tensor(s[:-1], dtype=torch.long)
+    # Every scored token: the logits that predict it (position k of a row is predicted by position k - 1 of the
+    # row's forward, or by the prefill's last logits for k = 0), its row and its id.
+    parts = []  # (logits [n, V], targets [n], rows [n]) per forward that gives logits
+    first = [i for i in range(len(rows)) if starts[i] == 0]
+    if first:
+        pick = torch.tensor([owner[i] for i in first], device=device)
+        parts.append((first_logits.index_select(0, pick), [rows[i][0] for i in first], first))
+    # The rows run longest first, at most 2 * batch_size to a forward (both ways): rows of similar length pad less.
+    by_length = sorted((i for i in range(len(rows)) if len(rows[i]) > 1), key=lambda i: -len(rows[i]))
+    per_forward = ROWS_PER_ITEM * len(batch)
+    for g in range(0, len(by_length), per_forward):
+        group = by_length[g:g + per_forward]
+        T = len(rows[group[0]]) - 1  # the last token of a row is only a target
+        ids = torch.full((len(group), T), PAD_ID, dtype=torch.long, device=device)
+        local, pos, tgt = [], [], []
+        for j, i in enumerate(group):
+            s = rows[i]
+            ids[j, :len(s) - 1] = torch.tensor(s[:-1], dtype=torch.long)
+            for k in range(max(starts[i], 1), len(s)):
+                local.append(j)
+                pos.append(k - 1)
+                tgt.append(s[k])
         row_state = None
         if state is not None:
-            index = torch.tensor(owner, dtype=torch.long, device=device)
+            index = torch.tensor([owner[i] for i in group], dtype=torch.long, device=device)
             row_state = state.map(lambda t: t.index_select(0, index))
-        # Only positions from the earliest continuation on need logits (shared mode skips the head elsewhere;
-        # the naive mode computes every position's logits, as a plain full pass does).
-        skip = min(max(c0, 1) - 1 for c0 in starts) if shared else 0
-        tail_logits = model(ids, state=row_state, logits_to_keep=T - skip)
-        stats.forward_tokens += sum(len(s) - 1 for s in rows)
-    # Every scored token: the logits that predict it (position k of a row is predicted by tail logits k - 1, or
-    # by the prefill's last logits for k = 0), its row and its id. One logsumexp / argmax over all of them.
-    first_rows, first_of, first_tgt, tail_rows, tail_pos, tail_tgt = [], [], [], [], [], []
-    for i, s in enumerate(rows):
-        c0 = starts[i]
-        if c0 == 0:
-            first_rows.append(owner[i])
-            first_of.append(i)
-            first_tgt.append(s[0])
-        for k in range(max(c0, 1), len(s)):
-            tail_rows.append(i)
-            tail_pos.append(k - 1 - skip)
-            tail_tgt.append(s[k])
-    tok_row, targets = first_of + tail_rows, first_tgt + tail_tgt
-    parts = []
-    if first_rows:
-        parts.append(first_logits.index_select(0, torch.tensor(first_rows, device=device)))
-    if tail_rows:
-        parts.append(tail_logits[torch.tensor(tail_rows, device=device), torch.tensor(tail_pos, device=device)])
-    logits = torch.cat(parts).float() if len(parts) > 1 else parts[0].float()
-    tgt = torch.tensor(targets, dtype=torch.long, device=device)
-    picked = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    missed = (logits.argmax(-1) != tgt).to(torch.int64)
-    row = torch.tensor(tok_row, dtype=torch.long, device=device)
+        stats.forward_tokens += sum(len(rows[i]) - 1 for i in group)
+        if not local:
+            continue
+        at = (torch.tensor(local, device=device), torch.tensor(pos, device=device))
+        if shared:  # the head only where a log-likelihood is read
+            logits = model(ids, state=row_state, logits_at=at)
+        else:  # a plain full pass: logits at every position, then read
+            logits = model(ids, state=row_state)[at]
+        parts.append((logits, tgt, [group[j] for j in local]))
+    # log p(target) and whether the target is greedy (step 4 of the module doc), per forward.
+    picked, missed, row = [], [], []
+    for logits, tgt, of in parts:
+        tgt = torch.tensor(tgt, dtype=torch.long, device=device)
+        logits = logits.float()
+        picked.append(-F.cross_entropy(logits, tgt, reduction="none"))
+        missed.append((logits.gather(-1, tgt[:, None]).squeeze(-1) < logits.amax(-1)).to(torch.int64))
+        row.extend(of)
+    picked, missed = torch.cat(picked), torch.cat(missed)
+    row = torch.tensor(row, dtype=torch.long, device=device)
     ll = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, row, picked.double())
     misses = torch.zeros(len(rows), dtype=torch.int64, device=device).index_add_(0, row, missed)
     if not bool(torch.isfinite(ll).all()):
