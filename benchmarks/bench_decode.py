@@ -7,9 +7,11 @@ Every row comes from ``linlm.infer.profile.profile`` (batch 1, a prompt of n ran
 
     python benchmarks/bench_decode.py [--preset paper-70m] [--contexts 512,2048,8192,16384,32768] [--threads 2]
                                       [--decode-tokens 16] [--archs tnl,hgrn2,...] [--no-bf16]
+                                      [--exported onnx,pt2] [--plot docs/img/bench_decode.png]
 
 Writes benchmarks/results/bench_decode.json and prints the table and the targets (each with its measured value
-and whether it held).
+and whether it held). With --exported, each linlm model's exported step (linlm.infer.export: onnxruntime for onnx)
+is timed beside its eager step, and the exported/eager latency ratio is reported per context.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, write_json  # noqa: E402
 
-from linlm.infer.profile import HF_LLAMA, profile, rows_to_dicts  # noqa: E402
+from linlm.infer.profile import HF_LLAMA, plot, profile, rows_to_dicts  # noqa: E402
 
 LINEAR = ["tnl", "hgrn2", "cosformer2", "mamba", "mossnet"]
 
@@ -37,7 +39,8 @@ def bf16_supported() -> bool:
 
 
 def targets(rows, contexts) -> list[dict]:
-    ok = {(r["arch"], r["context"], r["dtype"]): r for r in rows if r["error"] is None}
+    ok = {(r["arch"], r["context"], r["dtype"]): r for r in rows
+          if r["error"] is None and r.get("backend", "eager") == "eager"}
     lo, hi = min(contexts), max(contexts)
     out = []
 
@@ -66,6 +69,13 @@ def targets(rows, contexts) -> list[dict]:
         add(f"{arch}: prefill memory at {hi} (peak - before, MiB)",
             round((r["peak_memory_bytes"] - r["memory_before_bytes"]) / 2**20, 1), "report", None)
     for r in rows:
+        backend = r.get("backend", "eager")
+        if backend != "eager" and r["error"] is None and (r["arch"], r["context"], r["dtype"]) in ok:
+            eager = ok[(r["arch"], r["context"], r["dtype"])]
+            add(f"{r['arch']}: {backend} step / eager step latency at {r['context']}",
+                round(r["decode_ms_per_token"] / eager["decode_ms_per_token"], 3), "report", None)
+        if backend != "eager":
+            continue
         if r["dtype"] == "bfloat16" and r["error"] is None and (r["arch"], r["context"], "float32") in ok:
             fp32 = ok[(r["arch"], r["context"], "float32")]
             add(f"{r['arch']}: bf16 / fp32 decode latency at {r['context']}",
@@ -81,29 +91,38 @@ def main() -> int:
     p.add_argument("--decode-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-bf16", action="store_true")
+    p.add_argument("--exported", default="", help="also time the exported step: onnx, pt2 or onnx,pt2")
+    p.add_argument("--plot", default=None, help="write the fp32 latency and memory plot (linlm.infer.profile.plot)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     archs = [a for a in args.archs.split(",") if a] + [HF_LLAMA]
     contexts = [int(n) for n in args.contexts.split(",")]
 
-    def show(row):
-        print(f"{row.arch:>10} {row.dtype:>8} n={row.context:>6}: "
-              + (row.error or f"decode {row.decode_ms_per_token:.2f} ms/token, prefill {row.prefill_tokens_per_s:.0f} "
-                              f"tok/s, state {row.state_bytes} B"), flush=True)
+    exported = [f for f in args.exported.split(",") if f]
 
-    rows = rows_to_dicts(profile(archs, args.preset, contexts, decode_tokens=args.decode_tokens, on_row=show))
+    def show(row):
+        prefill = "eager" if row.prefill_tokens_per_s is None else f"{row.prefill_tokens_per_s:.0f} tok/s"
+        print(f"{row.arch:>10} {row.backend:>5} {row.dtype:>8} n={row.context:>6}: "
+              + (row.error or f"decode {row.decode_ms_per_token:.2f} ms/token, prefill {prefill}, "
+                              f"state {row.state_bytes} B"), flush=True)
+
+    fp32 = profile(archs, args.preset, contexts, decode_tokens=args.decode_tokens, on_row=show, exported=exported)
+    rows = rows_to_dicts(fp32)
     if not args.no_bf16 and bf16_supported():
         rows += rows_to_dicts(profile(archs, args.preset, [min(contexts)], dtype="bfloat16",
                                       decode_tokens=args.decode_tokens, on_row=show))
     results = targets(rows, contexts)
-    print_table(["arch", "dtype", "context", "prefill tok/s", "decode ms/token", "peak MiB", "state bytes"],
-                [[r["arch"], r["dtype"], r["context"], r["prefill_tokens_per_s"], r["decode_ms_per_token"],
-                  (r["peak_memory_bytes"] or 0) / 2**20, r["state_bytes"]] for r in rows if r["error"] is None])
+    print_table(["arch", "step", "dtype", "context", "prefill tok/s", "decode ms/token", "peak MiB", "state bytes"],
+                [[r["arch"], r["backend"], r["dtype"], r["context"], r["prefill_tokens_per_s"],
+                  r["decode_ms_per_token"], (r["peak_memory_bytes"] or 0) / 2**20, r["state_bytes"]]
+                 for r in rows if r["error"] is None])
     print()
     print_table(["target", "value", "goal", "held"], [[t["target"], t["value"], t["goal"], t["held"]] for t in results])
     path = write_json("bench_decode", {"meta": meta(), "preset": args.preset, "contexts": contexts,
                                        "decode_tokens": args.decode_tokens, "rows": rows, "targets": results})
     print(f"\nwrote {path}")
+    if args.plot:
+        print(f"wrote {plot(fp32, args.plot, title=f'{args.preset}, cpu, float32, {args.threads} threads')}")
     return 0
 
 

@@ -1,5 +1,7 @@
 """linlm export: the exported prefill and step (state as explicit tensors) give the eager logits."""
 
+import json
+
 import pytest
 import torch
 
@@ -31,8 +33,97 @@ def test_exported_prefill_and_steps_match_eager(tmp_path, capsys):
     assert "already exist" in capsys.readouterr().err
 
 
-def test_mossnet_export_is_refused_clearly(tmp_path):
+# Exported graphs are checked to 1e-5, ten times tighter than the issue's 1e-4: both sides compute in float32 and
+# only the order of the sums differs (onnxruntime's kernels, or the pure-torch scan where eager runs the compiled C
+# kernel), which leaves differences of a few float32 ulps of the logits (measured: at most 5e-7 on these models).
+TOL = 1e-5
+ARCHS = ["llama", "tnl", "hgrn2", "cosformer2", "mamba", "mossnet"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_onnx_prefill_and_steps_match_eager_in_onnxruntime(tmp_path, arch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from linlm.infer.export import check, export
+
+    torch.manual_seed(0)
+    kw = dict(n_kv_heads=1) if arch == "llama" else {}  # grouped-query attention in the exported cache
+    model = create_model(arch, preset="tiny", n_layers=1, **kw).eval()
+    paths = export(model, tmp_path / "m", "onnx", prefill_len=10)
+    assert [p.name for p in paths] == ["m.prefill.onnx", "m.step.onnx", "m.json"]
+    meta = json.loads(paths[2].read_text())
+    assert meta["step"]["inputs"][:2] == ["token_ids", "position"]
+    assert meta["step"]["outputs"] == ["logits", *(f"present.{n}" for n in meta["state_names"])]
+    diffs = check(model, paths, steps=4)
+    assert diffs["steps"] == 4
+    for key in ("prefill_logits", "prefill_state", "step_logits", "step_state"):
+        assert diffs[key] <= TOL, (key, diffs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", [dict(ssm_policy="dense", ssm_kernel="ssd", shared_experts=1),
+                                dict(ssm_policy="routed", ssm_kernel="ssd", mlp_experts=2, mlp_top_k=1)])
+def test_mossnet_variants_export_to_onnx(tmp_path, kw):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from linlm.infer.export import check, export
+
+    torch.manual_seed(1)
+    model = create_model("mossnet", preset="tiny", n_layers=1, **kw).eval()
+    diffs = check(model, export(model, tmp_path / "m", "onnx", prefill_len=8), steps=3)
+    assert max(v for k, v in diffs.items() if k != "steps") <= TOL, diffs
+
+
+def test_static_shape_moe_and_mossnet_paths_equal_eager(monkeypatch):
+    """The forms taken while torch.export traces (no shape from the routing) give the eager outputs."""
+    torch.manual_seed(0)
+    model = create_model("mossnet", preset="tiny", mlp_experts=8, mlp_top_k=2).eval()
+    ids = torch.randint(0, 512, (2, 9))
+    with torch.no_grad():
+        want_logits, want_state = model.prefill(ids)
+        want_step, _ = model.step(torch.tensor([3, 4]), want_state)
+        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+        got_logits, got_state = model.prefill(ids)  # MLP: every expert on 18 tokens; mixer: padded to T
+        got_step, _ = model.step(torch.tensor([3, 4]), got_state)  # MLP: 2 tokens x 2 gathered experts < 8
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=TOL)
+    torch.testing.assert_close(got_step, want_step, rtol=0, atol=TOL)
+    for got, want in zip(got_state.layers, want_state.layers):
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=TOL)
+
+
+def test_static_vector_gate_scores_equal_eager(monkeypatch):
+    from linlm.ops.gla import gla_chunk
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 2, 8, generator=g) for _ in range(3))
+    log_a = -torch.rand(1, 32, 2, 8, generator=g)
+    want = gla_chunk(q, k, v, log_a, chunk_size=16)[0]
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    got = gla_chunk(q, k, v, log_a, chunk_size=16)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_onnx_export_with_check(tmp_path, model_dir, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    assert main(["export", "--model", str(model_dir), "--format", "onnx", "--out", str(tmp_path / "e.onnx"),
+                 "--prefill-len", "6", "--check", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "e.step.onnx" in out and "step_logits" in out
+    assert (tmp_path / "e.prefill.onnx").stat().st_size > 10_000
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_onnx_without_its_packages_is_a_clear_error(tmp_path, monkeypatch):
+    import importlib.util
+
     from linlm.infer.export import export
 
-    with pytest.raises(ConfigError, match="MossNet's routed experts"):
-        export(create_model("mossnet", preset="tiny"), tmp_path / "x")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"onnxscript not installed; pip install 'linlm\[export\]'"):
+        export(create_model("tnl", preset="tiny"), tmp_path / "x", "onnx")
+    assert not list(tmp_path.iterdir())

@@ -38,6 +38,7 @@ def test_cli_profile_writes_json_and_plot(tmp_path, capsys):
     (dict(contexts=[0]), r"contexts: need positive"),
     (dict(dtype="float16"), r"dtype: 'float16'"),
     (dict(device="bogus"), r"device: 'bogus'"),
+    (dict(exported=["tflite"]), r"exported: 'tflite' is not an export format"),
 ])
 def test_profile_bad_input(kw, match):
     args = dict(archs=["tnl"], preset="tiny", contexts=[8]) | kw
@@ -48,3 +49,22 @@ def test_profile_bad_input(kw, match):
 def test_cli_profile_bad_contexts_exit_2(capsys):
     assert main(["profile", "--archs", "tnl", "--preset", "tiny", "--contexts", "8,abc"]) == 2
     assert "--contexts: expected comma-separated integers" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_profile_times_the_exported_steps_beside_eager(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert main(["profile", "--archs", "mamba", "--preset", "tiny", "--contexts", "8,32", "--decode-tokens", "2",
+                 "--exported", "onnx,pt2", "--json", str(out), "--plot", str(png)]) == 0
+    assert "mamba (onnx)" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["backend"], r["context"]) for r in rows] == [(b, n) for b in ("eager", "onnx", "pt2") for n in (8, 32)]
+    eager = {r["context"]: r for r in rows if r["backend"] == "eager"}
+    for r in rows:
+        assert r["error"] is None and r["decode_ms_per_token"] > 0
+        assert r["state_bytes"] == eager[r["context"]]["state_bytes"]  # the same state, as explicit tensors
+        if r["backend"] != "eager":  # prefilled by the eager model: no prefill numbers of its own
+            assert r["prefill_tokens_per_s"] is None and r["peak_memory_bytes"] is None
+    assert png.stat().st_size > 1000

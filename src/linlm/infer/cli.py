@@ -40,6 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-hf", action="store_true", help="do not profile transformers' Llama")
+    p.add_argument("--exported", default="", metavar="FMT[,FMT]",
+                   help="also time each linlm architecture's exported step: onnx (onnxruntime), pt2 (torch.export), "
+                        "or both; CPU only")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the rows as JSON to OUT")
@@ -47,14 +50,19 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_profile)
 
     p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
-                              description="Write OUT.prefill.pt2, OUT.step.pt2 and OUT.json (torch.export programs; "
-                                          "see docs/inference.md).")
+                              description="Write OUT.prefill.FMT, OUT.step.FMT and OUT.json: torch.export programs "
+                                          "(pt2) or ONNX graphs (onnx; needs the export extra). See "
+                                          "docs/inference.md.")
     p.add_argument("--model", required=True, metavar="DIR", help="saved model, checkpoint or run directory")
-    p.add_argument("--format", default="pt2", choices=["pt2"])
+    p.add_argument("--format", default="pt2", choices=["pt2", "onnx"])
     p.add_argument("--out", required=True, metavar="FILE")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prefill-len", type=int, default=16, help="prompt length of the exported prefill")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--check", type=int, default=0, metavar="STEPS",
+                   help="then run the written files (onnxruntime for onnx) against the eager model for the prefill "
+                        "and STEPS decoding steps; fail if logits or state differ by more than --tolerance")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest absolute difference --check accepts")
     p.set_defaults(func=cmd_export)
 
 
@@ -134,21 +142,31 @@ def cmd_profile(args) -> int:
         finally:
             torch.set_num_threads(previous)
 
+    def fmt(value, spec, scale=1.0):
+        return "-" if value is None else format(value / scale, spec)
+
+    def label(row):
+        return row.arch if row.backend == "eager" else f"{row.arch} ({row.backend})"
+
     def show(row):
         if row.error:
-            print(f"{row.arch:>10} n={row.context:>6}: {row.error}", flush=True)
+            print(f"{label(row):>18} n={row.context:>6}: {row.error}", flush=True)
         else:
-            print(f"{row.arch:>10} n={row.context:>6}: prefill {row.prefill_tokens_per_s:9.0f} tok/s, decode "
-                  f"{row.decode_ms_per_token:7.2f} ms/token, peak {row.peak_memory_bytes / 2**20:8.0f} MiB, state "
-                  f"{row.state_bytes / 2**20:8.2f} MiB", flush=True)
+            print(f"{label(row):>18} n={row.context:>6}: prefill {fmt(row.prefill_tokens_per_s, '9.0f')} tok/s, "
+                  f"decode {row.decode_ms_per_token:7.2f} ms/token, peak "
+                  f"{fmt(row.peak_memory_bytes, '8.0f', 2**20)} MiB, state {row.state_bytes / 2**20:8.2f} MiB",
+                  flush=True)
 
+    exported = [f.strip() for f in args.exported.split(",") if f.strip()]
     rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
-                   decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show)
+                   decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show,
+                   exported=exported)
     print_table(["arch", "context", "prefill tok/s", "decode ms/token", "decode tok/s", "peak MiB", "state MiB"],
-                [[r.arch, r.context, *(("-",) * 5 if r.error else (
-                    f"{r.prefill_tokens_per_s:.0f}", f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
-                    f"{r.peak_memory_bytes / 2**20:.0f}", f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
-                title=f"{args.preset} on {args.device}, {args.dtype}, batch 1")
+                [[label(r), r.context, *(("-",) * 5 if r.error else (
+                    fmt(r.prefill_tokens_per_s, ".0f"), f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
+                    fmt(r.peak_memory_bytes, ".0f", 2**20), f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
+                title=f"{args.preset} on {args.device}, {args.dtype}, batch 1"
+                      + (" (an exported step's prompt is prefilled eagerly)" if exported else ""))
     if args.json:
         payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),
                    "rows": rows_to_dicts(rows)}
@@ -160,11 +178,25 @@ def cmd_profile(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from linlm.infer.export import export
+    from linlm.errors import ConfigError
+    from linlm.infer.export import check, export
     from linlm.infer.generate import load_model
 
+    if args.check < 0 or not args.tolerance > 0:
+        raise ConfigError(f"--check ({args.check}) must be >= 0 and --tolerance ({args.tolerance}) > 0")
     model, _ = load_model(args.model)
-    for written in export(model, args.out, args.format, batch=args.batch, prefill_len=args.prefill_len,
-                          overwrite=args.overwrite):
+    paths = export(model, args.out, args.format, batch=args.batch, prefill_len=args.prefill_len,
+                   overwrite=args.overwrite)
+    for written in paths:
         print(f"wrote {written}")
+    if not args.check:
+        return 0
+    diffs = check(model, paths, steps=args.check)
+    worst = max(v for k, v in diffs.items() if k != "steps")
+    print("max |exported - eager|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items() if k != "steps")
+          + f" (prefill, then {args.check} steps)")
+    if worst > args.tolerance:
+        print(f"linlm export: error: the exported programs differ from eager by {worst:.2e} > --tolerance "
+              f"{args.tolerance:g}", file=sys.stderr)
+        return 1
     return 0

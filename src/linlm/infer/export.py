@@ -4,15 +4,21 @@
 ``step(token_ids [B], position [] int64, *state) -> (logits [B, V], *state')``: the state is linlm's
 :class:`~linlm.layers.state.ModelState` flattened into its tensors in a fixed order (``state_names`` gives one
 name per tensor, e.g. ``layers.0.ssm``), and ``position`` is the number of tokens already in the state (RoPE's and
-LRPE's offset; the models without positions ignore it). T is dynamic in the prefill; so is LLaMA's cache length in
-the step.
+LRPE's offset; the models without positions ignore it). LLaMA's cache length is dynamic in the step.
 
-Architectures: all but MossNet (its routed experts have data-dependent shapes). The prefill is exported for the
-prompt length it was traced with (``prefill_len``; feed longer prompts in pieces through the step, or export
-again); the step's shapes are fixed except LLaMA's growing cache.
+Every architecture exports. MossNet's routing takes a static-shape form while torch.export traces (the routed
+experts' subsequences are padded to the prompt length, the MoE MLP gathers each token's k experts' weights), with
+the same result. The prefill is exported for the prompt length it was traced with (``prefill_len``; feed longer
+prompts in pieces through the step, or export again); the step's shapes are fixed except LLaMA's growing cache.
 
-Formats: ``pt2`` (``torch.export``; load with ``torch.export.load``). The two programs are written beside each
-other as ``OUT.prefill.pt2`` and ``OUT.step.pt2``, with ``OUT.json`` describing inputs and outputs.
+Formats, each writing the two programs beside each other with ``OUT.json`` describing inputs and outputs:
+- ``pt2`` (``torch.export``): ``OUT.prefill.pt2``, ``OUT.step.pt2``; load with ``torch.export.load``.
+- ``onnx`` (``torch.onnx.export``, the dynamo exporter, opset 18; needs the ``export`` extra: onnx, onnxscript, and
+  onnxruntime to run them): ``OUT.prefill.onnx``, ``OUT.step.onnx``, each one self-contained file. ONNX names are
+  unique, so the state inputs are ``past.NAME`` and the state outputs ``present.NAME``.
+
+:func:`check` runs the written files (onnxruntime for ONNX) against the eager model and reports the largest
+differences of logits and state over several steps.
 """
 
 from __future__ import annotations
@@ -27,7 +33,10 @@ from torch.utils import _pytree as pytree
 from linlm.errors import ConfigError
 from linlm.layers.state import ModelState
 
-FORMATS = ("pt2",)
+FORMATS = ("pt2", "onnx")
+ONNX_OPSET = 18
+# One ONNX file holds at most 2 GiB (protobuf); the export refuses models whose weights come near it.
+ONNX_MAX_BYTES = 2**31 - 2**26
 
 
 def _names(tree, prefix="") -> list[str]:
@@ -47,7 +56,7 @@ class _Prefill(nn.Module):
 
     def forward(self, input_ids):
         out = self.model(input_ids, return_state=True, logits_to_keep=1)
-        return (out.logits[:, -1], *pytree.tree_leaves({"layers": out.state.layers, "extra": out.state.extra}))
+        return (out.logits[:, -1], *flat_state(out.state))
 
 
 class _Step(nn.Module):
@@ -59,14 +68,11 @@ class _Step(nn.Module):
         tree = pytree.tree_unflatten(list(state), self.spec)
         st = ModelState(tree["layers"], position, tree["extra"], self.signature)
         out = self.model(token_ids.view(-1, 1), state=st, return_state=True)
-        return (out.logits[:, -1], *pytree.tree_leaves({"layers": out.state.layers, "extra": out.state.extra}))
+        return (out.logits[:, -1], *flat_state(out.state))
 
 
 def export_programs(model, batch: int = 1, prefill_len: int = 16):
     """(prefill ExportedProgram, step ExportedProgram, state names) for ``model`` (kept in eval mode)."""
-    if model.config.arch == "mossnet":
-        raise ConfigError("export: MossNet's routed experts gather a data-dependent number of tokens per expert, "
-                          "which torch.export cannot trace yet; export another architecture")
     model = model.eval()
     ids = torch.randint(0, model.config.vocab_size, (batch, prefill_len), device=model.device)
     with torch.no_grad():
@@ -85,6 +91,47 @@ def export_programs(model, batch: int = 1, prefill_len: int = 16):
     return prefill, step, names
 
 
+def _require_onnx(run: bool = False) -> None:
+    import importlib.util
+
+    need = ["onnx", "onnxscript"] + (["onnxruntime"] if run else [])
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"format 'onnx': {', '.join(missing)} not installed; pip install 'linlm[export]'")
+
+
+def paths_for(out: str | Path, fmt: str) -> list[Path]:
+    """[prefill file, step file, json] that ``export(model, out, fmt)`` writes."""
+    out = Path(out)
+    stem = out.with_suffix("") if out.suffix in (".pt2", ".onnx", ".json") else out
+    return [stem.with_name(f"{stem.name}.prefill.{fmt}"), stem.with_name(f"{stem.name}.step.{fmt}"),
+            stem.with_name(stem.name + ".json")]
+
+
+def io_names(names: list[str], fmt: str) -> tuple[list[str], list[str], list[str]]:
+    """(prefill outputs, step inputs, step outputs) as the files name them."""
+    past = [f"past.{n}" for n in names] if fmt == "onnx" else names
+    present = [f"present.{n}" for n in names] if fmt == "onnx" else names
+    return ["logits", *present], ["token_ids", "position", *past], ["logits", *present]
+
+
+def _write_onnx(program, path: Path, input_names: list[str], output_names: list[str]) -> None:
+    import logging
+    import warnings
+
+    # The exporter logs a line per optional op library it lacks (torchvision) and warns about its own internals.
+    quiet = logging.getLogger("torch.onnx")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(program, f=str(path), input_names=input_names, output_names=output_names,
+                              opset_version=ONNX_OPSET, dynamo=True, external_data=False, verbose=False)
+    finally:
+        quiet.setLevel(level)
+
+
 def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len: int = 16,
            overwrite: bool = False) -> list[Path]:
     """Write the prefill and step programs of ``model`` beside ``out`` (see the module docstring).
@@ -99,22 +146,31 @@ def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len
     if model.spec.position_limit and prefill_len >= model.config.max_seq_len:
         raise ConfigError(f"prefill_len: {prefill_len} leaves no room to decode within max_seq_len="
                           f"{model.config.max_seq_len}")
-    out = Path(out)
-    stem = out.with_suffix("") if out.suffix in (".pt2", ".json") else out
-    paths = [stem.with_name(stem.name + ".prefill.pt2"), stem.with_name(stem.name + ".step.pt2"),
-             stem.with_name(stem.name + ".json")]
+    if fmt == "onnx":
+        _require_onnx()
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if nbytes > ONNX_MAX_BYTES:
+            raise ConfigError(f"format 'onnx': the weights take {nbytes / 2**30:.2f} GiB, over one ONNX file's 2 GiB "
+                              f"limit; export with --format pt2")
+    paths = paths_for(out, fmt)
     existing = [str(p) for p in paths if p.exists()]
     if existing and not overwrite:
         raise ConfigError(f"export: {', '.join(existing)} already exist; choose another --out or pass --overwrite")
     prefill, step, names = export_programs(model, batch=batch, prefill_len=prefill_len)
+    prefill_out, step_in, step_out = io_names(names, fmt)
     meta = {
-        "format": "linlm-export", "arch": model.config.arch, "config": model.config.to_dict(), "batch": batch,
-        "prefill": {"inputs": {"input_ids": [batch, prefill_len]}, "outputs": ["logits", *names]},
-        "step": {"inputs": ["token_ids", "position", *names], "outputs": ["logits", *names]},
+        "format": "linlm-export", "file_format": fmt, "arch": model.config.arch, "config": model.config.to_dict(),
+        "batch": batch, "state_names": names,
+        "prefill": {"file": paths[0].name, "inputs": {"input_ids": [batch, prefill_len]}, "outputs": prefill_out},
+        "step": {"file": paths[1].name, "inputs": step_in, "outputs": step_out},
     }
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    for path, write in ((paths[0], lambda p: torch.export.save(prefill, p)),
-                        (paths[1], lambda p: torch.export.save(step, p)),
+    if fmt == "onnx":
+        writers = (lambda p: _write_onnx(prefill, p, ["input_ids"], prefill_out),
+                   lambda p: _write_onnx(step, p, step_in, step_out))
+    else:
+        writers = (lambda p: torch.export.save(prefill, p), lambda p: torch.export.save(step, p))
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for path, write in ((paths[0], writers[0]), (paths[1], writers[1]),
                         (paths[2], lambda p: Path(p).write_text(json.dumps(meta, indent=1) + "\n"))):
         tmp = path.with_name(path.name + ".tmp")
         try:
@@ -123,3 +179,79 @@ def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len
         finally:
             tmp.unlink(missing_ok=True)
     return paths
+
+
+# ------------------------------------------------------------------------------------------------------ running
+
+class ExportedStep:
+    """The step program of a written export, run on flat state tensors: ``(logits, flat') = s(token, position, flat)``.
+
+    ONNX files run in onnxruntime on the CPU (``threads`` intra-op threads; default torch's count), pt2 files as the
+    loaded torch.export module. Inputs and outputs are torch tensors either way."""
+
+    def __init__(self, path: str | Path, threads: int | None = None):
+        path = Path(path)
+        self.fmt = "onnx" if path.suffix == ".onnx" else "pt2"
+        if self.fmt == "onnx":
+            _require_onnx(run=True)
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads or torch.get_num_threads()
+            opts.log_severity_level = 3
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self.input_names = [i.name for i in self.session.get_inputs()]
+        else:
+            self.module = torch.export.load(path).module()
+
+    def __call__(self, token: torch.Tensor, position: int, flat: list[torch.Tensor]):
+        pos = torch.tensor(position, dtype=torch.int64)
+        if self.fmt == "pt2":
+            with torch.no_grad():
+                logits, *new = self.module(token, pos, *flat)
+            return logits, new
+        feed = dict(zip(self.input_names, [t.detach().cpu().numpy() for t in (token, pos, *flat)]))
+        logits, *new = self.session.run(None, feed)
+        return torch.from_numpy(logits), [torch.from_numpy(t) for t in new]
+
+
+def flat_state(state: ModelState) -> list[torch.Tensor]:
+    """The state's tensors in the exported programs' order."""
+    return pytree.tree_leaves({"layers": state.layers, "extra": state.extra})
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+@torch.no_grad()
+def check(model, paths: list[Path], steps: int = 8, seed: int = 0, threads: int | None = None) -> dict:
+    """Run a written export against ``model``: the exported prefill on a random prompt of its traced length, then
+    ``steps`` greedy tokens through the exported step fed its own state. Returns the largest absolute differences
+    from eager of the prefill's logits and state, and of the steps' logits and state (over all steps)."""
+    meta = json.loads(Path(paths[2]).read_text())
+    B, T = meta["prefill"]["inputs"]["input_ids"]
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
+    want, state = model.prefill(ids)
+    if Path(paths[0]).suffix == ".onnx":
+        _require_onnx(run=True)
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(paths[0]), providers=["CPUExecutionProvider"])
+        got, *flat = [torch.from_numpy(t) for t in session.run(None, {"input_ids": ids.numpy()})]
+    else:
+        got, *flat = torch.export.load(paths[0]).module()(ids)
+    result = {"prefill_logits": _max_diff(got, want),
+              "prefill_state": max(map(_max_diff, flat, flat_state(state)), default=0.0)}
+    step = ExportedStep(paths[1], threads=threads)
+    token = want.argmax(-1)
+    logit_diff = state_diff = 0.0
+    for i in range(steps):
+        want, state = model.step(token, state)
+        got, flat = step(token, T + i, flat)
+        logit_diff = max(logit_diff, _max_diff(got, want))
+        state_diff = max(state_diff, max(map(_max_diff, flat, flat_state(state)), default=0.0))
+        token = want.argmax(-1)
+    result.update(step_logits=logit_diff, step_state=state_diff, steps=steps)
+    return result

@@ -5,6 +5,11 @@ tokens are decoded one by one from its state; the per-token latency is the media
 two untimed ones). transformers' ``LlamaForCausalLM`` of the same shape (arch name ``hf-llama``) runs the same
 protocol with its own KV cache, in the same process, so that ratios compare like with like.
 
+With ``exported=("onnx", "pt2")`` each linlm architecture is also exported (linlm.infer.export, into a temporary
+directory) and its exported step is timed the same way beside eager: rows with ``backend`` "onnx" (onnxruntime on
+the CPU, as many threads as torch) or "pt2" (the torch.export program). Their prompt is prefilled by the eager
+model (the exported prefill has a fixed length), so those rows report the decode latency and the state size only.
+
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` during the prefill; on CPU the process's peak resident set
 (VmHWM, reset before each prefill through /proc/self/clear_refs), reported with the resident set before the prefill,
 so that ``peak - before`` is what the prefill needed on top of the weights.
@@ -45,6 +50,7 @@ class ProfileRow:
     memory_kind: str = ""
     state_bytes: Optional[int] = None
     error: Optional[str] = None
+    backend: str = "eager"  # or an export format: the step that was timed
 
 
 # ------------------------------------------------------------------------------------------------------ memory
@@ -121,6 +127,27 @@ def hf_llama_runner(hf) -> Runner:
     return Runner(prefill, step, state_bytes)
 
 
+def exported_runner(model, fmt: str, directory: str | Path) -> Runner:
+    """The step of ``model`` exported as ``fmt`` into ``directory``, with the eager prefill; the state it carries is
+    (tokens so far, the flat state tensors)."""
+    from linlm.infer.export import ExportedStep, export, flat_state
+
+    paths = export(model, Path(directory) / f"{model.config.arch}", fmt, prefill_len=8, overwrite=True)
+    step_fn = ExportedStep(paths[1])
+
+    @torch.no_grad()
+    def prefill(ids):
+        logits, state = model.prefill(ids)
+        return logits, (ids.shape[1], flat_state(state))
+
+    def step(token, state):
+        position, flat = state
+        logits, flat = step_fn(token, position, flat)
+        return logits, (position + 1, flat)
+
+    return Runner(prefill, step, lambda state: sum(t.numel() * t.element_size() for t in state[1]))
+
+
 def build(arch: str, preset: Optional[str], max_context: int, device: torch.device, dtype: torch.dtype,
           overrides: Optional[dict] = None):
     """(runner, model) for a linlm architecture or ``hf-llama`` (transformers' Llama of linlm LLaMA's shape)."""
@@ -181,11 +208,13 @@ def profile_one(runner: Runner, vocab: int, context: int, device: torch.device, 
 
 def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int], *, device: str = "cpu",
             dtype: str = "float32", decode_tokens: int = 16, overrides: Optional[dict] = None,
-            on_row: Optional[Callable[[ProfileRow], None]] = None) -> list[ProfileRow]:
-    """Profile each architecture (``hf-llama`` for transformers' Llama) at each context; one row per pair.
+            on_row: Optional[Callable[[ProfileRow], None]] = None, exported: Sequence[str] = ()) -> list[ProfileRow]:
+    """Profile each architecture (``hf-llama`` for transformers' Llama) at each context; one row per pair, and one
+    more per export format in ``exported`` ("onnx", "pt2") for the linlm architectures (CPU only).
 
     A context that runs out of memory gives a row with ``error`` set, and the others still run.
     """
+    from linlm.infer.export import FORMATS
     from linlm.devices import resolve_device
     from linlm.models.registry import ARCHITECTURES
 
@@ -200,25 +229,46 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
         raise ConfigError(f"contexts: need positive context lengths, got {list(contexts)}")
     if decode_tokens < 1:
         raise ConfigError(f"decode_tokens: must be >= 1, got {decode_tokens}")
+    bad = [f for f in exported if f not in FORMATS]
+    if bad:
+        raise ConfigError(f"exported: {bad[0]!r} is not an export format; valid choices are "
+                          f"{', '.join(map(repr, FORMATS))}")
+    if exported and dev.type != "cpu":
+        raise ConfigError(f"exported: the exported steps are timed on the CPU only, not on {dev}; drop --exported "
+                          f"or use --device cpu")
     rows = []
     max_context = max(contexts) + decode_tokens + 3
     for arch in archs:
         runner, model = build(arch, preset, max_context, dev, DTYPES[dtype], overrides)
-        vocab = model.config.vocab_size
-        profile_one(runner, vocab, 8, dev, 2)  # warm up kernels and allocator
-        for n in contexts:
-            row = ProfileRow(arch=arch, context=int(n), device=str(dev), dtype=dtype)
-            try:
-                for key, value in profile_one(runner, vocab, int(n), dev, decode_tokens).items():
-                    setattr(row, key, value)
-            except (torch.OutOfMemoryError, MemoryError) as e:
-                row.error = f"out of memory: {str(e).splitlines()[0][:200]}"
-                gc.collect()
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
+        rows += _profile_contexts(runner, model, arch, "eager", contexts, dev, dtype, decode_tokens, on_row)
+        for fmt in exported if arch != HF_LLAMA else ():
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="linlm-profile-") as tmp:
+                runner = exported_runner(model, fmt, tmp)
+                rows += _profile_contexts(runner, model, arch, fmt, contexts, dev, dtype, decode_tokens, on_row)
         del runner, model
         gc.collect()
+    return rows
+
+
+def _profile_contexts(runner, model, arch, backend, contexts, dev, dtype, decode_tokens, on_row) -> list[ProfileRow]:
+    rows = []
+    vocab = model.config.vocab_size
+    profile_one(runner, vocab, 8, dev, 2)  # warm up kernels and allocator
+    for n in contexts:
+        row = ProfileRow(arch=arch, context=int(n), device=str(dev), dtype=dtype, backend=backend)
+        try:
+            for key, value in profile_one(runner, vocab, int(n), dev, decode_tokens).items():
+                setattr(row, key, value)
+            if backend != "eager":  # the prompt went through the eager prefill: only the step is this backend's
+                row.prefill_s = row.prefill_tokens_per_s = row.memory_before_bytes = row.peak_memory_bytes = None
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            row.error = f"out of memory: {str(e).splitlines()[0][:200]}"
+            gc.collect()
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
     return rows
 
 
@@ -240,11 +290,14 @@ def plot(rows: Sequence[ProfileRow], path: str | Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for arch in dict.fromkeys(r.arch for r in rows):
-        ok = [r for r in rows if r.arch == arch and r.error is None]
+    for arch, backend in dict.fromkeys((r.arch, getattr(r, "backend", "eager")) for r in rows):
+        ok = [r for r in rows if r.arch == arch and getattr(r, "backend", "eager") == backend and r.error is None]
         xs = [r.context for r in ok]
-        ax1.plot(xs, [r.decode_ms_per_token for r in ok], marker="o", label=arch)
-        ax2.plot(xs, [(r.peak_memory_bytes or math.nan) / 2**20 for r in ok], marker="o", label=arch)
+        label = arch if backend == "eager" else f"{arch} ({backend} step)"
+        ax1.plot(xs, [r.decode_ms_per_token for r in ok], marker="o", label=label,
+                 linestyle="-" if backend == "eager" else "--")
+        if backend == "eager":  # an exported step's prompt is prefilled by the eager model: no memory of its own
+            ax2.plot(xs, [(r.peak_memory_bytes or math.nan) / 2**20 for r in ok], marker="o", label=label)
     for ax, label in ((ax1, "decode latency (ms / token)"), (ax2, "peak memory during prefill (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")

@@ -9,6 +9,9 @@ ways to run the experts on their groups, same math:
   experts run in two bmm calls. Fast while the load is balanced (the balance loss keeps it so);
 - looped: one matmul pair per expert on its contiguous slice, no padding; used when padding would cost more than
   PAD_LIMIT x the real work (a collapsed router).
+- static (only while torch.export traces, see linlm.infer.export): no grouping, so no shape depends on the
+  routing. Few tokens (a decoding step): each token gathers its k experts' weights; more tokens: every expert runs
+  on every token and the outputs are weighted by the (mostly zero) dense gates.
 ``shared`` always-on experts are fused into one SwiGLU of width shared * expert_dim (the sum of S SwiGLUs of
 width h is one SwiGLU of width S h).
 
@@ -38,7 +41,11 @@ def router_logits(router: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def router_aux_loss(logits, probs, indices, n_experts: int, balance_coef: float, z_coef: float):
-    """balance_coef * Switch balance loss + z_coef * router z-loss (the z-loss is skipped when its weight is 0)."""
+    """balance_coef * Switch balance loss + z_coef * router z-loss (the z-loss is skipped when its weight is 0).
+
+    0 while torch.export traces: an exported graph is for inference, and the balance loss counts assignments."""
+    if torch.compiler.is_exporting():
+        return logits.new_zeros(())
     aux = balance_coef * load_balance_loss(probs, indices, n_experts)
     if z_coef:
         aux = aux + z_coef * router_z_loss(logits)
@@ -67,6 +74,11 @@ class MoEMLP(nn.Module):
         n_tokens = flat.shape[0]
         logits = router_logits(self.router, flat)
         weights, indices, probs = top_k_route(logits, self.top_k)
+        if torch.compiler.is_exporting():
+            y = self._experts_static(flat, weights, indices)
+            if self.shared is not None:
+                y = y + self.shared(flat)
+            return y.view(shape), logits.new_zeros(())
         order, counts = group_by_expert(indices, self.n_experts)
         capacity = int(counts.max()) if counts.numel() else 0
         if capacity * self.n_experts <= self.pad_limit * indices.numel():
@@ -91,6 +103,18 @@ class MoEMLP(nn.Module):
         h = torch.bmm(padded.view(self.n_experts, capacity, -1), self.w_in.transpose(1, 2))
         out = torch.bmm(glu(h, "silu"), self.w_out.transpose(1, 2))
         return out.reshape(-1, self.d_model).index_select(0, dest)
+
+    def _experts_static(self, flat, weights, indices):
+        """The routed sum with shapes fixed by the input's (for torch.export): per-token weight gathers while they
+        read fewer weights than running every expert (n_tokens * k < E), else every expert on every token."""
+        w = weights.to(flat.dtype)
+        if indices.numel() < self.n_experts:
+            gate, up = torch.einsum("nd,nkhd->nkh", flat, self.w_in[indices]).chunk(2, dim=-1)
+            return torch.einsum("nkh,nkdh,nk->nd", F.silu(gate) * up, self.w_out[indices], w)
+        gate, up = torch.einsum("nd,ehd->enh", flat, self.w_in).chunk(2, dim=-1)
+        out = torch.einsum("enh,edh->end", F.silu(gate) * up, self.w_out)
+        dense = torch.zeros(flat.shape[0], self.n_experts, dtype=w.dtype, device=flat.device).scatter(1, indices, w)
+        return torch.einsum("end,ne->nd", out, dense)
 
     def _experts_looped(self, flat, order, counts):
         """One matmul pair per expert on its contiguous slice of the sorted rows (no padding)."""

@@ -118,12 +118,16 @@ class MossNetMixer(nn.Module):
         sel = self._selection(idx)
         pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
         counts = pos[:, -1] + 1  # [B, E]
-        L = int(counts.max())
+        # The busiest subsequence's length; T (its bound) while torch.export traces, as no shape may depend on the
+        # routing there: the extra padding is skipped by the scan like any other.
+        L = T if torch.compiler.is_exporting() else int(counts.max())
         rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
         slot = rows * L + pos  # [B, T, E]: flat slot in the [E * B, L] layout
         token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
-        src = torch.full((E * B * L,), B * T, dtype=torch.long, device=u.device)  # B * T: the zero padding row
-        src[slot[sel]] = token[sel]
+        # src[slot] = token where sel; the unselected (b, t, e) write to a spare last slot, dropped (no boolean
+        # indexing: its data-dependent size could not be exported).
+        src = torch.full((E * B * L + 1,), B * T, dtype=torch.long, device=u.device)  # B * T: the zero padding row
+        src = src.scatter(0, torch.where(sel, slot, E * B * L).reshape(-1), token.reshape(-1))[:-1]
         valid = (src < B * T).view(E, B * L)
 
         # For S6, gathered in float32, the scan kernel's dtype, so that the E * B * L rows are not converted on the

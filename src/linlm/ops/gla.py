@@ -319,6 +319,16 @@ def _score_block(a: Tensor, h: int) -> Tensor:
     return av.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
 
 
+def _place_block(block: Tensor, h: int) -> Tensor:
+    """The [..., C, C] matrix, zero but for ``block`` [..., C/2h, h, h] where _score_block(., h) would view it."""
+    nb = block.shape[-3]
+    place = torch.zeros(2, 2, dtype=block.dtype, device=block.device)
+    place[1, 0] = 1.0  # the right-half rows meet the left-half columns
+    eye = torch.eye(nb, dtype=block.dtype, device=block.device)
+    full = torch.einsum("...iab,ij,pq->...ipajqb", block, eye, place)
+    return full.reshape(*block.shape[:-3], 2 * nb * h, 2 * nb * h)
+
+
 def _levels(gate: Tensor):
     """Walk a binary hierarchy over the chunk; yield (h, into_right, from_left) for h = 1, 2, 4, ..., C/2.
 
@@ -372,9 +382,7 @@ class _VectorGateChunk(torch.autograd.Function):
     def forward(ctx, q, k, la, neg_inf):
         gate = _exp(la, neg_inf)
         ctx.save_for_backward(q, k, gate)
-        C = q.shape[-2]
-        scores = q.new_zeros((*q.shape[:-1], C))
-        scores.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))
+        scores = torch.diag_embed((q * k).sum(-1))  # zeros off the diagonal (not a copy_ into a view: exportable)
 
         def visit(h, into_right, from_left):
             q_r = _halves(q, h)[1] * into_right
@@ -383,9 +391,15 @@ class _VectorGateChunk(torch.autograd.Function):
                 block = (q_r * k_l).sum(-1, keepdim=True)
             else:
                 block = torch.matmul(q_r, k_l.transpose(-1, -2))
-            _score_block(scores, h).copy_(block)
+            if exporting:  # no copy_ into a strided view: the ONNX exporter needs a functional graph
+                scores_out.append(_place_block(block, h))
+            else:
+                _score_block(scores, h).copy_(block)
 
+        exporting, scores_out = torch.compiler.is_exporting(), []
         prefix, suffix = _walk(gate, visit)
+        if exporting:
+            scores = scores + sum(scores_out)
         return scores, q * prefix, k * suffix, prefix[..., -1, :].clone()
 
     @staticmethod

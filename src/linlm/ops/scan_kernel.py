@@ -130,9 +130,10 @@ def _library() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    """True when the scan should run on the compiled kernel (built now if need be)."""
+    """True when the scan should run on the compiled kernel (built now if need be). False while torch.export
+    traces: the kernel is opaque to it, and the exported graph takes the pure-torch path (same math)."""
     name = backend()
-    if name == "torch":
+    if name == "torch" or torch.compiler.is_exporting():
         return False
     ok = _library() is not None
     if not ok and name == "kernel":
