@@ -114,7 +114,8 @@ def main() -> int:
     results = targets(rows, contexts)
     print_table(["arch", "step", "dtype", "context", "prefill tok/s", "decode ms/token", "peak MiB", "state bytes"],
                 [[r["arch"], r["backend"], r["dtype"], r["context"], r["prefill_tokens_per_s"],
-                  r["decode_ms_per_token"], (r["peak_memory_bytes"] or 0) / 2**20, r["state_bytes"]]
+                  r["decode_ms_per_token"],
+                  None if r["peak_memory_bytes"] is None else r["peak_memory_bytes"] / 2**20, r["state_bytes"]]
                  for r in rows if r["error"] is None])
     print()
     print_table(["target", "value", "goal", "held"], [[t["target"], t["value"], t["goal"], t["held"]] for t in results])

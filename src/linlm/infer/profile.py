@@ -283,22 +283,32 @@ def rows_to_dicts(rows: Sequence[ProfileRow]) -> list[dict]:
 
 
 def plot(rows: Sequence[ProfileRow], path: str | Path, title: str = "") -> Path:
-    """Decode latency and peak memory against context length, one line per architecture."""
+    """Decode latency and the prefill's memory (peak minus the resident set before it) against context length,
+    one colour per architecture (an exported step's latency dashed, in its architecture's colour)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def needed(r):  # what the prefill took on top of what the process held before it
+        if r.peak_memory_bytes is None or r.memory_before_bytes is None:
+            return math.nan
+        return (r.peak_memory_bytes - r.memory_before_bytes) / 2**20
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    archs = list(dict.fromkeys(r.arch for r in rows))
+    colors = plt.get_cmap("tab10" if len(archs) <= 10 else "tab20").colors
     for arch, backend in dict.fromkeys((r.arch, getattr(r, "backend", "eager")) for r in rows):
         ok = [r for r in rows if r.arch == arch and getattr(r, "backend", "eager") == backend and r.error is None]
         xs = [r.context for r in ok]
+        color = colors[archs.index(arch) % len(colors)]
         label = arch if backend == "eager" else f"{arch} ({backend} step)"
-        ax1.plot(xs, [r.decode_ms_per_token for r in ok], marker="o", label=label,
+        ax1.plot(xs, [r.decode_ms_per_token for r in ok], marker="o", label=label, color=color,
                  linestyle="-" if backend == "eager" else "--")
         if backend == "eager":  # an exported step's prompt is prefilled by the eager model: no memory of its own
-            ax2.plot(xs, [(r.peak_memory_bytes or math.nan) / 2**20 for r in ok], marker="o", label=label)
-    for ax, label in ((ax1, "decode latency (ms / token)"), (ax2, "peak memory during prefill (MiB)")):
+            ax2.plot(xs, [needed(r) for r in ok], marker="o", label=label, color=color)
+    for ax, label in ((ax1, "decode latency (ms / token)"),
+                      (ax2, "prefill memory: peak - before (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(label)
