@@ -113,6 +113,8 @@ def zeroshot_blocks(job, pending: list[str]) -> list[tuple]:
                    "(acc or acc_norm)." + (f" Missing task files: {', '.join(z['missing_tasks'])}."
                                           if z["missing_tasks"] else "")))
     b.append(("table", ["model", *tasks, "commonsense avg"], rows))
+    for name, why in (z.get("not_scored") or {}).items():
+        b.append(("p", f"{name} was not scored: {why}"))
     return b
 
 
