@@ -177,3 +177,21 @@ def test_mossnet_claims_follow_the_numbers():
     assert C.constant_memory_decode({"rows": rows}).verdict == "supported"
     rows[1]["state_bytes"] = 400
     assert C.constant_memory_decode({"rows": rows}).verdict == "not supported"
+
+
+def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
+    from types import SimpleNamespace
+
+    from linlm.eval.tasks import COMMONSENSE, commonsense_average
+    from linlm.reproduce.report import zeroshot_blocks
+
+    tasks = {t: {"metric": "acc", "acc": 0.5, "acc_stderr": 0.01, "acc_norm": 0.5, "acc_norm_stderr": 0.01}
+             for t in COMMONSENSE}
+    partial = {t: v for t, v in tasks.items() if t != "piqa"}
+    z = {"data_dir": "d", "limit": 10, "missing_tasks": [], "not_scored": {"piqa": "a continuation is too long"},
+         "models": {"a": {"tasks": tasks, "commonsense_avg": commonsense_average(tasks)},
+                    "b": {"tasks": partial, "commonsense_avg": commonsense_average(partial)}}}
+    blocks = zeroshot_blocks(SimpleNamespace(results={"zeroshot": z}, failures={}), [])
+    table = next(b for b in blocks if b[0] == "table")
+    assert table[2][0][-1] == "0.500" and table[2][1][-1] == "-"
+    assert any(b[0] == "p" and "piqa was not scored" in b[1] for b in blocks)

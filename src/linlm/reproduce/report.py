@@ -108,7 +108,7 @@ def zeroshot_blocks(job, pending: list[str]) -> list[tuple]:
     for label, m in z["models"].items():
         cells = [f"{m['tasks'][t][m['tasks'][t]['metric']]:.3f}" if t in m["tasks"] else "-" for t in tasks]
         avg = m.get("commonsense_avg")
-        rows.append([label, *cells, f"{avg['value']:.3f}" if avg else "-"])
+        rows.append([label, *cells, f"{avg['score']:.3f}" if avg else "-"])
     b.append(("p", f"From {z['data_dir']}, at most {z['limit']} items per task; each task's metric is the paper's "
                    "(acc or acc_norm)." + (f" Missing task files: {', '.join(z['missing_tasks'])}."
                                           if z["missing_tasks"] else "")))
