@@ -78,3 +78,13 @@ def test_niah_cli(model_dir, tmp_path):
     res = json.loads(out.read_text())
     assert res["lengths"] == [120, 200] and len(res["accuracy"]) == 3 and 0 <= res["weighted"] <= 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_length_at_the_window_leaves_no_room_for_the_answer_and_is_skipped(tokenizer):
+    """Context length == max_seq_len: the answer's tokens would run past the window, so that length is skipped
+    (with the others kept) instead of failing the whole grid."""
+    model = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=250).eval()
+    res = run_niah(model, tokenizer, HAY, NIAHConfig(lengths=[120, 250], depths=[0], trials=1), batch_size=2)
+    assert res["lengths"] == [120] and res["skipped_lengths"] == [250]
+    with pytest.raises(ConfigError, match="no room for the answer"):
+        run_niah(model, tokenizer, HAY, NIAHConfig(lengths=[250], depths=[0], trials=1))

@@ -9,7 +9,6 @@ verdict, the numbers it rests on and the rule (with its threshold) that decided 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 

@@ -53,7 +53,7 @@ def cmd_reproduce(args) -> int:
         result = run(args.preset, args.out, data_dir=args.data_dir, resume=args.resume, overwrite=args.overwrite,
                      overrides=overrides, scaling_dir=args.scaling_dir, live=use_live_display(), say=say)
     except KeyboardInterrupt:
-        print(f"linlm reproduce: interrupted; run the same command again to continue from where it stopped",
+        print("linlm reproduce: interrupted; run the same command again to continue from where it stopped",
               file=sys.stderr)
         return 130
     print(f"\nclaims ({args.preset}):")

@@ -329,7 +329,7 @@ def run(preset_name: str, out: str | Path, *, data_dir: Optional[str] = None, re
                   scaling_dir=Path(scaling_dir) if scaling_dir else None)
         job.plots.mkdir(parents=True, exist_ok=True)
         (out / "sections").mkdir(exist_ok=True)
-        progress = JobProgress({k: v for k, v in SECTIONS.items()}, live, say)
+        progress = JobProgress(dict(SECTIONS), live, say)
         pending = []
         try:
             for i, name in enumerate(SECTIONS, 1):

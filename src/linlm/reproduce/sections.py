@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -31,6 +30,7 @@ def _summary(run_dir: Path) -> Optional[dict]:
 def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
     """{label: {run, arch, params, checkpoint, data_dir, seq_len}} for each finished run of a sweep directory
     (``largest_only``: the run with the most parameters of each architecture)."""
+    from linlm.config import load_yaml
     from linlm.scaling.runs import META_FILE, run_finished
 
     found: dict[str, dict] = {}
@@ -42,8 +42,6 @@ def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
         summary = _summary(run_dir)
         if not summary or not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
             continue
-        from linlm.config import load_yaml
-
         cfg = load_yaml(run_dir / "config.yaml")
         row = {"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
                "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
