@@ -103,3 +103,20 @@ def test_limit_and_tokenizer_mismatch(model_dir, tokenizer, data_dir):
     small = create_model("tnl", preset="tiny", vocab_size=128)
     with pytest.raises(TokenizerError, match="vocab_size"):
         evaluate(small, tokenizer, ["piqa"], data_dir)
+
+
+def test_overlong_documents_are_an_error_or_left_out_and_counted(model_dir, tokenizer, data_dir):
+    model = load(model_dir).eval()
+    from linlm.eval.tasks import build_doc
+
+    docs = [build_doc("choice", json.loads(l), tokenizer) for l in (data_dir / "piqa.jsonl").read_text().splitlines()]
+    lens = sorted(max(len(c) for q in d.requests for c in q.continuations) for d in docs)
+    cut = lens[len(lens) // 2]  # about half the documents have an answer longer than this
+    longer = sum(n > cut for n in lens)
+    assert 0 < longer < len(docs)
+    with pytest.raises(Exception, match=r"does not fit the model's max length"):
+        evaluate(model, tokenizer, ["piqa"], data_dir, max_length=cut)
+    res = evaluate(model, tokenizer, ["piqa"], data_dir, max_length=cut, drop_overlong=True)["tasks"]["piqa"]
+    assert res["dropped_docs"] == longer and res["n"] == len(docs) - longer
+    full = evaluate(model, tokenizer, ["piqa"], data_dir, drop_overlong=True)["tasks"]["piqa"]
+    assert full["dropped_docs"] == 0 and full["n"] == len(docs)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from linlm.errors import ConfigError, DataError
-from linlm.eval.scoring import ScoreStats, score_requests
+from linlm.eval.scoring import ScoreStats, model_max_length, score_requests
 from linlm.eval.tasks import TASKS, aggregate, build_doc, commonsense_average, doc_metrics, load_task, resolve_tasks
 
 log = logging.getLogger("linlm.eval")
@@ -24,8 +24,12 @@ RESULTS_FORMAT = "linlm-eval"
 
 def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path, *, limit: Optional[int] = None,
              batch_size: int = 8, skip_bad: bool = False, shared: bool = True, max_length: Optional[int] = -1,
-             show_progress: bool = False) -> dict[str, Any]:
-    """Evaluate ``model`` on ``tasks`` read from ``data_dir`` (the JSON Lines files named in tasks.TASKS)."""
+             drop_overlong: bool = False, show_progress: bool = False) -> dict[str, Any]:
+    """Evaluate ``model`` on ``tasks`` read from ``data_dir`` (the JSON Lines files named in tasks.TASKS).
+
+    ``max_length``: -1 takes the model's own limit, None means none; contexts beyond it are cut from the left. A
+    document with a continuation longer than ``max_length`` is an error, unless ``drop_overlong``: then it is left
+    out and counted (``dropped_docs``), so that models compared at one ``max_length`` score the same documents."""
     names = resolve_tasks(tasks)
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1, got {limit}")
@@ -41,6 +45,19 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
         if not records:
             raise DataError(f"{data_dir / spec.filename}: holds no usable document")
         docs = [build_doc(spec.kind, r, tokenizer) for r in records]
+        dropped = 0
+        if drop_overlong:
+            limit_len = model_max_length(model) if max_length == -1 else max_length
+            if limit_len is not None:
+                kept = [d for d in docs if all(max(len(c) for c in q.continuations) <= limit_len
+                                               for q in d.requests)]
+                dropped, docs = len(docs) - len(kept), kept
+                if not docs:
+                    raise DataError(f"{name}: every document has a continuation longer than {limit_len} tokens; "
+                                    "evaluate with a longer max_length")
+                if dropped:
+                    log.warning("%s: %d of %d documents have a continuation longer than %d tokens and are left out",
+                                name, dropped, dropped + len(docs), limit_len)
         flat = [req for d in docs for req in d.requests]
         stats = ScoreStats()
         bar = _progress(name, len(flat)) if show_progress else None
@@ -56,7 +73,7 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
             i += len(d.requests)
         res = aggregate(spec.kind, per_doc)
         res.update(metric=spec.metric, file=str(data_dir / spec.filename), skipped_lines=len(skipped),
-                   truncated_requests=stats.truncated_requests, seconds=round(time.perf_counter() - t0, 3))
+                   truncated_requests=stats.truncated_requests, dropped_docs=dropped, seconds=round(time.perf_counter() - t0, 3))
         if stats.truncated_requests:
             log.warning("%s: %d of %d requests were longer than the model takes; their contexts were truncated "
                         "from the left", name, stats.truncated_requests, stats.requests)

@@ -20,7 +20,7 @@ def training_flops(rows) -> float:
 def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
     from linlm.reproduce.job import Job
     from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import estimate, plan_rows
+    from linlm.scaling.runner import estimate, plan_rows, wall_seconds
     from linlm.scaling.runner import print_plan as print_ladder
 
     file = file or sys.stdout
@@ -42,7 +42,7 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
         totals["runs"] += len(rows)
         totals["compute_flops"] += sum(r.run.compute for r in rows)
         totals["training_flops"] += training_flops(rows)
-        totals["seconds"] += sum(r.seconds or 0.0 for r in rows)
+        totals["seconds"] += wall_seconds([r.seconds or 0.0 for r in rows if r.status != "done"], ladder.jobs)
     p = preset
     print("\n[evaluation]", file=file)
     print(f"  validation loss and bits/byte: up to {p.quality.get('max_tokens', 40_000):,} tokens per model", file=file)

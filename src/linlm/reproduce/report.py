@@ -113,6 +113,13 @@ def zeroshot_blocks(job, pending: list[str]) -> list[tuple]:
                    "(acc or acc_norm)." + (f" Missing task files: {', '.join(z['missing_tasks'])}."
                                           if z["missing_tasks"] else "")))
     b.append(("table", ["model", *tasks, "commonsense avg"], rows))
+    if z.get("max_length"):
+        first = next(iter(z["models"].values()), {"tasks": {}})["tasks"]
+        counts = ", ".join(f"{t} {first[t]['n']} scored, {first[t].get('dropped_docs', 0)} left out"
+                           for t in tasks if t in first)
+        b.append(("p", f"Every model read the same inputs: contexts cut from the left to {z['max_length']} tokens (the "
+                       "shortest window among these models), and items whose answer alone is longer left out for "
+                       f"all ({counts})."))
     for name, why in (z.get("not_scored") or {}).items():
         b.append(("p", f"{name} was not scored: {why}"))
     return b

@@ -116,13 +116,22 @@ def zeroshot(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Opt
     from linlm.errors import LinlmError
     from linlm.eval.tasks import commonsense_average
 
-    out = {"data_dir": str(root), "limit": limit, "missing_tasks": missing, "models": {}, "not_scored": {}}
+    from linlm.eval.scoring import model_max_length
+
+    # Every model reads the same inputs: contexts cut from the left to the shortest window among the models (LLaMA's
+    # max_seq_len; the linear models have none), and documents whose answer alone is longer left out for all.
+    loaded = {label: load_for_generation(m["checkpoint"]) for label, m in models.items()}
+    limits = [x for x in (model_max_length(model) for model, _ in loaded.values()) if x is not None]
+    window = min(limits) if limits else None
+    out = {"data_dir": str(root), "limit": limit, "missing_tasks": missing, "models": {}, "not_scored": {},
+           "max_length": window}
     for i, (label, m) in enumerate(models.items()):
-        model, tok = load_for_generation(m["checkpoint"])
+        model, tok = loaded[label]
         tasks = {}
-        for name in present:  # one task at a time: an item this model cannot take costs that task, not the rest
+        for name in present:  # one task at a time: a task this model cannot take costs that task, not the rest
             try:
-                tasks.update(evaluate(model, tok, [name], root, limit=limit)["tasks"])
+                tasks.update(evaluate(model, tok, [name], root, limit=limit, max_length=window,
+                                      drop_overlong=True)["tasks"])
             except LinlmError as e:
                 out["not_scored"].setdefault(name, str(e))
         out["models"][label] = {"arch": m["arch"], "params": m["params"], "tasks": tasks,

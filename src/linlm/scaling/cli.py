@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="the sweep directory")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a training config key for every run, e.g. --set data.source=corpus.txt (repeatable)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="train this many runs at once, each in its own process with its config's threads "
+                        "(default: the ladder's jobs, usually 1); e.g. 2 single-threaded runs on 2 cores")
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs, compute, tokens, epochs and estimated time; train nothing")
     p.add_argument("--flops-per-s", type=float, default=None,
@@ -135,6 +138,12 @@ def cmd_run(args) -> int:
     from linlm.scaling.runner import emit_torchrun, estimate, plan_rows, print_plan, run_grid
 
     ladder = load_ladder(args.ladder)
+    if args.jobs is not None:
+        if args.jobs < 1:
+            from linlm.errors import ConfigError
+
+            raise ConfigError(f"--jobs: expected 1 or more runs to train at once, got {args.jobs}")
+        ladder.jobs = args.jobs
     archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else None
     overrides = parse_overrides(args.overrides)
     if args.emit:

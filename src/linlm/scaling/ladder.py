@@ -6,6 +6,7 @@ A ladder is a YAML file (the built-in ones live in ``linlm/scaling/ladders/``: `
     description: ...
     archs: [llama, tnl, hgrn2, cosformer2]   # the default --archs
     max_epochs: 4                            # no run may see its training data more often than this
+    jobs: 1                                  # runs trained at once, each in its own process (--jobs overrides)
     train: {...}                             # TrainConfig keys shared by every run (data, optim, schedule, ...)
     rungs:
       - name: 0.1m
@@ -50,6 +51,8 @@ class Ladder:
     train: dict = field(default_factory=dict)
     # Extra torchrun arguments for --emit torchrun (e.g. "--nnodes=4 --nproc_per_node=8").
     torchrun: str = "--nproc_per_node=8"
+    # Runs trained at the same time on this machine, each in a worker process (linlm.scaling.workers).
+    jobs: int = 1
 
     def rung(self, name: str) -> Rung:
         for r in self.rungs:
@@ -90,6 +93,9 @@ def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
     for i, r in enumerate(ladder.rungs):
         if not isinstance(r.tokens, int) or r.tokens <= 0:
             raise ConfigError(f"{path}: rungs[{i}].tokens: expected a positive number of tokens, got {r.tokens!r}")
+    if not isinstance(ladder.jobs, int) or ladder.jobs < 1:
+        raise ConfigError(f"{path}: jobs: expected a whole number of runs to train at once (1 or more), "
+                          f"got {ladder.jobs!r}")
     if ladder.max_epochs <= 0:
         raise ConfigError(f"{path}: max_epochs: must be positive, got {ladder.max_epochs}")
     return ladder

@@ -26,6 +26,7 @@ from linlm.io_utils import atomic_write_bytes
 from linlm.scaling.fits import PFLOPS_DAY
 from linlm.scaling.ladder import Ladder, PlannedRun, plan_runs
 from linlm.scaling.runs import META_FILE, run_finished
+from linlm.scaling.workers import run_pool, train_run
 
 PLAN_FILE = "plan.json"
 MEASURE_MAX_PARAMS = 50_000_000  # above this, --dry-run does not time steps on this machine
@@ -356,24 +357,91 @@ class GridProgress:
             self.bar.stop()
 
 
-def _train(cfg, on_step: Callable[[dict], None]):
-    """Train one run through the Trainer API, resuming whatever its directory holds; hooks report each step."""
-    from linlm.train import Trainer, TrainHooks
-    from linlm.train.rundir import RunDir
+def _begin(row: PlanRow, ladder: Ladder) -> None:
+    run_dir = Path(row.run.config.out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(run_dir / META_FILE, (json.dumps(run_meta(row.run, ladder, row.data), indent=1) + "\n").encode())
 
-    class Hooks(TrainHooks):
-        def on_step(self, record: dict) -> None:
-            on_step(record)
 
-    resume = RunDir(cfg.out_dir).has_run()
-    return Trainer(cfg, resume=resume, hooks=Hooks(), verbose=False, live=False).run()
+def _started(i: int, n: int, row: PlanRow, progress: GridProgress) -> str:
+    r = row.run
+    return (f"[{i}/{n}] {'resuming' if row.status == 'resume' else 'training'} {r.name}: N={r.params:,}, "
+            f"{r.tokens:,} tokens, {r.config.steps} steps"
+            + (f"; about {fmt_seconds(progress.eta())} left in the grid" if progress.eta() else ""))
+
+
+def _finished(name: str, loss: Optional[float], seconds: float) -> str:
+    return f"    {name}: loss {loss:.4f} after {fmt_seconds(seconds)}" if loss is not None else f"    {name}: done"
+
+
+def _run_serial(todo: list[PlanRow], ladder: Ladder, progress: GridProgress, say: Callable[[str], None],
+                result: dict) -> None:
+    for i, row in enumerate(todo, 1):
+        r = row.run
+        _begin(row, ladder)
+        work_per_step = GridProgress._work(row) / r.config.steps
+        start_done = progress.done
+
+        def on_step(rec: dict, _r=r, _i=i) -> None:
+            loss = rec.get("loss")
+            progress.advance(work_per_step, f"{_r.name} ({_i}/{len(todo)}) loss "
+                                            f"{loss:.3f}" if loss is not None else _r.name)
+
+        say(_started(i, len(todo), row, progress))
+        res = train_run(r.config, on_step)
+        # Steps not reported (a resumed run's earlier ones) count at the run's end.
+        progress.advance(max(0.0, GridProgress._work(row) - (progress.done - start_done)), r.name)
+        if res.interrupted:
+            result["interrupted"] = r.name
+            say(f"stopped by {res.interrupted} during {r.name}; run the same command again to resume")
+            return
+        result["trained"].append(r.name)
+        say(_finished(r.name, res.loss, res.seconds))
+
+
+def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: GridProgress,
+                  say: Callable[[str], None], result: dict) -> None:
+    rows = {row.run.name: row for row in todo}
+    order = {name: i for i, name in enumerate(rows, 1)}
+    credited = {name: 0.0 for name in rows}
+    running: list[str] = []
+    say(f"training {jobs} runs at a time, each in its own process")
+
+    def on_start(name: str) -> None:
+        _begin(rows[name], ladder)
+        running.append(name)
+        say(_started(order[name], len(todo), rows[name], progress))
+
+    def on_step(name: str, loss: Optional[float]) -> None:
+        row = rows[name]
+        w = GridProgress._work(row) / row.run.config.steps
+        credited[name] += w
+        progress.advance(w, f"{', '.join(running)} ({len(result['trained'])}/{len(todo)} done)"
+                         + (f" {name} loss {loss:.3f}" if loss is not None else ""))
+
+    def on_done(name: str, res: dict) -> None:
+        running.remove(name)
+        if res.get("interrupted"):
+            result["interrupted"] = result["interrupted"] or name
+            say(f"stopped by {res['interrupted']} during {name}; run the same command again to resume")
+            return
+        progress.advance(max(0.0, GridProgress._work(rows[name]) - credited[name]), name)
+        result["trained"].append(name)
+        say(_finished(name, res.get("loss"), res.get("seconds") or 0.0))
+
+    stopped = run_pool([(name, row.run.config) for name, row in rows.items()], jobs,
+                       on_start=on_start, on_step=on_step, on_done=on_done)
+    if stopped and not result["interrupted"]:
+        result["interrupted"] = running[0] if running else stopped
+        say(f"stopped by {stopped}; run the same command again to resume")
 
 
 def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, overrides: Optional[dict] = None,
              live: bool = False, say: Callable[[str], None] = print,
-             on_fraction: Optional[Callable[[float], None]] = None) -> dict:
+             on_fraction: Optional[Callable[[float], None]] = None, jobs: Optional[int] = None) -> dict:
     """Train every run of the grid not yet finished; returns {"done": [...], "trained": [...], "interrupted": name}.
-    ``on_fraction(f)`` hears the fraction of the grid's remaining compute done so far, after every step."""
+    ``on_fraction(f)`` hears the fraction of the grid's remaining compute done so far, after every step.
+    ``jobs`` runs train at once, each in a worker process (default: the ladder's ``jobs``, 1 = in this process)."""
     out = Path(out)
     runs = plan_runs(ladder, archs, out, overrides)
     archs = list(dict.fromkeys(r.arch for r in runs))
@@ -388,39 +456,25 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
         say(f"{ladder.name}: {len(rows)} runs ({len(rows) - len(todo)} already finished) in {out}")
         progress = GridProgress(rows, live, say, on_fraction)
         result = {"done": [r.run.name for r in rows if r.status == "done"], "trained": [], "interrupted": None}
+        jobs = max(1, int(jobs or ladder.jobs))
         try:
-            for i, row in enumerate(todo, 1):
-                r = row.run
-                run_dir = Path(r.config.out_dir)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(run_dir / META_FILE, (json.dumps(run_meta(r, ladder, row.data), indent=1)
-                                                         + "\n").encode())
-                work_per_step = GridProgress._work(row) / r.config.steps
-                start_done = progress.done
-                state = {"steps": 0}
-
-                def on_step(rec: dict, _r=r, _i=i) -> None:
-                    state["steps"] += 1
-                    loss = rec.get("loss")
-                    progress.advance(work_per_step, f"{_r.name} ({_i}/{len(todo)}) loss "
-                                                    f"{loss:.3f}" if loss is not None else _r.name)
-
-                say(f"[{i}/{len(todo)}] {'resuming' if row.status == 'resume' else 'training'} {r.name}: "
-                    f"N={r.params:,}, {r.tokens:,} tokens, {r.config.steps} steps"
-                    + (f"; about {fmt_seconds(progress.eta())} left in the grid" if progress.eta() else ""))
-                res = _train(r.config, on_step)
-                # Steps not reported (a resumed run's earlier ones) count at the run's end.
-                progress.advance(max(0.0, GridProgress._work(row) - (progress.done - start_done)), r.name)
-                if res.interrupted:
-                    result["interrupted"] = r.name
-                    say(f"stopped by {res.interrupted} during {r.name}; run the same command again to resume")
-                    break
-                result["trained"].append(r.name)
-                say(f"    {r.name}: loss {res.loss:.4f} after {fmt_seconds(res.seconds)}"
-                    if res.loss is not None else f"    {r.name}: done")
+            if jobs > 1 and len(todo) > 1:
+                _run_parallel(todo, jobs, ladder, progress, say, result)
+            else:
+                _run_serial(todo, ladder, progress, say, result)
         finally:
             progress.close()
     return result
+
+
+def wall_seconds(seconds: list[float], jobs: int) -> float:
+    """The time to train runs of these durations, in this order, with ``jobs`` at once (each next run starts
+    on the first free worker)."""
+    free = [0.0] * max(1, jobs)
+    for s in seconds:
+        i = free.index(min(free))
+        free[i] += s
+    return max(free) if seconds else 0.0
 
 
 def print_plan(rows: list[PlanRow], ladder: Ladder, *, timed: str, out=None) -> None:
@@ -434,8 +488,11 @@ def print_plan(rows: list[PlanRow], ladder: Ladder, *, timed: str, out=None) -> 
     total_c = sum(r.run.compute for r in rows)
     secs = [r.seconds for r in rows if r.status != "done"]
     known = [s for s in secs if s is not None]
-    total_t = fmt_seconds(sum(known)) if known and len(known) == len(secs) else (
-        f"at least {fmt_seconds(sum(known))} (some runs not estimated)" if known else "n/a")
+    wall = wall_seconds(known, ladder.jobs)
+    total_t = fmt_seconds(wall) if known and len(known) == len(secs) else (
+        f"at least {fmt_seconds(wall)} (some runs not estimated)" if known else "n/a")
+    if known and ladder.jobs > 1:
+        total_t += f" with {ladder.jobs} runs at once, each as fast as alone ({fmt_seconds(sum(known))} one by one)"
     max_ep = [r.run.tokens / r.data.train_tokens for r in rows if r.data.train_tokens]
     print(f"total compute {total_c:.3e} FLOPs = {total_c / PFLOPS_DAY:.3e} PFLOP/s-days; "
           f"{sum(r.run.tokens for r in rows):,} tokens; max epochs "
