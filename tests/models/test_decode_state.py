@@ -112,3 +112,41 @@ def test_logits_to_keep_and_prefill_compute_only_the_last_positions(arch):
         last, _ = model.prefill(ids)
     assert last.shape == (2, 512)
     torch.testing.assert_close(last, full[:, -1], rtol=0, atol=1e-6)
+
+
+def test_kv_cache_grows_in_place_and_a_state_stays_unchanged_when_extended_twice():
+    from linlm.layers.attention import append_kv
+
+    torch.manual_seed(0)
+    model = tiny("llama", max_seq_len=512)
+    ids = torch.randint(0, 512, (2, 300))
+    steps, ptrs = [], []
+    with torch.no_grad():
+        full = model(ids)
+    # Decode token by token from the prefill: the logits match the full pass, and the cache moves rarely.
+    with torch.no_grad():
+        _, state = model.prefill(ids[:, :20])
+        for t in range(20, 300):
+            logits, state = model.step(ids[:, t], state)
+            steps.append(logits)
+            ptrs.append(state.layers[0][0].data_ptr())
+        assert torch.allclose(torch.stack(steps, 1), full[:, 20:300], atol=1e-5)
+        assert len(set(ptrs)) <= 12  # reallocated about every 25 % of growth, not at every token
+        # Two continuations of one prefix: the second finds the buffer already extended, copies, and both are right.
+        _, prefix = model.prefill(ids[:, :50])
+        a, _ = model.step(ids[:, 50], prefix)
+        b, _ = model.step(ids[:, 51], prefix)
+        ref_b = model(torch.cat([ids[:, :50], ids[:, 51:52]], 1))[:, -1]
+        assert torch.allclose(a, full[:, 50], atol=1e-5) and torch.allclose(b, ref_b, atol=1e-5)
+    # The op on its own: values as torch.cat, and under autograd plain torch.cat.
+    c = torch.randn(1, 2, 5, 4)
+    n = torch.randn(1, 2, 3, 4)
+    grown = append_kv(c, n)
+    assert torch.equal(grown, torch.cat([c, n], 2)) and grown._base is not None
+    again = append_kv(grown, n)
+    assert again.data_ptr() == grown.data_ptr() and torch.equal(again[:, :, :8], grown)
+    fork = append_kv(grown, 2 * n)  # grown was already extended: a copy, `again` is untouched
+    assert fork.data_ptr() != grown.data_ptr() and torch.equal(again[:, :, 8:], n)
+    assert torch.equal(fork, torch.cat([c, n, 2 * n], 2))
+    needs_grad = c.clone().requires_grad_()
+    assert append_kv(needs_grad, n)._base is None

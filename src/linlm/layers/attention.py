@@ -55,6 +55,45 @@ def _sdpa(q, k, v, groups: int, **kw):
         return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), **kw)
 
 
+KV_GROWTH = 1.25  # a cache buffer, when full, is reallocated with room for this many times the tokens it holds
+KV_ROUND = 128  # ... rounded up to a multiple of this many positions
+
+
+def _exporting() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def append_kv(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``cache`` [B, Hkv, S, Dh] with ``new`` [B, Hkv, T, Dh] appended along the positions, without copying the cache.
+
+    The result is a view of the first S + T positions of a buffer with spare room. The buffer remembers how many
+    positions hold data; ``new`` is written in place only when ``cache`` ends exactly there, so a state is never
+    changed by extending it: extending the same state a second time (two continuations of one prefix) finds the
+    buffer filled further and copies into a new buffer, as ``torch.cat`` would. When the buffer is full it is
+    reallocated with KV_GROWTH times the room, so decoding n tokens copies O(n) positions in all, not O(n^2).
+    Under autograd, tracing or compilation this is plain ``torch.cat``.
+    """
+    if (_exporting() or cache.dtype != new.dtype
+            or (torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad))):
+        return torch.cat([cache, new], dim=2)
+    B, H, S, D = cache.shape
+    T = new.shape[2]
+    base = cache._base
+    if (base is not None and getattr(base, "_linlm_filled", None) == S and base.dim() == 4
+            and base.shape[:2] == (B, H) and base.shape[3] == D and base.shape[2] >= S + T
+            and cache.data_ptr() == base.data_ptr() and cache.stride() == base.stride()
+            and base.dtype == new.dtype and base.device == new.device):
+        base[:, :, S:S + T].copy_(new)
+        base._linlm_filled = S + T
+        return base[:, :, :S + T]
+    room = int(math.ceil(KV_GROWTH * (S + T) / KV_ROUND)) * KV_ROUND
+    base = torch.empty(B, H, room, D, dtype=new.dtype, device=new.device)
+    base[:, :, :S].copy_(cache)
+    base[:, :, S:S + T].copy_(new)
+    base._linlm_filled = S + T
+    return base[:, :, :S + T]
+
+
 class Attention(nn.Module):
     def __init__(self, cfg, layer_idx: int):
         super().__init__()
@@ -90,8 +129,8 @@ class Attention(nn.Module):
         q, k, v = self._project(x, offset)
         key_valid = None
         if state is not None:
-            k = torch.cat([state[0], k], dim=2)
-            v = torch.cat([state[1], v], dim=2)
+            k = append_kv(state[0], k)
+            v = append_kv(state[1], v)
             if len(state) == 3:
                 key_valid = torch.cat([state[2], state[2].new_ones(B, T)], dim=1)
         S = k.shape[2]

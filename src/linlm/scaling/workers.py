@@ -83,6 +83,11 @@ def worker_main() -> int:
     try:
         signal.signal(signal.SIGTERM, _interrupt)  # until the Trainer installs its own handlers
         key, cfg = pickle.load(sys.stdin.buffer)
+        # A worker is a training process of its own, like the linlm CLI: the same allocator settings (without them
+        # every step's activations come back as fresh zero-filled pages; LINLM_ALLOCATOR=system turns this off).
+        from linlm.runtime import tune_allocator
+
+        tune_allocator()
 
         def on_step(rec: dict) -> None:
             if os.getppid() != parent:  # the parent is gone: checkpoint and stop, as on SIGTERM
