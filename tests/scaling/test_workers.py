@@ -121,3 +121,31 @@ def test_jobs_must_be_positive_and_the_plan_counts_them(tmp_path, capsys):
     assert "--jobs: expected 1 or more" in capsys.readouterr().err
     assert wall_seconds([10, 10, 10, 10], 2) == 20 and wall_seconds([30, 10, 10, 10], 2) == 30
     assert wall_seconds([5, 7], 1) == 12 and wall_seconds([], 3) == 0
+
+
+def test_time_left_follows_the_seconds_per_step_of_finished_runs():
+    from types import SimpleNamespace
+
+    from linlm.scaling.runner import GridProgress, fit_step_time
+
+    # seconds per step = 0.02 + 1e-10 x FLOPs per step, recovered exactly; one size only: a pure rate.
+    assert fit_step_time([(1e8, 0.03), (1e9, 0.12), (5e8, 0.07)]) == pytest.approx((0.02, 1e-10))
+    assert fit_step_time([(1e9, 0.5)]) == pytest.approx((0.0, 5e-10))
+    assert fit_step_time([(1e8, 0.2), (1e9, 0.1)]) == pytest.approx((0.15, 0.0))  # noise: no negative slope
+
+    def row(name, steps, flops_per_token):
+        run = SimpleNamespace(name=name, tokens=steps * 100, tokens_per_step=100, flops_per_token=flops_per_token,
+                              head_flops_per_token=0.0, config=SimpleNamespace(steps=steps))
+        return SimpleNamespace(run=run, status="todo")
+
+    rows = [row("a", 10, 1e6), row("b", 10, 1e7), row("c", 100, 1e7), row("d", 100, 1e6)]
+    p = GridProgress(rows, live=False, say=lambda s: None, jobs=2)
+    assert p.eta() is None
+    for name, secs in (("a", 10 * (0.02 + 1e-10 * 1e8)), ("b", 10 * (0.02 + 1e-10 * 1e9))):
+        for _ in range(10):
+            p.step(name, 1.0, "")
+        p.finished(name, 10, secs)
+    # c: 100 x 0.12 s = 12 s and d: 100 x 0.03 s = 3 s, side by side on two workers: 12 s.
+    assert p.eta() == pytest.approx(12.0)
+    p.step("c", 1.0, "")
+    assert p.eta() == pytest.approx(99 * 0.12)

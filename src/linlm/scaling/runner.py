@@ -314,26 +314,53 @@ def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str
     return lines
 
 
+def fit_step_time(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """(a, b) of seconds per step = a + b x FLOPs per step, least squares over (FLOPs, seconds) samples, both >= 0.
+    One size only: b from the mean rate, a = 0."""
+    xs = [x for x, _ in samples]
+    if len(set(xs)) < 2:
+        return 0.0, sum(s for _, s in samples) / max(1e-30, sum(xs))
+    n = len(samples)
+    mx, ms = sum(xs) / n, sum(s for _, s in samples) / n
+    b = sum((x - mx) * (s - ms) for x, s in samples) / sum((x - mx) ** 2 for x in xs)
+    if b <= 0:
+        return ms, 0.0
+    a = ms - b * mx
+    if a < 0:
+        return 0.0, sum(s for _, s in samples) / sum(xs)
+    return a, b
+
+
 class GridProgress:
-    """One display for the whole grid: runs done, compute done, and the time left (measured FLOP/s so far)."""
+    """One display for the whole grid: runs done, compute done, and the time left.
+
+    The time left: once runs have finished here, each step still to train is costed by a line fitted to their
+    seconds per step against FLOPs per step (a tiny model spends most of a step on fixed costs, so compute alone
+    overstates how long the rest takes); before that, by the FLOP rate so far. With ``jobs`` runs at once (each
+    finished run's seconds measured while the others ran), the runs left are laid out on ``jobs`` workers in order."""
 
     def __init__(self, rows: list[PlanRow], live: bool, say: Callable[[str], None],
-                 on_fraction: Optional[Callable[[float], None]] = None):
+                 on_fraction: Optional[Callable[[float], None]] = None, jobs: int = 1):
         self.total = sum(self._work(r) for r in rows if r.status != "done")
         self.on_fraction = on_fraction
         self.done = 0.0
         self.t0 = time.perf_counter()
         self.say = say
+        self.jobs = max(1, jobs)
+        self.steps_left = {r.run.name: r.run.config.steps for r in rows if r.status != "done"}
+        self.step_flops = {r.run.name: _step_flops(r) for r in rows}
+        self.samples: list[tuple[float, float]] = []
+        self.line: Optional[tuple[float, float]] = None
         self.bar = None
         if live:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("scaling"), BarColumn(), TextColumn("{task.percentage:>4.0f}% of compute"),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("left"),
-                                TimeRemainingColumn(), console=Console(stderr=True))
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("{task.fields[left]}"),
+                                console=Console(stderr=True))
             self.bar.start()
-            self.task = self.bar.add_task("scaling", total=self.total or 1, info="")
+            self.task = self.bar.add_task("scaling", total=self.total or 1, info="", left="")
 
     @staticmethod
     def _work(row: PlanRow) -> float:
@@ -341,16 +368,35 @@ class GridProgress:
         return float(r.tokens * (r.flops_per_token + r.head_flops_per_token))
 
     def eta(self) -> Optional[float]:
+        if self.line is not None:
+            a, b = self.line
+            return wall_seconds([n * (a + b * self.step_flops[name]) for name, n in self.steps_left.items() if n > 0],
+                                self.jobs)
         if self.done <= 0:
             return None
         return (time.perf_counter() - self.t0) / self.done * (self.total - self.done)
+
+    def step(self, name: str, work: float, info: str) -> None:
+        """One optimizer step of run ``name``, worth ``work`` FLOPs."""
+        if self.steps_left.get(name, 0) > 0:
+            self.steps_left[name] -= 1
+        self.advance(work, info)
+
+    def finished(self, name: str, steps: int, seconds: float) -> None:
+        """Run ``name`` ended, having trained ``steps`` steps here in ``seconds``."""
+        self.steps_left[name] = 0
+        if steps > 0 and seconds > 0:
+            self.samples.append((self.step_flops[name], seconds / steps))
+            self.line = fit_step_time(self.samples)
 
     def advance(self, work: float, info: str) -> None:
         self.done += work
         if self.on_fraction is not None:
             self.on_fraction(min(1.0, self.done / self.total) if self.total else 1.0)
         if self.bar is not None:
-            self.bar.update(self.task, completed=self.done, info=info)
+            left = self.eta()
+            self.bar.update(self.task, completed=self.done, info=info,
+                            left=f"about {fmt_seconds(left)} left" if left is not None else "")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -381,16 +427,20 @@ def _run_serial(todo: list[PlanRow], ladder: Ladder, progress: GridProgress, say
         _begin(row, ladder)
         work_per_step = GridProgress._work(row) / r.config.steps
         start_done = progress.done
+        counted = {"steps": 0}
 
         def on_step(rec: dict, _r=r, _i=i) -> None:
             loss = rec.get("loss")
-            progress.advance(work_per_step, f"{_r.name} ({_i}/{len(todo)}) loss "
-                                            f"{loss:.3f}" if loss is not None else _r.name)
+            counted["steps"] += 1
+            progress.step(_r.name, work_per_step, f"{_r.name} ({_i}/{len(todo)}) loss "
+                                                  f"{loss:.3f}" if loss is not None else _r.name)
 
         say(_started(i, len(todo), row, progress))
         res = train_run(r.config, on_step)
         # Steps not reported (a resumed run's earlier ones) count at the run's end.
         progress.advance(max(0.0, GridProgress._work(row) - (progress.done - start_done)), r.name)
+        if not res.interrupted:
+            progress.finished(r.name, counted["steps"], res.seconds)
         if res.interrupted:
             result["interrupted"] = r.name
             say(f"stopped by {res.interrupted} during {r.name}; run the same command again to resume")
@@ -404,6 +454,7 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
     rows = {row.run.name: row for row in todo}
     order = {name: i for i, name in enumerate(rows, 1)}
     credited = {name: 0.0 for name in rows}
+    counted = {name: 0 for name in rows}
     running: list[str] = []
     say(f"training {jobs} runs at a time, each in its own process")
 
@@ -416,7 +467,8 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
         row = rows[name]
         w = GridProgress._work(row) / row.run.config.steps
         credited[name] += w
-        progress.advance(w, f"{', '.join(running)} ({len(result['trained'])}/{len(todo)} done)"
+        counted[name] += 1
+        progress.step(name, w, f"{', '.join(running)} ({len(result['trained'])}/{len(todo)} done)"
                          + (f" {name} loss {loss:.3f}" if loss is not None else ""))
 
     def on_done(name: str, res: dict) -> None:
@@ -426,6 +478,7 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
             say(f"stopped by {res['interrupted']} during {name}; run the same command again to resume")
             return
         progress.advance(max(0.0, GridProgress._work(rows[name]) - credited[name]), name)
+        progress.finished(name, counted[name], res.get("seconds") or 0.0)
         result["trained"].append(name)
         say(_finished(name, res.get("loss"), res.get("seconds") or 0.0))
 
@@ -454,9 +507,9 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
         _write_plan(out, ladder, archs, runs)
         todo = [r for r in rows if r.status != "done"]
         say(f"{ladder.name}: {len(rows)} runs ({len(rows) - len(todo)} already finished) in {out}")
-        progress = GridProgress(rows, live, say, on_fraction)
-        result = {"done": [r.run.name for r in rows if r.status == "done"], "trained": [], "interrupted": None}
         jobs = max(1, int(jobs or ladder.jobs))
+        progress = GridProgress(rows, live, say, on_fraction, jobs=min(jobs, max(1, len(todo))))
+        result = {"done": [r.run.name for r in rows if r.status == "done"], "trained": [], "interrupted": None}
         try:
             if jobs > 1 and len(todo) > 1:
                 _run_parallel(todo, jobs, ladder, progress, say, result)
