@@ -88,3 +88,13 @@ def test_a_length_at_the_window_leaves_no_room_for_the_answer_and_is_skipped(tok
     assert res["lengths"] == [120] and res["skipped_lengths"] == [250]
     with pytest.raises(ConfigError, match="no room for the answer"):
         run_niah(model, tokenizer, HAY, NIAHConfig(lengths=[250], depths=[0], trials=1))
+
+
+def test_a_length_too_short_for_the_needle_and_question_is_skipped(tokenizer):
+    """With a fine tokenizer the needle and the question alone can fill a short context: that length is skipped and
+    reported (the others kept), and only a grid of such lengths alone is an error."""
+    model = create_model("tnl", preset="tiny", vocab_size=320).eval()
+    res = run_niah(model, tokenizer, HAY, NIAHConfig(lengths=[20, 120], depths=[0, 100], trials=1), batch_size=2)
+    assert res["lengths"] == [120] and res["skipped_lengths"] == [20] and len(res["accuracy"][0]) == 1
+    with pytest.raises(ConfigError, match="every context length is too short for the needle and the question"):
+        run_niah(model, tokenizer, HAY, NIAHConfig(lengths=[20], depths=[0], trials=1))

@@ -135,3 +135,23 @@ def test_envelope_picks_lowest_run_and_converts_units():
     # At 6e12 FLOPs only run a has been logged; at the end only b; in between, b (lower) wins where both exist.
     assert env.run[0] == "a" and env.run[-1] == "b"
     assert math.isclose(PFLOPS_DAY, 8.64e19)
+
+
+def test_an_envelope_on_one_size_fits_loss_but_not_the_optimal_size():
+    """When every bracketed envelope point lies on one size, N_opt(C) is flat by construction: it is not fitted
+    (nor D_opt), and the report says why; L(C) still is."""
+    compute = np.geomspace(1e9, 1e12, 40)
+    curves = []
+    for n, loss in ((1e4, lambda c: 3.0 + 0 * c), (2e4, lambda c: 2.0 * (c / 1e9) ** -0.05),
+                    (4e4, lambda c: 3.5 + 0 * c)):
+        curves.append(Curve(f"r{int(n)}", "x", n, 6 * n, compute / (6 * n), loss(compute)))
+    fit = fit_envelope(curves, bootstrap=0)
+    assert fit.params is None and fit.tokens is None
+    assert fit.loss.alpha == pytest.approx(-0.05, abs=1e-6)
+    d = fit.to_dict()
+    assert d["N_opt(C)"] is None and d["D_opt(C)"] is None and d["L(C)"]["alpha"] == pytest.approx(-0.05, abs=1e-6)
+
+    from linlm.scaling.analysis import FitOptions, fit_arch
+
+    out = fit_arch("x", curves, FitOptions(bootstrap=0, parametric_bootstrap=0))
+    assert "every fitted envelope point lies on one size (20,000 parameters)" in out.errors["N_opt"]

@@ -131,6 +131,7 @@ def test_time_left_follows_the_seconds_per_step_of_finished_runs():
     # seconds per step = 0.02 + 1e-10 x FLOPs per step, recovered exactly; one size only: a pure rate.
     assert fit_step_time([(1e8, 0.03), (1e9, 0.12), (5e8, 0.07)]) == pytest.approx((0.02, 1e-10))
     assert fit_step_time([(1e9, 0.5)]) == pytest.approx((0.0, 5e-10))
+    assert fit_step_time([(1e9, 0.5), (1.2e9, 0.4)]) == pytest.approx((0.0, 0.9 / 2.2e9))  # too close to fit a line
     assert fit_step_time([(1e8, 0.2), (1e9, 0.1)]) == pytest.approx((0.15, 0.0))  # noise: no negative slope
 
     def row(name, steps, flops_per_token):

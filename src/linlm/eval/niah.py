@@ -113,8 +113,10 @@ def build_haystack(tokenizer, texts: Iterable[str], n_tokens: int) -> list[int]:
                     "needs; use a larger corpus or shorter --lengths")
 
 
-def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list[int]) -> list[tuple]:
-    """(length index, depth index, trial, Request) for every cell and trial."""
+def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list[int],
+                  too_short: Optional[set] = None) -> list[tuple]:
+    """(length index, depth index, trial, Request) for every cell and trial. A length too short to hold the needle
+    and the question is an error, or, given a set ``too_short``, added to it (its cells are left out)."""
     rng = random.Random(cfg.seed)
     question = tokenizer.encode("\n\n" + QUESTION)
     out = []
@@ -125,8 +127,11 @@ def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list
                 needle = tokenizer.encode(" " + NEEDLES[cfg.mode].format(n=number) + " ")
                 n_hay = L - len(needle) - len(question)
                 if n_hay < 1:
-                    raise ConfigError(f"context length {L} is too short for the needle and the question "
-                                      f"({len(needle) + len(question)} tokens)")
+                    if too_short is None:
+                        raise ConfigError(f"context length {L} is too short for the needle and the question "
+                                          f"({len(needle) + len(question)} tokens)")
+                    too_short.add(L)
+                    continue
                 at = round(n_hay * d / 100.0)
                 ctx = haystack[:at] + needle + haystack[at:n_hay] + question
                 out.append((i, j, t, Request(ctx, [tokenizer.encode(" " + number)])))
@@ -146,7 +151,17 @@ def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] =
     if not lengths:
         raise ConfigError(f"every context length exceeds this model's max_seq_len={limit}; give shorter --lengths")
     haystack = build_haystack(tokenizer, texts, max(lengths))
-    reqs = niah_requests(tokenizer, haystack, cfg, lengths)
+    short: set = set()
+    reqs = niah_requests(tokenizer, haystack, cfg, lengths, short)
+    if short:  # with this tokenizer the needle and the question alone fill these lengths
+        log.warning("NIAH: context lengths %s are too short for the needle and the question with this tokenizer "
+                    "and are skipped", sorted(short))
+        skipped += sorted(short)
+        lengths = [L for L in lengths if L not in short]
+        if not lengths:
+            raise ConfigError("every context length is too short for the needle and the question with this "
+                              "tokenizer; give longer --lengths")
+        reqs = niah_requests(tokenizer, haystack, cfg, lengths)
     if limit is not None:  # the context plus the answer must fit; a length that leaves no room is skipped
         over = {lengths[r[0]] for r in reqs if len(r[3].context) + max(map(len, r[3].continuations)) - 1 > limit}
         if over:

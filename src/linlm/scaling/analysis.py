@@ -75,6 +75,12 @@ def fit_arch(arch: str, curves: list, opt: FitOptions) -> ArchFits:
         out.envelope = fit_envelope(curves, points=opt.points, smooth_window=opt.smooth, what=f"{arch} envelope",
                                     **kw)
         out.env = out.envelope.envelope
+        if out.envelope.params is None:
+            env = out.env
+            size = int(env.params[env.interior][0])
+            out.errors["N_opt"] = (f"{arch} N_opt(C), D_opt(C): every fitted envelope point lies on one size "
+                                   f"({size:,} parameters), so the optimal size cannot be seen to move with compute; "
+                                   "L(C) is fitted. Train sizes that overtake one another over a wider range")
     except DataError as e:
         out.errors["envelope"] = str(e)
         try:

@@ -217,16 +217,18 @@ def envelope(curves: Sequence[Curve], *, points: int = 60, smooth_window: int = 
 
 @dataclass
 class EnvelopeFit:
-    """L(C), N_opt(C) and D_opt(C) fitted on an envelope, C in PFLOP/s-days."""
+    """L(C), N_opt(C) and D_opt(C) fitted on an envelope, C in PFLOP/s-days. N_opt and D_opt are None when the
+    fitted points all lie on one size (then N_opt is flat by construction and says nothing)."""
 
     loss: PowerLaw
-    params: PowerLaw
-    tokens: PowerLaw
+    params: Optional[PowerLaw]
+    tokens: Optional[PowerLaw]
     envelope: Envelope
 
     def to_dict(self) -> dict:
         e = self.envelope
-        return {"L(C)": self.loss.to_dict(), "N_opt(C)": self.params.to_dict(), "D_opt(C)": self.tokens.to_dict(),
+        return {"L(C)": self.loss.to_dict(), "N_opt(C)": self.params.to_dict() if self.params else None,
+                "D_opt(C)": self.tokens.to_dict() if self.tokens else None,
                 "envelope": {"compute_pflops_days": (e.compute / PFLOPS_DAY).tolist(), "loss": e.loss.tolist(),
                              "params": e.params.tolist(), "tokens": e.tokens.tolist(), "run": e.run}}
 
@@ -244,8 +246,10 @@ def fit_envelope(curves: Sequence[Curve], *, points: int = 60, smooth_window: in
                         "least 3 sizes whose loss curves overtake one another (larger sizes, or longer runs)")
     c = env.compute[use] / PFLOPS_DAY
     kw = dict(bootstrap=bootstrap, seed=seed)
-    return EnvelopeFit(loss=fit_power_law(c, env.loss[use], what=f"{what}: L(C)", **kw),
-                       params=fit_power_law(c, env.params[use], what=f"{what}: N_opt(C)", **kw),
+    loss = fit_power_law(c, env.loss[use], what=f"{what}: L(C)", **kw)
+    if len(set(env.params[use].tolist())) < 2:
+        return EnvelopeFit(loss=loss, params=None, tokens=None, envelope=env)
+    return EnvelopeFit(loss=loss, params=fit_power_law(c, env.params[use], what=f"{what}: N_opt(C)", **kw),
                        tokens=fit_power_law(c, env.tokens[use], what=f"{what}: D_opt(C)", **kw), envelope=env)
 
 

@@ -124,6 +124,8 @@ def plot_optimal(a: Analysis) -> bytes:
             an.plot(c, env.params[env.interior], "o", color=col, markersize=3, alpha=0.6)
             ad.plot(c, env.tokens[env.interior], "o", color=col, markersize=3, alpha=0.6)
             for ax, law, sym in ((an, f.envelope.params, "N"), (ad, f.envelope.tokens, "D")):
+                if law is None:
+                    continue
                 ax.plot(c, law(c), "-", color=col, label=f"{arch}: {sym} = {law.beta:.3g} C^{law.alpha:.3f}")
         if f.isoflop is not None:
             inside = [p for p in f.isoflop.profiles if p.interior]
@@ -220,8 +222,8 @@ def build_blocks(a: Analysis, images: dict[str, bytes]) -> list[tuple]:
         why = f.errors.get("envelope", "")
         e = f.envelope
         rows.append(_law_row(arch, "L(C)", e.loss if e else None, why))
-        rows.append(_law_row(arch, "N_opt(C)", e.params if e else None, why))
-        rows.append(_law_row(arch, "D_opt(C)", e.tokens if e else None, why))
+        rows.append(_law_row(arch, "N_opt(C)", e.params if e else None, why or f.errors.get("N_opt", "")))
+        rows.append(_law_row(arch, "D_opt(C)", e.tokens if e else None, why or f.errors.get("N_opt", "")))
     b.append(("table", ["arch", "law", "beta", "beta 95% CI", "alpha", "alpha 95% CI", "R²", "paper beta",
                         "paper alpha"], rows))
     errors = [msg for f in a.archs.values() for msg in f.errors.values()]

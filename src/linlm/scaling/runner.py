@@ -316,9 +316,10 @@ def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str
 
 def fit_step_time(samples: list[tuple[float, float]]) -> tuple[float, float]:
     """(a, b) of seconds per step = a + b x FLOPs per step, least squares over (FLOPs, seconds) samples, both >= 0.
-    One size only: b from the mean rate, a = 0."""
+    Until the samples span a factor of 2 in FLOPs per step (one size, or the same size of several architectures),
+    the line would be noise: b is then the mean rate and a = 0."""
     xs = [x for x, _ in samples]
-    if len(set(xs)) < 2:
+    if max(xs) < 2 * min(xs):
         return 0.0, sum(s for _, s in samples) / max(1e-30, sum(xs))
     n = len(samples)
     mx, ms = sum(xs) / n, sum(s for _, s in samples) / n
