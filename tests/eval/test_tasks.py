@@ -120,3 +120,25 @@ def test_overlong_documents_are_an_error_or_left_out_and_counted(model_dir, toke
     assert res["dropped_docs"] == longer and res["n"] == len(docs) - longer
     full = evaluate(model, tokenizer, ["piqa"], data_dir, drop_overlong=True)["tasks"]["piqa"]
     assert full["dropped_docs"] == 0 and full["n"] == len(docs)
+
+
+def test_reproduce_scores_every_model_on_the_same_inputs(tmp_path, tokenizer, data_dir, model_dir):
+    """linlm reproduce's zero-shot section: the window is the shortest among the models (from their configs), and a
+    linear model without a window reads exactly what the position-limited LLaMA reads."""
+    from linlm.reproduce.sections import zeroshot
+
+    torch.manual_seed(2)
+    llama = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=32)
+    llama_dir = tmp_path / "llama"
+    llama.save(llama_dir)
+    tokenizer.save(llama_dir)
+    models = {"tnl": {"checkpoint": str(model_dir), "arch": "tnl", "params": 1},
+              "llama": {"checkpoint": str(llama_dir), "arch": "llama", "params": 1}}
+    out = zeroshot(models, str(data_dir), "piqa,hellaswag", None, lambda f: None)
+    assert out["max_length"] == 32 and not out["not_scored"]
+    tnl, ll = out["models"]["tnl"]["tasks"], out["models"]["llama"]["tasks"]
+    assert tnl["piqa"]["dropped_docs"] > 0 or tnl["hellaswag"]["dropped_docs"] > 0
+    for task in ("piqa", "hellaswag"):
+        assert (tnl[task]["n"], tnl[task]["dropped_docs"]) == (ll[task]["n"], ll[task]["dropped_docs"])
+        alone = evaluate(load(model_dir).eval(), tokenizer, [task], data_dir, max_length=32, drop_overlong=True)
+        assert tnl[task]["acc"] == alone["tasks"][task]["acc"]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from linlm.errors import CheckpointError, ConfigError
-from linlm.scaling.ladder import load_ladder
+from linlm.scaling.ladder import load_ladder, plan_runs
 from linlm.scaling.runner import run_grid, wall_seconds
 from linlm.scaling.workers import WorkerError
 
@@ -102,8 +102,7 @@ def test_a_failing_worker_raises_its_error_and_a_killed_one_is_named(tmp_path, t
             if int(fields[1]) == os.getpid() and b"linlm.scaling.workers" in cmd:
                 os.kill(int(stat.parent.name), signal.SIGKILL)
 
-    jobs = [(r.name, r.config) for r in __import__("linlm.scaling.ladder", fromlist=["plan_runs"]).plan_runs(
-        ladder, ["llama"], tmp_path / "killed", over)]
+    jobs = [(r.name, r.config) for r in plan_runs(ladder, ["llama"], tmp_path / "killed", over)]
     with pytest.raises(WorkerError, match=r"llama-[ab]: its worker process exited with code -9 before finishing; "
                                           r"run the same command again to resume it"):
         workers.run_pool(jobs, 2, on_start=lambda k: None, on_step=kill_workers, on_done=lambda k, r: None)
@@ -144,9 +143,9 @@ def test_time_left_follows_the_seconds_per_step_of_finished_runs():
     assert p.eta() is None
     for name, secs in (("a", 10 * (0.02 + 1e-10 * 1e8)), ("b", 10 * (0.02 + 1e-10 * 1e9))):
         for _ in range(10):
-            p.step(name, 1.0, "")
-        p.finished(name, 10, secs)
+            p.step(name, "")
+        p.finished(name, secs)
     # c: 100 x 0.12 s = 12 s and d: 100 x 0.03 s = 3 s, side by side on two workers: 12 s.
     assert p.eta() == pytest.approx(12.0)
-    p.step("c", 1.0, "")
+    p.step("c", "")
     assert p.eta() == pytest.approx(99 * 0.12)

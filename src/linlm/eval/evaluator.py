@@ -73,7 +73,8 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
             i += len(d.requests)
         res = aggregate(spec.kind, per_doc)
         res.update(metric=spec.metric, file=str(data_dir / spec.filename), skipped_lines=len(skipped),
-                   truncated_requests=stats.truncated_requests, dropped_docs=dropped, seconds=round(time.perf_counter() - t0, 3))
+                   truncated_requests=stats.truncated_requests, dropped_docs=dropped,
+                   seconds=round(time.perf_counter() - t0, 3))
         if stats.truncated_requests:
             log.warning("%s: %d of %d requests were longer than the model takes; their contexts were truncated "
                         "from the left", name, stats.truncated_requests, stats.requests)

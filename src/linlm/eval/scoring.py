@@ -75,12 +75,17 @@ class ScoreStats:
     details: list[str] = field(default_factory=list)
 
 
-def model_max_length(model) -> Optional[int]:
-    """The longest input the model takes: max_seq_len for position-limited models (LLaMA), else no limit."""
+def config_max_length(cfg) -> Optional[int]:
+    """The longest input a model of this config takes: max_seq_len for position-limited models (LLaMA), else no
+    limit."""
     from linlm.models.registry import get_arch
 
-    cfg = model.config
     return cfg.max_seq_len if get_arch(cfg.arch).position_limit else None
+
+
+def model_max_length(model) -> Optional[int]:
+    """:func:`config_max_length` of the model's config."""
+    return config_max_length(model.config)
 
 
 def truncate(request: Request, max_length: Optional[int]) -> tuple[Request, int]:

@@ -73,16 +73,16 @@ def append_kv(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     reallocated with KV_GROWTH times the room, so decoding n tokens copies O(n) positions in all, not O(n^2).
     Under autograd, tracing or compilation this is plain ``torch.cat``.
     """
-    if (_exporting() or cache.dtype != new.dtype
+    if (_exporting() or cache.dtype != new.dtype or cache.device != new.device
             or (torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad))):
         return torch.cat([cache, new], dim=2)
     B, H, S, D = cache.shape
     T = new.shape[2]
     base = cache._base
+    # In place only into a buffer made here (it carries _linlm_filled) whose first S positions are exactly `cache`.
     if (base is not None and getattr(base, "_linlm_filled", None) == S and base.dim() == 4
             and base.shape[:2] == (B, H) and base.shape[3] == D and base.shape[2] >= S + T
-            and cache.data_ptr() == base.data_ptr() and cache.stride() == base.stride()
-            and base.dtype == new.dtype and base.device == new.device):
+            and cache.data_ptr() == base.data_ptr() and cache.stride() == base.stride()):
         base[:, :, S:S + T].copy_(new)
         base._linlm_filled = S + T
         return base[:, :, :S + T]

@@ -114,19 +114,20 @@ def zeroshot(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Opt
     if not present:
         return {"not_run": f"--data-dir {root} holds none of the task files ({', '.join(TASKS[n].filename for n in names)})"}
     from linlm.errors import LinlmError
+    from linlm.eval.scoring import config_max_length
     from linlm.eval.tasks import commonsense_average
-
-    from linlm.eval.scoring import model_max_length
+    from linlm.models.format import read_config
 
     # Every model reads the same inputs: contexts cut from the left to the shortest window among the models (LLaMA's
-    # max_seq_len; the linear models have none), and documents whose answer alone is longer left out for all.
-    loaded = {label: load_for_generation(m["checkpoint"]) for label, m in models.items()}
-    limits = [x for x in (model_max_length(model) for model, _ in loaded.values()) if x is not None]
+    # max_seq_len; the linear models have none), and documents whose answer alone is longer left out for all. The
+    # windows come from the configs; the models are loaded one at a time below.
+    limits = [x for x in (config_max_length(read_config(Path(m["checkpoint"]))[0]) for m in models.values())
+              if x is not None]
     window = min(limits) if limits else None
     out = {"data_dir": str(root), "limit": limit, "missing_tasks": missing, "models": {}, "not_scored": {},
            "max_length": window}
     for i, (label, m) in enumerate(models.items()):
-        model, tok = loaded[label]
+        model, tok = load_for_generation(m["checkpoint"])
         tasks = {}
         for name in present:  # one task at a time: a task this model cannot take costs that task, not the rest
             try:

@@ -317,19 +317,18 @@ def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str
 def fit_step_time(samples: list[tuple[float, float]]) -> tuple[float, float]:
     """(a, b) of seconds per step = a + b x FLOPs per step, least squares over (FLOPs, seconds) samples, both >= 0.
     Until the samples span a factor of 2 in FLOPs per step (one size, or the same size of several architectures),
-    the line would be noise: b is then the mean rate and a = 0."""
+    the line would be noise, and so would a negative slope or intercept: then a = 0 and b is the mean rate."""
     xs = [x for x, _ in samples]
-    if max(xs) < 2 * min(xs):
-        return 0.0, sum(s for _, s in samples) / max(1e-30, sum(xs))
     n = len(samples)
     mx, ms = sum(xs) / n, sum(s for _, s in samples) / n
+    rate = (0.0, ms / mx if mx > 0 else 0.0)
+    if max(xs) < 2 * min(xs):
+        return rate
     b = sum((x - mx) * (s - ms) for x, s in samples) / sum((x - mx) ** 2 for x in xs)
     if b <= 0:
         return ms, 0.0
     a = ms - b * mx
-    if a < 0:
-        return 0.0, sum(s for _, s in samples) / sum(xs)
-    return a, b
+    return (a, b) if a >= 0 else rate
 
 
 class GridProgress:
@@ -348,17 +347,22 @@ class GridProgress:
         self.t0 = time.perf_counter()
         self.say = say
         self.jobs = max(1, jobs)
-        self.steps_left = {r.run.name: r.run.config.steps for r in rows if r.status != "done"}
-        self.step_flops = {r.run.name: _step_flops(r) for r in rows}
+        todo = [r for r in rows if r.status != "done"]
+        self.work = {r.run.name: self._work(r) for r in todo}
+        self.steps = {r.run.name: r.run.config.steps for r in todo}
+        self.step_flops = {r.run.name: _step_flops(r) for r in todo}
+        self.stepped = {name: 0 for name in self.steps}  # steps reported here, per run
         self.samples: list[tuple[float, float]] = []
         self.line: Optional[tuple[float, float]] = None
+        self._left_at, self._left = -math.inf, ""
         self.bar = None
         if live:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("scaling"), BarColumn(), TextColumn("{task.percentage:>4.0f}% of compute"),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("{task.fields[left]}"),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                TextColumn("{task.fields[left]}"),
                                 console=Console(stderr=True))
             self.bar.start()
             self.task = self.bar.add_task("scaling", total=self.total or 1, info="", left="")
@@ -371,23 +375,25 @@ class GridProgress:
     def eta(self) -> Optional[float]:
         if self.line is not None:
             a, b = self.line
-            return wall_seconds([n * (a + b * self.step_flops[name]) for name, n in self.steps_left.items() if n > 0],
-                                self.jobs)
+            left = [(self.steps[name] - n) * (a + b * self.step_flops[name]) for name, n in self.stepped.items()]
+            return wall_seconds([t for t in left if t > 0], self.jobs)
         if self.done <= 0:
             return None
         return (time.perf_counter() - self.t0) / self.done * (self.total - self.done)
 
-    def step(self, name: str, work: float, info: str) -> None:
-        """One optimizer step of run ``name``, worth ``work`` FLOPs."""
-        if self.steps_left.get(name, 0) > 0:
-            self.steps_left[name] -= 1
-        self.advance(work, info)
+    def step(self, name: str, info: str) -> None:
+        """One optimizer step of run ``name``."""
+        self.stepped[name] += 1
+        self.advance(self.work[name] / self.steps[name], info)
 
-    def finished(self, name: str, steps: int, seconds: float) -> None:
-        """Run ``name`` ended, having trained ``steps`` steps here in ``seconds``."""
-        self.steps_left[name] = 0
-        if steps > 0 and seconds > 0:
-            self.samples.append((self.step_flops[name], seconds / steps))
+    def finished(self, name: str, seconds: float) -> None:
+        """Run ``name`` reached its end after ``seconds`` here: the steps it did not report (a resumed run's
+        earlier ones) count now, and its seconds per step join the time-left line."""
+        done_here = self.stepped[name]
+        self.advance(self.work[name] * (1 - done_here / self.steps[name]), name)
+        self.stepped[name] = self.steps[name]
+        if done_here > 0 and seconds > 0:
+            self.samples.append((self.step_flops[name], seconds / done_here))
             self.line = fit_step_time(self.samples)
 
     def advance(self, work: float, info: str) -> None:
@@ -395,9 +401,11 @@ class GridProgress:
         if self.on_fraction is not None:
             self.on_fraction(min(1.0, self.done / self.total) if self.total else 1.0)
         if self.bar is not None:
-            left = self.eta()
-            self.bar.update(self.task, completed=self.done, info=info,
-                            left=f"about {fmt_seconds(left)} left" if left is not None else "")
+            now = time.perf_counter()
+            if now - self._left_at >= 1.0:  # the time left, recomputed once a second, not at every step
+                left = self.eta()
+                self._left_at, self._left = now, f"about {fmt_seconds(left)} left" if left is not None else ""
+            self.bar.update(self.task, completed=self.done, info=info, left=self._left)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -411,10 +419,10 @@ def _begin(row: PlanRow, ladder: Ladder) -> None:
 
 
 def _started(i: int, n: int, row: PlanRow, progress: GridProgress) -> str:
-    r = row.run
+    r, left = row.run, progress.eta()
     return (f"[{i}/{n}] {'resuming' if row.status == 'resume' else 'training'} {r.name}: N={r.params:,}, "
             f"{r.tokens:,} tokens, {r.config.steps} steps"
-            + (f"; about {fmt_seconds(progress.eta())} left in the grid" if progress.eta() else ""))
+            + (f"; about {fmt_seconds(left)} left in the grid" if left else ""))
 
 
 def _finished(name: str, loss: Optional[float], seconds: float) -> str:
@@ -426,26 +434,18 @@ def _run_serial(todo: list[PlanRow], ladder: Ladder, progress: GridProgress, say
     for i, row in enumerate(todo, 1):
         r = row.run
         _begin(row, ladder)
-        work_per_step = GridProgress._work(row) / r.config.steps
-        start_done = progress.done
-        counted = {"steps": 0}
 
         def on_step(rec: dict, _r=r, _i=i) -> None:
             loss = rec.get("loss")
-            counted["steps"] += 1
-            progress.step(_r.name, work_per_step, f"{_r.name} ({_i}/{len(todo)}) loss "
-                                                  f"{loss:.3f}" if loss is not None else _r.name)
+            progress.step(_r.name, f"{_r.name} ({_i}/{len(todo)}) loss {loss:.3f}" if loss is not None else _r.name)
 
         say(_started(i, len(todo), row, progress))
         res = train_run(r.config, on_step)
-        # Steps not reported (a resumed run's earlier ones) count at the run's end.
-        progress.advance(max(0.0, GridProgress._work(row) - (progress.done - start_done)), r.name)
-        if not res.interrupted:
-            progress.finished(r.name, counted["steps"], res.seconds)
         if res.interrupted:
             result["interrupted"] = r.name
             say(f"stopped by {res.interrupted} during {r.name}; run the same command again to resume")
             return
+        progress.finished(r.name, res.seconds)
         result["trained"].append(r.name)
         say(_finished(r.name, res.loss, res.seconds))
 
@@ -454,8 +454,6 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
                   say: Callable[[str], None], result: dict) -> None:
     rows = {row.run.name: row for row in todo}
     order = {name: i for i, name in enumerate(rows, 1)}
-    credited = {name: 0.0 for name in rows}
-    counted = {name: 0 for name in rows}
     running: list[str] = []
     say(f"training {jobs} runs at a time, each in its own process")
 
@@ -465,12 +463,8 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
         say(_started(order[name], len(todo), rows[name], progress))
 
     def on_step(name: str, loss: Optional[float]) -> None:
-        row = rows[name]
-        w = GridProgress._work(row) / row.run.config.steps
-        credited[name] += w
-        counted[name] += 1
-        progress.step(name, w, f"{', '.join(running)} ({len(result['trained'])}/{len(todo)} done)"
-                         + (f" {name} loss {loss:.3f}" if loss is not None else ""))
+        progress.step(name, f"{', '.join(running)} ({len(result['trained'])}/{len(todo)} done)"
+                            + (f" {name} loss {loss:.3f}" if loss is not None else ""))
 
     def on_done(name: str, res: dict) -> None:
         running.remove(name)
@@ -478,8 +472,7 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
             result["interrupted"] = result["interrupted"] or name
             say(f"stopped by {res['interrupted']} during {name}; run the same command again to resume")
             return
-        progress.advance(max(0.0, GridProgress._work(rows[name]) - credited[name]), name)
-        progress.finished(name, counted[name], res.get("seconds") or 0.0)
+        progress.finished(name, res.get("seconds") or 0.0)
         result["trained"].append(name)
         say(_finished(name, res.get("loss"), res.get("seconds") or 0.0))
 

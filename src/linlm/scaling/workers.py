@@ -25,6 +25,7 @@ import threading
 from typing import Callable, Optional
 
 from linlm.errors import LinlmError
+from linlm.signals import StopSignals
 
 
 class WorkerError(LinlmError):
@@ -104,23 +105,12 @@ def worker_main() -> int:
     return 0
 
 
-class _Forward:
+class _Forward(StopSignals):
     """While the pool runs: SIGINT / SIGTERM to this process stop new starts and reach every worker as SIGTERM."""
 
     def __init__(self, procs: dict):
+        super().__init__(on_signal=lambda name: self.stop_all())
         self.procs = procs
-        self.name: Optional[str] = None
-        self._old: dict = {}
-
-    def __enter__(self) -> "_Forward":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.name = self.name or signal.Signals(signum).name
-        self.stop_all()
 
     def stop_all(self) -> None:
         for p in self.procs.values():
@@ -129,10 +119,6 @@ class _Forward:
                     p.send_signal(signal.SIGTERM)
                 except OSError:
                     pass
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _start(key: str, cfg, messages: "queue_mod.Queue"):

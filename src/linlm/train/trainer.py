@@ -23,8 +23,6 @@ import logging
 import math
 import os
 import random
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,7 @@ import numpy as np
 import torch
 
 from linlm.errors import CheckpointError, LinlmError, TrainingDiverged
+from linlm.signals import StopSignals
 from linlm.train import checkpoint as ckpt
 from linlm.train import distributed as dist_utils
 from linlm.train import guard
@@ -117,30 +116,6 @@ def weight_norm(params: list, info: dist_utils.DistInfo) -> float:
     if sharded:
         dist_utils.all_reduce_sum(total, info)
     return math.sqrt(float(total))
-
-
-class _StopSignal:
-    """SIGINT / SIGTERM set a flag; the loop writes a checkpoint after the current step and stops."""
-
-    def __init__(self):
-        self.name: Optional[str] = None
-        self._old: dict = {}
-
-    def __enter__(self) -> "_StopSignal":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.name = signal.Signals(signum).name
-        log.warning("%s received: finishing this step, writing a checkpoint, then stopping", self.name)
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def as_saved(model_config, checkpoint: Path, overrides: dict):
@@ -240,7 +215,9 @@ class Trainer:
         self.metrics = None
         _on_main(info, lambda: self._open_metrics(start_step))
         try:
-            with _StopSignal() as stop:
+            # SIGINT / SIGTERM set stop.name; the loop writes a checkpoint after the current step and stops.
+            with StopSignals(lambda name: log.warning("%s received: finishing this step, writing a checkpoint, "
+                                                      "then stopping", name)) as stop:
                 self._loop(start_step, stop, result)
         finally:
             if self.metrics is not None:
@@ -334,7 +311,7 @@ class Trainer:
 
     # -- the loop --
 
-    def _loop(self, start_step: int, stop: _StopSignal, result: TrainResult) -> None:
+    def _loop(self, start_step: int, stop: StopSignals, result: TrainResult) -> None:
         cfg, info = self.cfg, self.info
         device, A = info.device, cfg.grad_accum
         params = [p for p in self.raw.parameters() if p.requires_grad]

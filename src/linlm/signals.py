@@ -1,0 +1,35 @@
+"""A clean stop on SIGINT / SIGTERM: the handlers the Trainer and the sweep runner's worker pool share."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable, Optional
+
+
+class StopSignals:
+    """While entered (on the main thread; elsewhere Python cannot install handlers, and this does nothing): SIGINT
+    and SIGTERM set ``name`` to the signal's name and call ``on_signal(name)``; a second SIGINT (Ctrl-C pressed
+    again) raises KeyboardInterrupt, to stop now. The previous handlers come back on exit."""
+
+    def __init__(self, on_signal: Optional[Callable[[str], None]] = None):
+        self.name: Optional[str] = None
+        self.on_signal = on_signal
+        self._old: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.name = signal.Signals(signum).name
+        if self.on_signal is not None:
+            self.on_signal(self.name)
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
