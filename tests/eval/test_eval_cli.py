@@ -53,3 +53,21 @@ def test_eval_cli_bad_input(model_dir, data_dir, tmp_path, capsys, tokenizer):
     assert main(["eval", "--model", str(small), "--tasks", "piqa", "--data-dir", str(data_dir), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "token ids but the model's vocab_size is 128" in err
+
+
+def test_lm_eval_hook_cli(tmp_path, capsys):
+    from linlm.eval.lm_eval_hook import PTH_NAME
+
+    site = str(tmp_path)
+    assert main(["lm-eval-hook", "status", "--site-dir", site]) == 0
+    assert capsys.readouterr().out.startswith("not installed")
+    assert main(["lm-eval-hook", "install", "--site-dir", site]) == 0
+    assert (tmp_path / PTH_NAME).is_file()
+    assert main(["lm-eval-hook", "status", "--site-dir", site]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("installed")
+    assert main(["lm-eval-hook", "remove", "--site-dir", site]) == 0
+    assert not (tmp_path / PTH_NAME).exists()
+    (tmp_path / PTH_NAME).write_text("import foreign\n")
+    assert main(["lm-eval-hook", "install", "--site-dir", site]) == 2
+    assert "not written by linlm" in capsys.readouterr().err
+    assert (tmp_path / PTH_NAME).read_text() == "import foreign\n"

@@ -104,3 +104,87 @@ def test_simple_evaluate_by_name(offline, tmp_path, model_dir, data_dir):
                                   task_manager=TaskManager(include_path=str(tasks_dir)), bootstrap_iters=0)
     acc = out["results"]["linlm_fx_piqa"]["acc,none"]
     assert 0 <= acc <= 1 and not math.isnan(acc)
+
+
+def _python_with_site(site_dir, code: str, *args: str, env=None):
+    """A fresh interpreter that processes ``site_dir`` as a site-packages directory (its .pth files run), as
+    Python does for the environment's own site-packages at start-up."""
+    import subprocess
+    import sys
+
+    prelude = f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+    return subprocess.run([sys.executable, "-c", prelude + code, *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_hook_registers_linlm_lazily(tmp_path):
+    from linlm.eval import lm_eval_hook as hook
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    assert not hook.installed(str(site_dir))
+    path = hook.install(str(site_dir))
+    assert hook.installed(str(site_dir)) and path.endswith(hook.PTH_NAME)
+    probe = ("before = sorted(m for m in ('linlm', 'torch', 'lm_eval') if m in sys.modules); "
+             "import lm_eval.models; from lm_eval.api.registry import model_registry as r; "
+             "lazy = r._objs['linlm']; after = 'linlm' in sys.modules; "
+             "from lm_eval.api.registry import get_model; cls = get_model('linlm'); "
+             "print(before, lazy, after, cls.__module__ + '.' + cls.__name__)")
+    out = _python_with_site(site_dir, probe)
+    assert out.returncode == 0, out.stderr
+    # Nothing imported at start-up; a placeholder after lm_eval.models; the class only when asked for.
+    assert out.stdout.split() == ["[]", hook.MODEL_PATH, "False", "linlm.eval.harness.LinlmLM"]
+    without = _python_with_site(tmp_path, "import lm_eval.models; from lm_eval.api.registry import model_registry "
+                                          "as r; print('linlm' in r)")
+    assert without.stdout.strip() == "False"  # the finder is what adds it
+
+
+def test_lm_eval_command_with_the_hook(offline, tmp_path, model_dir, tokenizer, data_dir):
+    """`lm_eval --model linlm ...` (lm-eval's own command line) on a custom task gives linlm's acc."""
+    import os
+
+    from linlm.eval import lm_eval_hook as hook
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    hook.install(str(site_dir))
+    tasks_dir = tmp_path / "tasks"
+    tasks_dir.mkdir()
+    (tasks_dir / "fx_piqa.yaml").write_text(CHOICE_TASK.format(name="linlm_fx_piqa", file=data_dir / "piqa.jsonl"))
+    out_dir = tmp_path / "out"
+    run = _python_with_site(site_dir, "sys.argv[0] = 'lm_eval'; from lm_eval.__main__ import cli_evaluate; "
+                                      "sys.exit(cli_evaluate())",
+                            "--model", "linlm", "--model_args", f"pretrained={model_dir}", "--tasks", "linlm_fx_piqa",
+                            "--include_path", str(tasks_dir), "--output_path", str(out_dir), env=dict(os.environ))
+    assert run.returncode == 0, run.stderr[-3000:]
+    files = sorted(out_dir.rglob("results*.json"))
+    assert len(files) == 1
+    theirs = json.loads(files[0].read_text())["results"]["linlm_fx_piqa"]
+    ours = evaluate(load(model_dir), tokenizer, ["piqa"], data_dir)["tasks"]["piqa"]
+    assert theirs["acc,none"] == pytest.approx(ours["acc"], abs=1e-12)
+    assert theirs["acc_bytes,none"] == pytest.approx(ours["acc_norm"], abs=1e-12)
+
+
+def test_hook_file_rules(tmp_path, capsys):
+    from linlm.errors import StorageError
+    from linlm.eval import lm_eval_hook as hook
+
+    site_dir = str(tmp_path)
+    assert hook.remove(site_dir) is None
+    foreign = tmp_path / hook.PTH_NAME
+    foreign.write_text("import something_else\n")
+    with pytest.raises(StorageError, match="not written by linlm"):
+        hook.install(site_dir)
+    with pytest.raises(StorageError, match="not written by linlm"):
+        hook.remove(site_dir)
+    assert foreign.read_text() == "import something_else\n"  # left as it was
+    foreign.unlink()
+    hook.install(site_dir)
+    hook.install(site_dir)  # its own file is replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == [hook.PTH_NAME]
+    assert hook.remove(site_dir) == str(foreign) and not foreign.exists()
+    # The line of a hook whose file is gone (linlm uninstalled) does nothing and prints nothing.
+    foreign.write_text(hook.pth_text(str(tmp_path / "gone" / "lm_eval_hook.py")))
+    out = _python_with_site(tmp_path, "print(len(sys.meta_path))")
+    base = _python_with_site(tmp_path / "nowhere", "print(len(sys.meta_path))")
+    assert out.returncode == 0 and out.stderr == "" and out.stdout == base.stdout

@@ -38,6 +38,7 @@ def register(subparsers) -> None:
     register_perplexity(subparsers)
     register_niah(subparsers)
     register_mqar(subparsers)
+    register_lm_eval_hook(subparsers)
 
 
 def _write_json(args, obj: dict, fmt: str) -> int:
@@ -75,6 +76,33 @@ def cmd_eval(args) -> int:
     results["model"] = str(args.model)
     print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
     return _write_json(args, results, "linlm-eval")
+
+
+def register_lm_eval_hook(subparsers) -> None:
+    p = subparsers.add_parser(
+        "lm-eval-hook", help="let lm-evaluation-harness' own `lm_eval --model linlm` find linlm (opt-in)",
+        description="install: write a .pth file into this environment's site-packages so that the `lm_eval` "
+                    "command sees the model `linlm` (linlm is imported only when that model is asked for); "
+                    "remove: delete it; status: say whether it is there. See docs/evaluation.md.")
+    p.add_argument("action", choices=["install", "remove", "status"])
+    p.add_argument("--site-dir", default=None,
+                   help="the site-packages directory to use (default: the running environment's)")
+    p.set_defaults(func=cmd_lm_eval_hook)
+
+
+def cmd_lm_eval_hook(args) -> int:
+    from linlm.eval import lm_eval_hook as hook
+
+    if args.action == "install":
+        print(f"installed: {hook.install(args.site_dir)}; `lm_eval --model linlm --model_args pretrained=DIR` "
+              "now works in this environment (`linlm lm-eval-hook remove` undoes it)")
+    elif args.action == "remove":
+        path = hook.remove(args.site_dir)
+        print(f"removed: {path}" if path else f"not installed: no {hook.pth_path(args.site_dir)}")
+    else:
+        state = "installed" if hook.installed(args.site_dir) else "not installed"
+        print(f"{state}: {hook.pth_path(args.site_dir)}")
+    return 0
 
 
 def register_perplexity(subparsers) -> None:

@@ -6,8 +6,9 @@ Importing this module registers the model, so that from Python::
     results = lm_eval.simple_evaluate(model="linlm", model_args="pretrained=runs/demo", tasks=["hellaswag"])
 
 or with an instance: ``simple_evaluate(model=LinlmLM(pretrained="runs/demo"), tasks=[...])``. lm-eval has no plugin
-discovery for models, so its own ``lm_eval`` command cannot see a model registered by another package; this module
-is that command with ``linlm`` registered, taking the same arguments::
+discovery for models, so its own ``lm_eval`` command sees ``linlm`` only after the opt-in start-up hook
+(``linlm lm-eval-hook install``, :mod:`linlm.eval.lm_eval_hook`). Without the hook, this module is that command with
+``linlm`` registered, taking the same arguments::
 
     python -m linlm.eval.harness --model linlm --model_args pretrained=DIR --tasks hellaswag,piqa
     linlm-lm-eval --model linlm --model_args pretrained=DIR --tasks hellaswag,piqa     (the same, as a script)
