@@ -1,0 +1,265 @@
+"""GPU kernels from other libraries behind linlm's own op signatures: flash-linear-attention (``fla``) for gated
+linear attention, mamba_ssm for the selective scan.
+
+Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure functions of plain values):
+
+- ``linlm.ops.gla.gla`` (TNL, HGRN2, cosFormer2, TPE and MossNet's "ssd" experts, through
+  ``layers.linear_attention.run_gla``) runs on fla when its inputs are CUDA tensors and fla imports:
+  - vector gate [B, T, H, K]            -> ``fla.ops.gla.chunk_gla(q, k, v, g=log_a)``
+  - scalar gate [B, T, H]               -> ``fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log_a)``
+  - constant gate [H]                   -> ``chunk_simple_gla(..., g_gamma=log_a)``; as ``g`` broadcast over
+                                           [B, T, H] when log_a needs a gradient (fla returns none for g_gamma)
+  - no gate                             -> ``chunk_simple_gla`` with neither g nor g_gamma (plain linear attention)
+  fla and linlm agree on everything else: [B, T, H, dim] layout (fla 0.5 has no head_first), gates as natural
+  logs, a state [B, H, K, V] in float32 entering and leaving. linlm applies no scale to q, so ``scale=1.0``
+  (fla's default is K^-1/2). Packed documents (``reset``) become fla's ``cu_seqlens``: the rows are flattened
+  into one row of B * T tokens, cut at every row start and every reset; the first document of a row starts from
+  that row's initial state (zeros where the row itself starts with a reset), the final state of a row is that of
+  its last document. Finding the cuts costs one device-to-host copy of ``reset``.
+- ``linlm.ops.selective_scan.selective_scan`` (Mamba) runs on mamba_ssm's ``selective_scan_fn`` when its inputs
+  are CUDA tensors and mamba_ssm imports, with u, dt [Bt, Din, T] and B, C [Bt, N, T] (mamba_ssm's layout:
+  time last), A [Din, N] and D [Din] in float32, and dt_softplus as ``delta_softplus``.
+
+Everything else falls back, silently, to linlm's own path (the same maths):
+
+- any tensor not on CUDA, or ``LINLM_GPU_KERNELS=torch``, or the library not importable, or torch.export tracing;
+- float64 inputs (neither library computes in float64); an empty sequence;
+- GLA: a head dim K or V under 16 (fla's Triton tiles are at least 16 wide);
+- scan: an initial state, resets (mamba_ssm's selective_scan_fn takes neither), A [Bt, Din, N] or D [Bt, Din]
+  (MossNet's batched experts), N over 256, and a final state that needs a gradient (selective_scan_fn returns the
+  last state but does not backpropagate through it). Per-row ``lengths`` are run, as in the chunked form, as
+  dt = 0 and C = 0 on the padding.
+
+Inputs of mixed floating dtypes are computed in their promoted dtype (a bfloat16 u with a float32 dt runs in
+float32), and outputs are returned in linlm's dtypes: o in v's dtype, y in u's, states in float32.
+
+Switch: ``LINLM_GPU_KERNELS=auto`` (default) or ``torch`` (always linlm's path), read at every call; the
+context manager ``gpu_kernels("torch")`` does the same for a block of code. The CPU path never imports either
+library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+import warnings
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor
+
+from linlm.errors import ConfigError
+
+__all__ = ["MODES", "available", "choose_gla", "choose_scan", "gla", "gpu_kernels", "mode", "selective_scan"]
+
+ENV = "LINLM_GPU_KERNELS"
+MODES = ("auto", "torch")
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FLA_MIN_HEAD_DIM = 16
+MAMBA_MAX_STATE = 256  # selective_scan_cuda rejects a larger d_state
+
+_override: list[str] = []  # innermost gpu_kernels() block last
+
+
+def _check_mode(name: str, where: str) -> str:
+    name = str(name).strip().lower() or "auto"
+    if name not in MODES:
+        raise ConfigError(f"{where}={name!r} is not a GPU kernel mode; use one of {', '.join(MODES)}")
+    return name
+
+
+def mode() -> str:
+    """The GPU kernel mode: the innermost ``gpu_kernels()`` block, else $LINLM_GPU_KERNELS (auto by default)."""
+    if _override:
+        return _override[-1]
+    return _check_mode(os.environ.get(ENV, "auto"), ENV)
+
+
+@contextlib.contextmanager
+def gpu_kernels(name: str):
+    """Within the block, use mode ``name`` ("auto" or "torch") whatever $LINLM_GPU_KERNELS says."""
+    _override.append(_check_mode(name, "gpu_kernels"))
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# loading the libraries (only ever from a CUDA call)
+
+
+def _import(top: str, modules: dict[str, tuple[str, str]]) -> SimpleNamespace | None:
+    """The named functions {attr: (module, function)}, or None when ``top`` is not installed or fails to import
+    (a warning says why in that case: an installed library that does not load is worth knowing about)."""
+    if importlib.util.find_spec(top) is None:
+        return None
+    try:
+        return SimpleNamespace(**{a: getattr(importlib.import_module(m), f) for a, (m, f) in modules.items()})
+    except Exception as e:  # a broken CUDA extension or Triton raises anything: fall back rather than fail
+        warnings.warn(f"linlm: {top} is installed but could not be loaded ({type(e).__name__}: {e}); "
+                      f"using linlm's pure-torch ops", RuntimeWarning, stacklevel=3)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _fla() -> SimpleNamespace | None:
+    return _import("fla", {"chunk_gla": ("fla.ops.gla", "chunk_gla"),
+                           "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla")})
+
+
+@functools.lru_cache(maxsize=None)
+def _mamba() -> SimpleNamespace | None:
+    return _import("mamba_ssm", {"selective_scan_fn": ("mamba_ssm.ops.selective_scan_interface",
+                                                       "selective_scan_fn")})
+
+
+def available(library: str) -> bool:
+    """Whether ``library`` ("fla" or "mamba_ssm") is installed and loads. Imports it: call only where CUDA is."""
+    loaders = {"fla": _fla, "mamba_ssm": _mamba}
+    if library not in loaders:
+        raise ConfigError(f"available: {library!r} is not a GPU kernel library; use one of {', '.join(loaders)}")
+    return loaders[library]() is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the decisions: pure functions of plain values
+
+
+def _kernel_dtype(dtypes) -> torch.dtype | None:
+    """The promoted dtype of the inputs, if a kernel computes in it (float32, bfloat16, float16), else None."""
+    dt = functools.reduce(torch.promote_types, dtypes)
+    return dt if dt in _KERNEL_DTYPES else None
+
+
+def choose_gla(*, device_type: str, dtypes, head_dims: tuple[int, int], seq_len: int, mode: str = "auto",
+               fla_available: bool = False, exporting: bool = False) -> str:
+    """"fla" or "torch" for a gla call. dtypes: of q, k, v; head_dims: (K, V). fla_available is only consulted
+    (and so the library only loaded) when everything else allows fla: pass a callable to defer the import."""
+    if mode == "torch" or device_type != "cuda" or exporting or seq_len == 0:
+        return "torch"
+    if _kernel_dtype(dtypes) is None or min(head_dims) < FLA_MIN_HEAD_DIM:
+        return "torch"
+    ok = fla_available() if callable(fla_available) else fla_available
+    return "fla" if ok else "torch"
+
+
+def choose_scan(*, device_type: str, dtypes, seq_len: int, state_size: int, batched_A: bool, batched_D: bool,
+                initial_state: bool, reset: bool, final_state_grad: bool, mode: str = "auto",
+                mamba_available: bool = False, exporting: bool = False) -> str:
+    """"mamba_ssm" or "torch" for a selective_scan call. dtypes: of u, dt, B, C. final_state_grad: the final state
+    is returned while autograd records (its gradient would be dropped by mamba_ssm)."""
+    if mode == "torch" or device_type != "cuda" or exporting or seq_len == 0:
+        return "torch"
+    if _kernel_dtype(dtypes) is None or state_size > MAMBA_MAX_STATE:
+        return "torch"
+    if batched_A or batched_D or initial_state or reset or final_state_grad:
+        return "torch"
+    ok = mamba_available() if callable(mamba_available) else mamba_available
+    return "mamba_ssm" if ok else "torch"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# gated linear attention on fla
+
+
+def _segments(reset: Tensor, B: int, T: int):
+    """Documents of the B rows flattened into one row of B * T tokens: a new one at every row start and reset.
+
+    Returns (cu_seqlens int64 [n + 1] on the CPU, first [B] and last [B]: the index of each row's first and last
+    document, on reset's device). One device-to-host copy of reset.
+    """
+    starts = reset.expand(B, T).to("cpu", torch.bool).clone()
+    starts[:, 0] = True
+    per_row = starts.sum(1)
+    ends = per_row.cumsum(0)
+    cu = torch.cat([starts.reshape(-1).nonzero().squeeze(1), torch.tensor([B * T])]).to(torch.int64)
+    return cu, (ends - per_row).to(reset.device), (ends - 1).to(reset.device)
+
+
+def gla(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, kind: str, *, initial_state: Tensor | None = None,
+        reset: Tensor | None = None, output_final_state: bool = True) -> tuple[Tensor, Tensor | None] | None:
+    """linlm.ops.gla.gla on fla, or None when ``choose_gla`` says torch. Arguments already checked (shapes as in
+    linlm.ops.gla; kind: "none", "head", "scalar" or "vector")."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    choice = choose_gla(device_type=q.device.type, dtypes=[q.dtype, k.dtype, v.dtype], head_dims=(K, V),
+                        seq_len=T, mode=mode(), fla_available=lambda: available("fla"),
+                        exporting=torch.compiler.is_exporting())
+    if choice != "fla":
+        return None
+    return _run_fla(_fla(), q, k, v, log_a, kind, initial_state, reset, output_final_state)
+
+
+def _run_fla(fla, q, k, v, log_a, kind, initial_state, reset, output_final_state):
+    """The fla call itself (fla: the namespace of ``_fla()``, or a stand-in in tests)."""
+    B, T, H, K = q.shape
+    V, out_dtype = v.shape[-1], v.dtype
+    dt = _kernel_dtype([q.dtype, k.dtype, v.dtype])
+    q, k, v = (x.to(dt) for x in (q, k, v))
+    h0 = None if initial_state is None else initial_state.to(torch.float32)  # fla asserts a float32 state
+    g = None if log_a is None else log_a.to(torch.float32)
+    cu = first = last = None
+    if reset is not None:
+        cu, first, last = _segments(reset, B, T)
+        q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
+        if kind in ("scalar", "vector"):
+            g = g.reshape(1, B * T, *g.shape[2:])
+        if h0 is not None:  # a row's first document carries its initial state, unless the row starts a document
+            kept = torch.where(reset.expand(B, T)[:, 0].view(B, 1, 1, 1), 0.0, h0)
+            h0 = h0.new_zeros(len(cu) - 1, H, K, V).index_copy(0, first, kept)
+    seq = {} if cu is None else {"cu_seqlens": cu.to(q.device), "cu_seqlens_cpu": cu}
+    common = dict(scale=1.0, initial_state=h0, output_final_state=bool(output_final_state), **seq)
+    if kind == "vector":
+        o, ht = fla.chunk_gla(q, k, v, g=g, **common)
+    elif kind == "head":
+        if torch.is_grad_enabled() and log_a.requires_grad:  # g_gamma gets no gradient from fla
+            Bg, Tg = q.shape[:2]
+            o, ht = fla.chunk_simple_gla(q, k, v, g=g.view(1, 1, H).expand(Bg, Tg, H), **common)
+        else:
+            o, ht = fla.chunk_simple_gla(q, k, v, g_gamma=g, **common)
+    else:  # "scalar" ([B, T, H] or flattened) or "none" (neither g nor g_gamma: plain linear attention)
+        o, ht = fla.chunk_simple_gla(q, k, v, g=g, **common)
+    o = o.reshape(B, T, H, V).to(out_dtype)
+    if ht is not None and last is not None:
+        ht = ht.index_select(0, last)
+    return o, (ht if output_final_state else None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the selective scan on mamba_ssm
+
+
+def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, *,
+                   initial_state: Tensor | None = None, reset: Tensor | None = None, output_final_state: bool = True,
+                   dt_softplus: bool = False) -> tuple[Tensor, Tensor | None] | None:
+    """linlm.ops.selective_scan.selective_scan on mamba_ssm, or None when ``choose_scan`` says torch. Arguments
+    already checked (shapes as in linlm.ops.selective_scan; lengths already turned into dt = 0, C = 0)."""
+    tensors = [t for t in (u, dt, A, B, C, D, initial_state) if t is not None]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    choice = choose_scan(device_type=u.device.type, dtypes=[u.dtype, dt.dtype, B.dtype, C.dtype],
+                         seq_len=u.shape[1], state_size=A.shape[-1], batched_A=A.dim() == 3,
+                         batched_D=D is not None and D.dim() == 2, initial_state=initial_state is not None,
+                         reset=reset is not None, final_state_grad=bool(output_final_state) and grad, mode=mode(),
+                         mamba_available=lambda: available("mamba_ssm"), exporting=torch.compiler.is_exporting())
+    if choice != "mamba_ssm":
+        return None
+    return _run_mamba(_mamba(), u, dt, A, B, C, D, output_final_state, dt_softplus)
+
+
+def _run_mamba(mamba, u, dt, A, B, C, D, output_final_state, dt_softplus):
+    """The mamba_ssm call itself (mamba: the namespace of ``_mamba()``, or a stand-in in tests)."""
+    it = _kernel_dtype([u.dtype, dt.dtype, B.dtype, C.dtype])
+    time_last = lambda t: t.to(it).transpose(1, 2).contiguous()  # noqa: E731  [Bt, T, X] -> [Bt, X, T]
+    out = mamba.selective_scan_fn(
+        time_last(u), time_last(dt), A.to(torch.float32).contiguous(), time_last(B), time_last(C),
+        None if D is None else D.to(torch.float32).contiguous(),
+        delta_softplus=bool(dt_softplus), return_last_state=bool(output_final_state),
+    )
+    y, last = out if output_final_state else (out, None)
+    y = y.transpose(1, 2).to(u.dtype).contiguous()
+    # last is a view into the scan's saved intermediates: a copy of its own, in float32 as linlm returns states
+    return y, (None if last is None else last.to(torch.float32).clone())
