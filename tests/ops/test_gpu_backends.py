@@ -84,12 +84,31 @@ def test_choose_gla():
     assert backends.choose_gla(**{**GLA_OK, "head_dims": (16, 1024)}) == "fla"
     for change in ({"device_type": "cpu"}, {"mode": "torch"}, {"fla_available": False}, {"exporting": True},
                    {"seq_len": 0}, {"dtypes": [torch.float64, torch.float32, torch.float32]},
-                   {"head_dims": (8, 64)}, {"head_dims": (64, 15)}):
+                   {"head_dims": (8, 64)}, {"head_dims": (64, 15)}, {"float64_state": True}):
         assert backends.choose_gla(**{**GLA_OK, **change}) == "torch", change
     # the library is only loaded when everything else allows it
     for change in ({"device_type": "cpu"}, {"mode": "torch"}, {"dtypes": [torch.float64] * 3}):
         assert backends.choose_gla(**{**GLA_OK, **change, "fla_available": _never}) == "torch"
     assert backends.choose_gla(**{**GLA_OK, "fla_available": lambda: True}) == "fla"
+    # chunk_simple_gla's gated backward, where fla cannot run it (Hopper with an affected Triton)
+    assert backends.choose_gla(**GLA_OK, gated_backward=True, gated_backward_ok=lambda: False) == "torch"
+    assert backends.choose_gla(**GLA_OK, gated_backward=True, gated_backward_ok=lambda: True) == "fla"
+    assert backends.choose_gla(**GLA_OK, gated_backward=False, gated_backward_ok=_never) == "fla"
+
+
+@pytest.mark.parametrize("capability, triton_version, nvcc, ok", [
+    ((8, 0), "3.5.0", None, True), ((9, 0), "3.3.1", None, True), ((9, 0), "3.4.0", None, False),
+    ((9, 0), "3.7.0+git1a2b", None, False), ((9, 0), "3.7.1", None, True), ((10, 0), "3.5.0", None, True),
+])
+def test_fla_gated_backward_probe(monkeypatch, capability, triton_version, nvcc, ok):
+    backends.fla_gated_backward_ok.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__=triton_version))
+    monkeypatch.setattr(backends.shutil, "which", lambda name: nvcc)
+    try:
+        assert backends.fla_gated_backward_ok(0) is ok
+    finally:
+        backends.fla_gated_backward_ok.cache_clear()
 
 
 SCAN_OK = dict(device_type="cuda", dtypes=[torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16],

@@ -23,8 +23,9 @@ Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure fu
 Everything else falls back, silently, to linlm's own path (the same maths):
 
 - any tensor not on CUDA, or ``LINLM_GPU_KERNELS=torch``, or the library not importable, or torch.export tracing;
-- float64 inputs (neither library computes in float64); an empty sequence;
-- GLA: a head dim K or V under 16 (fla's Triton tiles are at least 16 wide);
+- float64 inputs, gates or states (neither library computes in float64); an empty sequence;
+- GLA: a head dim K or V under 16 (fla's Triton tiles are at least 16 wide); a backward through
+  chunk_simple_gla's gate g where fla cannot run it (``fla_gated_backward_ok``: Hopper with an affected Triton);
 - scan: an initial state, resets (mamba_ssm's selective_scan_fn takes neither), A [Bt, Din, N] or D [Bt, Din]
   (MossNet's batched experts), N over 256, and a final state that needs a gradient (selective_scan_fn returns the
   last state but does not backpropagate through it). Per-row ``lengths`` are run, as in the chunked form, as
@@ -45,6 +46,8 @@ import functools
 import importlib
 import importlib.util
 import os
+import re
+import shutil
 import warnings
 from types import SimpleNamespace
 
@@ -117,6 +120,24 @@ def _mamba() -> SimpleNamespace | None:
                                                        "selective_scan_fn")})
 
 
+@functools.lru_cache(maxsize=None)
+def fla_gated_backward_ok(device_index: int) -> bool:
+    """Whether fla can run the backward of chunk_simple_gla with a gate g on this CUDA device. fla 0.5 refuses it
+    (a RuntimeError in the backward) on Hopper GPUs (sm90) with Triton >= 3.4.0 and < 3.7.1, where Triton
+    miscompiles that kernel (fla's issue #640), unless its TileLang backend can take over (tilelang installed, and
+    nvcc to build it)."""
+    if torch.cuda.get_device_capability(device_index)[0] != 9:
+        return True
+    try:
+        import triton
+    except ImportError:
+        return True
+    version = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:3])
+    if not (3, 4, 0) <= version < (3, 7, 1):
+        return True
+    return importlib.util.find_spec("tilelang") is not None and shutil.which("nvcc") is not None
+
+
 def available(library: str) -> bool:
     """Whether ``library`` ("fla" or "mamba_ssm") is installed and loads. Imports it: call only where CUDA is."""
     loaders = {"fla": _fla, "mamba_ssm": _mamba}
@@ -135,16 +156,25 @@ def _kernel_dtype(dtypes) -> torch.dtype | None:
     return dt if dt in _KERNEL_DTYPES else None
 
 
+def _call(x):
+    return x() if callable(x) else x
+
+
 def choose_gla(*, device_type: str, dtypes, head_dims: tuple[int, int], seq_len: int, mode: str = "auto",
-               fla_available: bool = False, exporting: bool = False) -> str:
-    """"fla" or "torch" for a gla call. dtypes: of q, k, v; head_dims: (K, V). fla_available is only consulted
-    (and so the library only loaded) when everything else allows fla: pass a callable to defer the import."""
-    if mode == "torch" or device_type != "cuda" or exporting or seq_len == 0:
+               fla_available: bool = False, exporting: bool = False, float64_state: bool = False,
+               gated_backward: bool = False, gated_backward_ok: bool = True) -> str:
+    """"fla" or "torch" for a gla call. dtypes: of q, k, v; head_dims: (K, V); float64_state: log_a or the initial
+    state is float64 (linlm then computes in float64); gated_backward: the call will backpropagate through
+    chunk_simple_gla with a gate ``g``, and gated_backward_ok: fla can do that here (``fla_gated_backward_ok``).
+    fla_available and gated_backward_ok are only consulted when everything else allows fla: pass callables to
+    defer the import and the probe."""
+    if mode == "torch" or device_type != "cuda" or exporting or seq_len == 0 or float64_state:
         return "torch"
     if _kernel_dtype(dtypes) is None or min(head_dims) < FLA_MIN_HEAD_DIM:
         return "torch"
-    ok = fla_available() if callable(fla_available) else fla_available
-    return "fla" if ok else "torch"
+    if not _call(fla_available) or (gated_backward and not _call(gated_backward_ok)):
+        return "torch"
+    return "fla"
 
 
 def choose_scan(*, device_type: str, dtypes, seq_len: int, state_size: int, batched_A: bool, batched_D: bool,
@@ -158,8 +188,7 @@ def choose_scan(*, device_type: str, dtypes, seq_len: int, state_size: int, batc
         return "torch"
     if batched_A or batched_D or initial_state or reset or final_state_grad:
         return "torch"
-    ok = mamba_available() if callable(mamba_available) else mamba_available
-    return "mamba_ssm" if ok else "torch"
+    return "mamba_ssm" if _call(mamba_available) else "torch"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -186,12 +215,22 @@ def gla(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, kind: str, *, ini
     linlm.ops.gla; kind: "none", "head", "scalar" or "vector")."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, log_a, initial_state))
     choice = choose_gla(device_type=q.device.type, dtypes=[q.dtype, k.dtype, v.dtype], head_dims=(K, V),
                         seq_len=T, mode=mode(), fla_available=lambda: available("fla"),
-                        exporting=torch.compiler.is_exporting())
+                        exporting=torch.compiler.is_exporting(),
+                        float64_state=any(t is not None and t.dtype == torch.float64 for t in (log_a, initial_state)),
+                        gated_backward=grad and _simple_gla_gate(kind, log_a),
+                        gated_backward_ok=lambda: fla_gated_backward_ok(q.device.index or 0))
     if choice != "fla":
         return None
     return _run_fla(_fla(), q, k, v, log_a, kind, initial_state, reset, output_final_state)
+
+
+def _simple_gla_gate(kind: str, log_a: Tensor | None) -> bool:
+    """Whether the call goes to chunk_simple_gla with a gate g (not g_gamma, not gateless): a scalar gate, or a
+    constant one that needs a gradient."""
+    return kind == "scalar" or (kind == "head" and torch.is_grad_enabled() and log_a.requires_grad)
 
 
 def _run_fla(fla, q, k, v, log_a, kind, initial_state, reset, output_final_state):
@@ -216,7 +255,7 @@ def _run_fla(fla, q, k, v, log_a, kind, initial_state, reset, output_final_state
     if kind == "vector":
         o, ht = fla.chunk_gla(q, k, v, g=g, **common)
     elif kind == "head":
-        if torch.is_grad_enabled() and log_a.requires_grad:  # g_gamma gets no gradient from fla
+        if _simple_gla_gate(kind, log_a):  # g_gamma gets no gradient from fla
             Bg, Tg = q.shape[:2]
             o, ht = fla.chunk_simple_gla(q, k, v, g=g.view(1, 1, H).expand(Bg, Tg, H), **common)
         else:
