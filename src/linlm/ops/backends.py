@@ -23,6 +23,8 @@ Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure fu
 Everything else falls back, silently, to linlm's own path (the same maths):
 
 - any tensor not on CUDA, or ``LINLM_GPU_KERNELS=torch``, or the library not importable, or torch.export tracing;
+- torch.use_deterministic_algorithms(True) (training's ``deterministic: true``): linlm's path is deterministic,
+  the libraries' kernels do not promise it (mamba_ssm's backward accumulates with atomic adds);
 - float64 inputs, gates or states (neither library computes in float64); an empty sequence;
 - GLA: a head dim K or V under 16 (fla's Triton tiles are at least 16 wide); a backward through
   chunk_simple_gla's gate g where fla cannot run it (``fla_gated_backward_ok``: Hopper with an affected Triton);
@@ -56,7 +58,8 @@ from torch import Tensor
 
 from linlm.errors import ConfigError
 
-__all__ = ["MODES", "available", "choose_gla", "choose_scan", "gla", "gpu_kernels", "mode", "selective_scan"]
+__all__ = ["MODES", "available", "choose_gla", "choose_scan", "fla_gated_backward_ok", "gla", "gpu_kernels", "mode",
+           "on_gpu", "selective_scan"]
 
 ENV = "LINLM_GPU_KERNELS"
 MODES = ("auto", "torch")
@@ -156,19 +159,30 @@ def _kernel_dtype(dtypes) -> torch.dtype | None:
     return dt if dt in _KERNEL_DTYPES else None
 
 
+def on_gpu(t) -> bool:
+    """Whether the ops should ask this module at all: t is a tensor on a CUDA device. Every other call stays on
+    linlm's own path without touching the libraries."""
+    return isinstance(t, Tensor) and _device_type(t) == "cuda"
+
+
+def _device_type(t: Tensor) -> str:
+    return t.device.type
+
+
 def _call(x):
     return x() if callable(x) else x
 
 
 def choose_gla(*, device_type: str, dtypes, head_dims: tuple[int, int], seq_len: int, mode: str = "auto",
                fla_available: bool = False, exporting: bool = False, float64_state: bool = False,
-               gated_backward: bool = False, gated_backward_ok: bool = True) -> str:
+               gated_backward: bool = False, gated_backward_ok: bool = True, deterministic: bool = False) -> str:
     """"fla" or "torch" for a gla call. dtypes: of q, k, v; head_dims: (K, V); float64_state: log_a or the initial
     state is float64 (linlm then computes in float64); gated_backward: the call will backpropagate through
-    chunk_simple_gla with a gate ``g``, and gated_backward_ok: fla can do that here (``fla_gated_backward_ok``).
-    fla_available and gated_backward_ok are only consulted when everything else allows fla: pass callables to
-    defer the import and the probe."""
-    if mode == "torch" or device_type != "cuda" or exporting or seq_len == 0 or float64_state:
+    chunk_simple_gla with a gate ``g``, and gated_backward_ok: fla can do that here (``fla_gated_backward_ok``);
+    deterministic: torch.use_deterministic_algorithms is on (the kernels make no such promise). fla_available and
+    gated_backward_ok are only consulted when everything else allows fla: pass callables to defer the import and
+    the probe."""
+    if mode == "torch" or device_type != "cuda" or exporting or deterministic or seq_len == 0 or float64_state:
         return "torch"
     if _kernel_dtype(dtypes) is None or min(head_dims) < FLA_MIN_HEAD_DIM:
         return "torch"
@@ -179,10 +193,11 @@ def choose_gla(*, device_type: str, dtypes, head_dims: tuple[int, int], seq_len:
 
 def choose_scan(*, device_type: str, dtypes, seq_len: int, state_size: int, batched_A: bool, batched_D: bool,
                 initial_state: bool, reset: bool, final_state_grad: bool, mode: str = "auto",
-                mamba_available: bool = False, exporting: bool = False) -> str:
+                mamba_available: bool = False, exporting: bool = False, deterministic: bool = False) -> str:
     """"mamba_ssm" or "torch" for a selective_scan call. dtypes: of u, dt, B, C. final_state_grad: the final state
-    is returned while autograd records (its gradient would be dropped by mamba_ssm)."""
-    if mode == "torch" or device_type != "cuda" or exporting or seq_len == 0:
+    is returned while autograd records (its gradient would be dropped by mamba_ssm); deterministic:
+    torch.use_deterministic_algorithms is on (the kernel's backward accumulates with atomic adds)."""
+    if mode == "torch" or device_type != "cuda" or exporting or deterministic or seq_len == 0:
         return "torch"
     if _kernel_dtype(dtypes) is None or state_size > MAMBA_MAX_STATE:
         return "torch"
@@ -216,12 +231,13 @@ def gla(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, kind: str, *, ini
     B, T, H, K = q.shape
     V = v.shape[-1]
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, log_a, initial_state))
-    choice = choose_gla(device_type=q.device.type, dtypes=[q.dtype, k.dtype, v.dtype], head_dims=(K, V),
+    choice = choose_gla(device_type=_device_type(q), dtypes=[q.dtype, k.dtype, v.dtype], head_dims=(K, V),
                         seq_len=T, mode=mode(), fla_available=lambda: available("fla"),
                         exporting=torch.compiler.is_exporting(),
                         float64_state=any(t is not None and t.dtype == torch.float64 for t in (log_a, initial_state)),
                         gated_backward=grad and _simple_gla_gate(kind, log_a),
-                        gated_backward_ok=lambda: fla_gated_backward_ok(q.device.index or 0))
+                        gated_backward_ok=lambda: fla_gated_backward_ok(q.device.index or 0),
+                        deterministic=torch.are_deterministic_algorithms_enabled())
     if choice != "fla":
         return None
     return _run_fla(_fla(), q, k, v, log_a, kind, initial_state, reset, output_final_state)
@@ -279,11 +295,12 @@ def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Te
     already checked (shapes as in linlm.ops.selective_scan; lengths already turned into dt = 0, C = 0)."""
     tensors = [t for t in (u, dt, A, B, C, D, initial_state) if t is not None]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    choice = choose_scan(device_type=u.device.type, dtypes=[u.dtype, dt.dtype, B.dtype, C.dtype],
+    choice = choose_scan(device_type=_device_type(u), dtypes=[u.dtype, dt.dtype, B.dtype, C.dtype],
                          seq_len=u.shape[1], state_size=A.shape[-1], batched_A=A.dim() == 3,
                          batched_D=D is not None and D.dim() == 2, initial_state=initial_state is not None,
                          reset=reset is not None, final_state_grad=bool(output_final_state) and grad, mode=mode(),
-                         mamba_available=lambda: available("mamba_ssm"), exporting=torch.compiler.is_exporting())
+                         mamba_available=lambda: available("mamba_ssm"), exporting=torch.compiler.is_exporting(),
+                         deterministic=torch.are_deterministic_algorithms_enabled())
     if choice != "mamba_ssm":
         return None
     return _run_mamba(_mamba(), u, dt, A, B, C, D, output_final_state, dt_softplus)

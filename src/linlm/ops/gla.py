@@ -627,7 +627,7 @@ def gla(
     """The op models call. On CUDA, flash-linear-attention's kernels when it is installed (``linlm.ops.backends``
     says which cases, and LINLM_GPU_KERNELS=torch turns them off); else, and always on the CPU, the chunkwise
     form (``gla_chunk``). Same arguments and results as ``gla_chunk`` (chunk_size only matters to it)."""
-    if isinstance(q, Tensor) and q.is_cuda:
+    if backends.on_gpu(q):
         *_, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla")
         _check_chunk_size(chunk_size, "gla")
         out = backends.gla(q, k, v, log_a, kind, initial_state=initial_state, reset=reset,

@@ -504,7 +504,7 @@ def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, dt_so
             dt, dt_softplus = _activate_dt(dt, _compute_dtype(u), True), False
         valid = (torch.arange(u.shape[1], device=u.device) < lengths.to(u.device)[:, None])[..., None]
         dt, C = dt * valid, C * valid
-    if isinstance(u, Tensor) and u.is_cuda:
+    if backends.on_gpu(u):
         fn = "selective_scan"
         _check_scan_args(fn, u, dt, A, B, C, D, kw.get("initial_state"), kw.get("reset"))
         _check_scan_values(fn, None if dt_softplus else dt, A)
