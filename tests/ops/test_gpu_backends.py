@@ -14,6 +14,7 @@ Two halves:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
 from types import SimpleNamespace
@@ -452,6 +453,21 @@ def _cuda(x, dtype=None):
             for n, t in x.items()}
 
 
+@contextlib.contextmanager
+def _counting(name):
+    """Count the calls of backends.<name> (where the library is called) within the block."""
+    calls = []
+    real = getattr(backends, name)
+
+    def spy(*a):
+        calls.append(1)
+        return real(*a)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backends, name, spy)
+        yield calls
+
+
 # fla runs its float32 matmuls in TF32 (Triton's default for tl.dot; 10-bit mantissa, unit roundoff 2^-11 ~ 4.9e-4):
 # a few roundings deep, a relative RMS error around 1e-3. bfloat16 (unit roundoff 2^-8 ~ 3.9e-3) inputs, and fla
 # rounds the chunk scores and the per-chunk states to bfloat16 before the next matmul: a few times 4e-3. Log-gate
@@ -468,15 +484,7 @@ def test_fla_against_reference(dtype, kind, init, with_reset):
     _needs("fla")
     x = _cuda(_gla_inputs(kind, B=2, T=200, H=2, K=32, V=64, seed=7, init=init), dtype)
     reset = _reset(2, 200, 11).cuda() if with_reset else None
-    calls = []
-    real = backends._run_fla
-
-    def spy(*a):
-        calls.append(1)
-        return real(*a)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(backends, "_run_fla", spy)
+    with _counting("_run_fla") as calls:
         o, ht, grads = _with_grads(lambda **a: gla(**a, reset=reset), x)
         # a trained scalar or constant gate goes through chunk_simple_gla's gated backward, which fla refuses on
         # some GPU + Triton pairs (backends.fla_gated_backward_ok); linlm's path takes over there
@@ -532,15 +540,7 @@ def test_mamba_against_reference(dtype, softplus):
         x["dt"] = torch.nn.functional.softplus(x["dt"])
     x["dt"] = x["dt"].to(dtype)  # dt in u's dtype too: the kernel then reads bfloat16 (a float32 dt promotes)
     x = {n: t.cuda() for n, t in x.items()}
-    calls = []
-    real = backends._run_mamba
-
-    def spy(*a):
-        calls.append(1)
-        return real(*a)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(backends, "_run_mamba", spy)
+    with _counting("_run_mamba") as calls:
         y, _, grads = _with_grads(lambda **a: selective_scan(**a, dt_softplus=softplus, output_final_state=False), x)
         with torch.no_grad():
             _, s = selective_scan(**x, dt_softplus=softplus)
