@@ -132,6 +132,39 @@ def test_fla_gated_backward_probe(monkeypatch, capability, triton_version, nvcc,
         backends.fla_gated_backward_ok.cache_clear()
 
 
+def test_fla_version_floor():
+    assert backends.fla_version_ok("0.5.2") and backends.fla_version_ok("0.6.0") and backends.fla_version_ok("1.0")
+    assert backends.fla_version_ok("0.5.10.dev3")
+    assert not backends.fla_version_ok("0.5.1") and not backends.fla_version_ok("0.4.2")
+    assert not backends.fla_version_ok("0")
+
+
+@pytest.mark.parametrize("version, usable", [("0.4.2", False), ("0.5.2", True)])
+def test_fla_loader_checks_the_version(monkeypatch, version, usable):
+    """_fla() loads chunk_gla and chunk_simple_gla (here from stand-in modules) and refuses an fla too old for the
+    mapping, with a warning."""
+    import importlib.machinery
+    from types import ModuleType
+
+    fake = _fake_fla()
+    for name, attrs in (("fla", {"__version__": version}), ("fla.ops", {}),
+                        ("fla.ops.gla", {"chunk_gla": fake.chunk_gla}),
+                        ("fla.ops.simple_gla", {"chunk_simple_gla": fake.chunk_simple_gla})):
+        module = ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        vars(module).update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    backends._fla.cache_clear()
+    try:
+        if usable:
+            assert backends._fla().chunk_gla is fake.chunk_gla and backends.available("fla")
+        else:
+            with pytest.warns(RuntimeWarning, match="fla 0.4.2 is older than 0.5.2"):
+                assert backends._fla() is None
+    finally:
+        backends._fla.cache_clear()
+
+
 SCAN_OK = dict(device_type="cuda", dtypes=[torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16],
                seq_len=100, state_size=16, batched_A=False, batched_D=False, initial_state=False, reset=False,
                final_state_grad=False, mode="auto", mamba_available=True)

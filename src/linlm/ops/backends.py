@@ -22,7 +22,8 @@ Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure fu
 
 Everything else falls back, silently, to linlm's own path (the same maths):
 
-- any tensor not on CUDA, or ``LINLM_GPU_KERNELS=torch``, or the library not importable, or torch.export tracing;
+- any tensor not on CUDA, or ``LINLM_GPU_KERNELS=torch``, or the library not importable (or, for fla, older than
+  FLA_MIN_VERSION: a warning says so), or torch.export tracing;
 - torch.use_deterministic_algorithms(True) (training's ``deterministic: true``): linlm's path is deterministic,
   the libraries' kernels do not promise it (mamba_ssm's backward accumulates with atomic adds);
 - float64 inputs, gates or states (neither library computes in float64); an empty sequence;
@@ -50,6 +51,7 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -111,10 +113,26 @@ def _import(top: str, modules: dict[str, tuple[str, str]]) -> SimpleNamespace | 
         return None
 
 
+FLA_MIN_VERSION = (0, 5, 2)  # the version the mapping was written against; before 0.5 the layout was head-first
+
+
+def fla_version_ok(version: str) -> bool:
+    """Whether an fla ``__version__`` is one the mapping here was written for (at least FLA_MIN_VERSION)."""
+    parts = re.findall(r"\d+", version)[:3]
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts)) >= FLA_MIN_VERSION
+
+
 @functools.lru_cache(maxsize=None)
 def _fla() -> SimpleNamespace | None:
-    return _import("fla", {"chunk_gla": ("fla.ops.gla", "chunk_gla"),
-                           "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla")})
+    fns = _import("fla", {"chunk_gla": ("fla.ops.gla", "chunk_gla"),
+                          "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla")})
+    version = getattr(sys.modules.get("fla"), "__version__", "0")
+    if fns is not None and not fla_version_ok(version):
+        warnings.warn(f"linlm: fla {version} is older than {'.'.join(map(str, FLA_MIN_VERSION))}, the version its "
+                      f"kernels are mapped for; using linlm's pure-torch ops (pip install -U fla-core)",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    return fns
 
 
 @functools.lru_cache(maxsize=None)
