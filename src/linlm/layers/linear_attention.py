@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from linlm.ops.gla import gla_chunk, gla_step
+from linlm.ops.gla import gla, gla_step
 
 
 def run_gla(q, k, v, log_a, *, state, reset, return_state: bool, chunk_size: int):
-    """Chunkwise form for prefill and training, the one-step form for single-token decoding.
+    """The sequence op (``linlm.ops.gla.gla``: the chunkwise form, or fla's kernels on CUDA) for prefill and
+    training, the one-step form for single-token decoding.
 
     q, k: [B, T, H, K]; v: [B, T, H, V]; log_a: None, [H], [B, T, H] or [B, T, H, K].
     """
@@ -17,7 +18,7 @@ def run_gla(q, k, v, log_a, *, state, reset, return_state: bool, chunk_size: int
         step_gate = log_a if log_a is None or log_a.dim() == 1 else log_a[:, 0]
         o, new_state = gla_step(q[:, 0], k[:, 0], v[:, 0], step_gate, state=state)
         return o[:, None], new_state
-    return gla_chunk(
+    return gla(
         q, k, v, log_a, initial_state=state, reset=reset, output_final_state=return_state, chunk_size=chunk_size
     )
 

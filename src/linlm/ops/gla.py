@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from linlm.errors import ConfigError, ShapeError
+from linlm.ops import backends
 
 __all__ = ["gla", "gla_chunk", "gla_reference", "gla_step", "reset_from_cu_seqlens"]
 
@@ -544,6 +545,11 @@ def _initial(initial_state, B, H, K, V, dt, like):
     return initial_state.to(dt)
 
 
+def _check_chunk_size(chunk_size, fn: str) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -559,8 +565,7 @@ def gla_chunk(
     """
     fn = "gla_chunk"
     B, T, H, K, V, kind = _check_sequence(q, k, v, log_a, initial_state, reset, fn)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ConfigError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+    _check_chunk_size(chunk_size, fn)
     dt = _work_dtype(q, k, v, log_a, initial_state)
     s0 = _initial(initial_state, B, H, K, V, dt, q)
     if T == 0:
@@ -616,6 +621,18 @@ def _chunk_vector(qc, kc, vc, la, s0, neg_inf):
     return o, final
 
 
-def gla(q, k, v, log_a=None, **kw):
-    """The op models call: the chunkwise form (``gla_chunk``)."""
-    return gla_chunk(q, k, v, log_a, **kw)
+def gla(
+    q, k, v, log_a=None, *, initial_state=None, reset=None, output_final_state=True, chunk_size=64
+) -> tuple[Tensor, Tensor | None]:
+    """The op models call. On CUDA, flash-linear-attention's kernels when it is installed (``linlm.ops.backends``
+    says which cases, and LINLM_GPU_KERNELS=torch turns them off); else, and always on the CPU, the chunkwise
+    form (``gla_chunk``). Same arguments and results as ``gla_chunk`` (chunk_size only matters to it)."""
+    if backends.on_gpu(q):
+        *_, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla")
+        _check_chunk_size(chunk_size, "gla")
+        out = backends.gla(q, k, v, log_a, kind, initial_state=initial_state, reset=reset,
+                           output_final_state=output_final_state)
+        if out is not None:
+            return out
+    return gla_chunk(q, k, v, log_a, initial_state=initial_state, reset=reset,
+                     output_final_state=output_final_state, chunk_size=chunk_size)

@@ -61,7 +61,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError, ShapeError
-from linlm.ops import scan_kernel
+from linlm.ops import backends, scan_kernel
 
 __all__ = [
     "selective_scan",
@@ -491,15 +491,24 @@ def selective_scan_kernel(
 
 def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, dt_softplus=False,
                    **kw) -> tuple[Tensor, Tensor | None]:
-    """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available()),
-    else the chunked form. Keywords as selective_scan_kernel; chunk_size only matters to the chunked form, which
-    runs `lengths` as dt = 0 and C = 0 on the padding (the same result, at the cost of scanning the padding)."""
+    """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available());
+    on CUDA, mamba_ssm's selective_scan_fn when it is installed and takes the case (linlm.ops.backends says which
+    cases; LINLM_GPU_KERNELS=torch turns it off); else the chunked form. Keywords as selective_scan_kernel;
+    chunk_size only matters to the chunked form. Off the CPU kernel, `lengths` runs as dt = 0 and C = 0 on the
+    padding (the same result, at the cost of scanning the padding)."""
     if (isinstance(u, Tensor) and u.device.type == "cpu" and isinstance(A, Tensor)
             and A.shape[-1] <= scan_kernel.MAX_STATE and scan_kernel.available()):
         return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, dt_softplus=dt_softplus, **kw)
-    if dt_softplus:  # activated first, so that the padding below gets dt = 0
-        dt = _activate_dt(dt, _compute_dtype(u), True)
     if lengths is not None:
+        if dt_softplus:  # activated first, so that the padding gets dt = 0
+            dt, dt_softplus = _activate_dt(dt, _compute_dtype(u), True), False
         valid = (torch.arange(u.shape[1], device=u.device) < lengths.to(u.device)[:, None])[..., None]
         dt, C = dt * valid, C * valid
-    return selective_scan_chunked(u, dt, A, B, C, D, chunk_size=chunk_size, **kw)
+    if backends.on_gpu(u):
+        fn = "selective_scan"
+        _check_scan_args(fn, u, dt, A, B, C, D, kw.get("initial_state"), kw.get("reset"))
+        _check_scan_values(fn, None if dt_softplus else dt, A)
+        out = backends.selective_scan(u, dt, A, B, C, D, dt_softplus=dt_softplus, **kw)
+        if out is not None:
+            return out
+    return selective_scan_chunked(u, dt, A, B, C, D, chunk_size=chunk_size, dt_softplus=dt_softplus, **kw)

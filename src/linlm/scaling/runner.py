@@ -98,10 +98,11 @@ def check_epochs(runs: list[PlannedRun], infos: dict[str, DataInfo], ladder: Lad
 
 
 def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> float:
-    """Seconds per optimizer step of ``run``'s model on this machine (random tokens, its batch shape,
+    """Seconds per optimizer step of ``run``'s model on this machine (random tokens, its batch shape, device,
     precision and threads); the fastest of ``steps`` timed steps after one warm-up step."""
     import torch
 
+    from linlm.devices import resolve_device
     from linlm.models.lm import CausalLM
 
     cfg = run.config
@@ -110,21 +111,24 @@ def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> fl
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
+        device = resolve_device(cfg.device)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         gen = torch.Generator().manual_seed(0)
-        model = CausalLM(model_cfg)
+        model = CausalLM(model_cfg).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         micro = max(1, cfg.batch_size // cfg.grad_accum)
-        ids = torch.randint(0, model_cfg.vocab_size, (micro, cfg.data.seq_len), generator=gen)
+        ids = torch.randint(0, model_cfg.vocab_size, (micro, cfg.data.seq_len), generator=gen).to(device)
         bf16 = cfg.precision == "bf16"
         best = math.inf
         for i in range(steps + 1):
             t0 = time.perf_counter()
             for _ in range(cfg.grad_accum):
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                     loss = model(ids, targets=ids).loss
                 loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            sync()
             if i:
                 best = min(best, time.perf_counter() - t0)
         return best
