@@ -1,11 +1,19 @@
 """Zero-shot scoring speed: shared-context scoring against naive per-choice scoring, on hellaswag-like items.
 
-    python benchmarks/bench_eval.py [--archs tnl llama] [--preset small] [--items 96] [--repeat 2] [--threads 1]
+    python benchmarks/bench_eval.py [--archs tnl llama] [--preset paper-70m] [--vocab 0] [--items 96] [--repeat 2]
+                                    [--threads 1]
+
+The default model is the paper's smallest (paper-70m, with its vocabulary of 100,280): writes
+benchmarks/results/bench_eval.json. Other shapes, e.g. ``--preset small --vocab 8192 --items 768``, write
+bench_eval_<preset>_v<vocab>.json.
 
 An item is a context and 4 continuations, with HellaSwag's shape: the contexts average 226 characters and the
 endings 135 (measured on the validation set), about 4.4 characters per token for an English BPE, so contexts of
-30-75 tokens and endings of 20-40 (random token ids: the speed does not depend on their values). Three ways,
-timed in interleaved rounds in one process, medians:
+30-75 tokens and endings of 20-40 (random token ids: the speed does not depend on their values). 96 items give
+about 2 items per context length, so most batches mix lengths and the shared way runs the tokens past the batch's
+shortest context once per choice (see "token ratio"); the real validation set (10,042 items) has over a hundred
+per length, so nearly all of its batches hold contexts of one length (``--items 768``: about 17 per length). Three ways, timed in interleaved rounds in one
+process, medians:
 
 - shared: linlm's scoring (each context prefilled once, its state reused by the 4 continuations; the head only
   where a log-likelihood is read);
@@ -75,10 +83,10 @@ def harness_style(model, items: list[Request], batch_size: int) -> list[list[flo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--archs", nargs="*", default=["tnl", "hgrn2", "llama", "mamba"])
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--preset", default="paper-70m")
+    ap.add_argument("--vocab", type=int, default=0, help="0: the preset's own (paper presets: 100,280)")
     ap.add_argument("--items", type=int, default=96)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=16, help="linlm eval's default")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
@@ -86,10 +94,11 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    items = hellaswag_like(args.items, args.vocab)
+    vocab = args.vocab or create_model(args.archs[0], preset=args.preset).config.vocab_size
+    items = hellaswag_like(args.items, vocab)
     rows, results = [], []
     for arch in args.archs:
-        model = create_model(arch, preset=args.preset, vocab_size=args.vocab).eval()
+        model = create_model(arch, preset=args.preset, **({"vocab_size": args.vocab} if args.vocab else {})).eval()
         ways = {"shared": True, "naive": False, "harness": None}
 
         def run(way, reqs, stats=None):
@@ -123,11 +132,12 @@ def main() -> int:
                      f"{ratio:.2f}x", f"{work['naive'] / work['shared']:.2f}x", f"{err:.1e}"])
         results.append({"arch": arch, "items_per_s": ips, "seconds": times, "forward_tokens": work,
                         "speedup": ratio, "speedup_vs_harness_style": ratio_h, "max_abs_loglik_diff": err})
-    print(f"preset {args.preset}, vocab {args.vocab}, {args.items} items x 4 choices, batch {args.batch_size}, "
+    print(f"preset {args.preset}, vocab {vocab}, {args.items} items x 4 choices, batch {args.batch_size}, "
           f"{torch.get_num_threads()} threads")
     print_table(["arch", "harness-style items/s", "naive items/s", "shared items/s", "vs harness-style",
                  "vs naive", "token ratio", "max |dll|"], rows)
-    path = write_json("bench_eval", {"meta": meta(), "config": vars(args), "results": results})
+    name = "bench_eval" if args.preset == "paper-70m" and not args.vocab else f"bench_eval_{args.preset}_v{vocab}"
+    path = write_json(name, {"meta": meta(), "config": vars(args), "results": results})
     print(f"wrote {path}")
     return 0
 

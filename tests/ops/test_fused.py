@@ -265,3 +265,34 @@ def test_linear_cross_entropy_rejects_bad_shapes():
     with pytest.raises(ValueError, match="chunk_rows"):
         linear_cross_entropy(h, w, t, chunk_rows=-1)
     assert default_chunk_rows(8192) == 512 and default_chunk_rows(10**7) == 64
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_target_logprobs_matches_cross_entropy_and_max(with_weight, dtype):
+    from linlm.ops.fused import target_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    N, d, V = 37, 16, 50
+    h = torch.randn(N, d, generator=g).to(dtype)
+    w = (torch.randn(V, d, generator=g) * 0.5).to(dtype) if with_weight else None
+    logits = F.linear(h, w) if with_weight else torch.randn(N, V, generator=g).to(dtype)
+    src = h if with_weight else logits
+    targets = torch.randint(0, V, (N,), generator=g)
+    targets[:5] = logits[:5].float().argmax(-1)  # some greedy targets for sure
+    ref = -F.cross_entropy(logits.float(), targets, reduction="none")
+    ref_greedy = logits.float().gather(1, targets[:, None]).squeeze(1) >= logits.float().amax(-1)
+    for rows, cols in ((1, 1), (7, 9), (N, V), (None, None)):  # chunking must not change a thing
+        logp, greedy = target_logprobs(src, targets, w, chunk_rows=rows, chunk_cols=cols)
+        assert logp.dtype == torch.float32 and torch.equal(greedy, ref_greedy)
+        torch.testing.assert_close(logp, ref, rtol=0, atol=1e-5)
+    assert bool(greedy[:5].all()) and not bool(greedy.all())
+    with pytest.raises(ValueError, match="targets"):
+        target_logprobs(src, targets[:-1], w)
+
+
+def test_target_logprobs_rejects_targets_outside_the_vocabulary():
+    from linlm.ops.fused import target_logprobs
+
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        target_logprobs(torch.randn(3, 4), torch.tensor([0, 1, 5]), torch.randn(5, 4))

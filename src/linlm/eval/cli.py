@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
                    help=f"directory holding the task files (default: ${DATA_ENV})")
     p.add_argument("--limit", type=int, default=None, help="only the first N documents of each task")
-    p.add_argument("--batch-size", type=int, default=8, help="contexts per forward pass")
+    p.add_argument("--batch-size", type=int, default=16, help="contexts per prefill (their continuations run 2 x this many rows to a forward)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
     p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
     p.add_argument("--max-length", type=int, default=None,

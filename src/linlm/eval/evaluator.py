@@ -23,7 +23,7 @@ RESULTS_FORMAT = "linlm-eval"
 
 
 def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path, *, limit: Optional[int] = None,
-             batch_size: int = 8, skip_bad: bool = False, shared: bool = True, max_length: Optional[int] = -1,
+             batch_size: int = 16, skip_bad: bool = False, shared: bool = True, max_length: Optional[int] = -1,
              drop_overlong: bool = False, show_progress: bool = False) -> dict[str, Any]:
     """Evaluate ``model`` on ``tasks`` read from ``data_dir`` (the JSON Lines files named in tasks.TASKS).
 

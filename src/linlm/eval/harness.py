@@ -48,7 +48,7 @@ class LinlmLM(LM):
     """A linlm model and its tokenizer as an lm-eval ``LM``."""
 
     def __init__(self, pretrained: Optional[str] = None, tokenizer: Optional[str] = None, device: Optional[str] = "cpu",
-                 batch_size: int | str = 8, max_length: Optional[int] = None, model=None, **kwargs) -> None:
+                 batch_size: int | str = 16, max_length: Optional[int] = None, model=None, **kwargs) -> None:
         super().__init__()
         if model is not None:  # an already loaded (model, tokenizer)
             self.model, self.tok = model, tokenizer
@@ -66,7 +66,7 @@ class LinlmLM(LM):
                 device = "cpu"  # lm_eval's command line asks for cuda by default
             self.model, self.tok = load_for_generation(pretrained, tokenizer=tokenizer, device=device)
         self.model.eval()
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" -> 8
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" -> 16
         self.max_length = int(max_length) if max_length else model_max_length(self.model)
 
     @property

@@ -20,10 +20,12 @@ for every continuation:
    tokens past P) and its continuation in one right-padded forward from that state. Right padding only follows the
    real tokens, so it cannot change them (the models are causal). The rows run longest first, at most
    2 * batch_size to a forward, so rows of similar length share a forward and pad little.
-4. The head runs only at the positions whose log-likelihood is read (``logits_at``): with a vocabulary of 8192 and
-   d_model 256 it costs 2/3 of the four layers per position. One fused log-softmax per forward gives log p(target); the target is greedy when its logit
-   reaches the maximum (a max is several times cheaper than an argmax over the vocabulary on CPU; an exact tie
-   with another token, which an argmax breaks by index, counts as greedy).
+4. The head runs only at the positions whose log-likelihood is read (``logits_at``, ``apply_head=False``): with a
+   vocabulary of 8192 and d_model 256 it costs 2/3 of the four layers per position. It runs a cache-sized chunk of
+   positions at a time (``ops.fused.target_logprobs``): each chunk's logits are read by the log-softmax, the max and
+   the gather while they are in cache, and the [n, V] logits of a forward never exist at once. The target is
+   greedy when its logit reaches the maximum (a max is several times cheaper than an argmax over the vocabulary on
+   CPU; an exact tie with another token, which an argmax breaks by index, counts as greedy).
 
 Cost per item with n choices: P + n (r + m) token positions against n (P + r + m) for scoring each choice on its
 own (r: context tokens past P, m: continuation length), and the head at n m positions against n (P + r + m).
@@ -42,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from linlm.errors import ShapeError
+from linlm.ops.fused import target_logprobs
 
 PAD_ID = 0  # right padding: any valid id, never read back
 ROWS_PER_ITEM = 2  # a continuation forward holds at most ROWS_PER_ITEM * batch_size rows
@@ -131,7 +133,7 @@ def length_batches(order: list[int], lengths: list[int], batch_size: int) -> lis
 
 
 @torch.no_grad()
-def score_requests(model, requests: Sequence[Request], *, batch_size: int = 8, shared: bool = True,
+def score_requests(model, requests: Sequence[Request], *, batch_size: int = 16, shared: bool = True,
                    max_length: Optional[int] = -1, stats: Optional[ScoreStats] = None,
                    progress: Optional[Callable[[int], None]] = None) -> list[Scored]:
     """Score every continuation of every request; results come back in the order of ``requests``.
@@ -190,11 +192,12 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
             starts.append(len(r.context) - P)  # where the continuation starts in the row
     # Every scored token: the logits that predict it (position k of a row is predicted by position k - 1 of the
     # row's forward, or by the prefill's last logits for k = 0), its row and its id.
-    parts = []  # (logits [n, V], targets [n], rows [n]) per forward that gives logits
+    parts = []  # (log p(target) [n], greedy [n], rows [n]) per forward
     first = [i for i in range(len(rows)) if starts[i] == 0]
     if first:
         pick = torch.tensor([owner[i] for i in first], device=device)
-        parts.append((first_logits.index_select(0, pick), [rows[i][0] for i in first], first))
+        tgt = torch.tensor([rows[i][0] for i in first], dtype=torch.long, device=device)
+        parts.append((*target_logprobs(first_logits.index_select(0, pick), tgt), first))
     # The rows run longest first, at most 2 * batch_size to a forward (both ways): rows of similar length pad less.
     by_length = sorted((i for i in range(len(rows)) if len(rows[i]) > 1), key=lambda i: -len(rows[i]))
     per_forward = ROWS_PER_ITEM * len(batch)
@@ -218,21 +221,17 @@ def _score_batch(model, batch: list[Request], shared: bool, stats: ScoreStats):
         if not local:
             continue
         at = (torch.tensor(local, device=device), torch.tensor(pos, device=device))
-        if shared:  # the head only where a log-likelihood is read
-            logits = model(ids, state=row_state, logits_at=at)
-        else:  # a plain full pass: logits at every position, then read
-            logits = model(ids, state=row_state)[at]
-        parts.append((logits, tgt, [group[j] for j in local]))
-    # log p(target) and whether the target is greedy (step 4 of the module doc), per forward.
-    picked, missed, row = [], [], []
-    for logits, tgt, of in parts:
         tgt = torch.tensor(tgt, dtype=torch.long, device=device)
-        logits = logits.float()
-        picked.append(-F.cross_entropy(logits, tgt, reduction="none"))
-        missed.append((logits.gather(-1, tgt[:, None]).squeeze(-1) < logits.amax(-1)).to(torch.int64))
-        row.extend(of)
-    picked, missed = torch.cat(picked), torch.cat(missed)
-    row = torch.tensor(row, dtype=torch.long, device=device)
+        if shared:  # the head only where a log-likelihood is read, a cache-sized chunk at a time
+            scored = target_logprobs(model(ids, state=row_state, logits_at=at, apply_head=False), tgt,
+                                     model.head_weight)
+        else:  # a plain full pass: logits at every position, then read
+            scored = target_logprobs(model(ids, state=row_state)[at], tgt)
+        parts.append((*scored, [group[j] for j in local]))
+    # log p(target) and whether the target is greedy (step 4 of the module doc), summed per row.
+    picked = torch.cat([p for p, _, _ in parts])
+    missed = torch.cat([(~g).to(torch.int64) for _, g, _ in parts])
+    row = torch.tensor([i for _, _, of in parts for i in of], dtype=torch.long, device=device)
     ll = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, row, picked.double())
     misses = torch.zeros(len(rows), dtype=torch.int64, device=device).index_add_(0, row, missed)
     if not bool(torch.isfinite(ll).all()):

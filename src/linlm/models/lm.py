@@ -172,13 +172,16 @@ class CausalLM(nn.Module):
         ignore_index: int = -100,
         logits_to_keep: int = 0,
         logits_at: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        apply_head: bool = True,
     ):
         """input_ids [B, T]; reset [B, T] bool marks the first token of each packed document.
 
         ``logits_to_keep=k`` > 0 computes the logits of the last k positions only ([B, k, V]): a prefill needs one,
         and the [B, T, V] logits of a long prompt would dwarf the model. ``logits_at=(rows, positions)`` (two
         LongTensors [N]) computes the logits of those N (row, position) pairs only ([N, V]): a scorer reads a few
-        scattered positions of right-padded rows, and the head is the costliest layer of a small model."""
+        scattered positions of right-padded rows, and the head is the costliest layer of a small model.
+        ``apply_head=False`` returns the final-normed hidden states of those positions ([.., d_model]) in place of
+        the logits, for a caller that applies ``head_weight`` itself (a chunk at a time, as the scorer does)."""
         if not torch.compiler.is_exporting():  # the checks read values; linlm.infer.export checks before tracing
             self._check_input(input_ids, state, reset, targets, ignore_index)
         offset = state.offset if state is not None else 0
@@ -205,7 +208,7 @@ class CausalLM(nn.Module):
                 h = h[logits_at[0], logits_at[1]]
             elif logits_to_keep > 0:
                 h = h[:, -logits_to_keep:]
-            logits = F.linear(h, self.head_weight)
+            logits = F.linear(h, self.head_weight) if apply_head else h
             if not (return_state or return_aux):
                 return logits
         new_state = (ModelState(layer_states, offset + input_ids.shape[1], extra, self.state_signature())

@@ -16,6 +16,8 @@ here instead writes its result, and its gradient, straight into one output buffe
   (SRMSNorm). The mean square is one reduction (a vector norm), with no x^2 tensor.
 - ``linear_cross_entropy(h, weight, targets)``: mean cross-entropy of h @ weight^T, a chunk of tokens at a time,
   with the gradient computed in the same pass, so that the [N, V] logits never exist at once.
+- ``target_logprobs(h, targets, weight)``: per token, log p(target) under softmax(h @ weight^T) and whether the
+  target's logit is the largest (greedy); a cache-sized chunk of tokens at a time (the scorer's head).
 
 benchmarks/bench_fused.py times each against its reference.
 """
@@ -291,3 +293,65 @@ def linear_cross_entropy(
         return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, rows)
     total, count, _, _ = _chunked_cross_entropy(h, weight, targets, ignore_index, rows, False, False)
     return total / count
+
+
+def scoring_chunk_rows(vocab_size: int) -> int:
+    # About 1M logits (4 MB in float32) per chunk: the chunk's logits are read by the log-softmax, max and gather
+    # while they are still in cache.
+    return max(16, (1 << 20) // max(1, vocab_size))
+
+
+@torch.no_grad()
+def target_logprobs(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None = None,
+                    chunk_rows: int | None = None, chunk_cols: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(targets[i]) under softmax(logits[i]) (float32 [N]) and whether targets[i] holds the largest logit of
+    its row (bool [N]; a tie with another token counts as greedy). logits = h @ weight^T, or h itself when weight is
+    None. Equals ``-F.cross_entropy(logits.float(), targets, reduction="none")`` and
+    ``logits.gather(targets) >= logits.amax(-1)``, without the [N, V] logits existing at once:
+
+    - with a weight, a block of vocabulary columns at a time (``chunk_cols``; default about 1M logits per block)
+      for all rows, keeping a running max and sum of exponentials per row (the log-sum-exp of the blocks seen so
+      far, rescaled when the max grows) and picking each target's logit in the block that holds it. Each weight row
+      is read once: chunking the rows instead would read the whole [V, d] weight once per chunk, which at the
+      paper's vocabulary (100,280 x 512, 205 MB) is slower than the matmul itself;
+    - without one, ``chunk_rows`` rows of the given logits at a time, each read while it is in cache.
+    """
+    if h.dim() != 2 or targets.shape != h.shape[:1]:
+        raise ValueError(f"target_logprobs: h must be [N, d] and targets [N], got {tuple(h.shape)}, "
+                         f"{tuple(targets.shape)}")
+    if weight is not None and (weight.dim() != 2 or weight.shape[1] != h.shape[1]):
+        raise ValueError(f"target_logprobs: weight must be [V, {h.shape[1]}], got {tuple(weight.shape)}")
+    V = weight.shape[0] if weight is not None else h.shape[1]
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= V):
+        raise ValueError(f"target_logprobs: targets must lie in [0, {V}), got {int(targets.min())}.."
+                         f"{int(targets.max())}")
+    if weight is not None:
+        return _target_logprobs_by_columns(h, targets, weight, chunk_cols)
+    N = h.shape[0]
+    rows = chunk_rows or scoring_chunk_rows(h.shape[1])
+    logp = torch.empty(N, dtype=torch.float32, device=h.device)
+    greedy = torch.empty(N, dtype=torch.bool, device=h.device)
+    for start in range(0, N, rows):
+        end = min(N, start + rows)
+        logits = _wide(h[start:end])
+        tc = targets[start:end, None]
+        greedy[start:end] = logits.gather(1, tc).squeeze(1) >= logits.amax(-1)
+        logp[start:end] = torch.log_softmax(logits, dim=-1).gather(1, tc).squeeze(1)
+    return logp, greedy
+
+
+def _target_logprobs_by_columns(h, targets, weight, chunk_cols):
+    N, V = h.shape[0], weight.shape[0]
+    cols = chunk_cols or max(256, (1 << 20) // max(1, N))
+    run_max = torch.full((N,), float("-inf"), dtype=torch.float32, device=h.device)
+    run_sum = torch.zeros(N, dtype=torch.float32, device=h.device)
+    picked = torch.empty(N, dtype=torch.float32, device=h.device)
+    for v0 in range(0, V, cols):
+        logits = _wide(F.linear(h, weight[v0:v0 + cols]))
+        new_max = torch.maximum(run_max, logits.amax(-1))
+        run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(-1)
+        run_max = new_max
+        here = ((targets >= v0) & (targets < v0 + logits.shape[1])).nonzero().squeeze(1)
+        if here.numel():
+            picked[here] = logits[here, targets[here] - v0]
+    return picked - (run_max + torch.log(run_sum)), picked >= run_max
