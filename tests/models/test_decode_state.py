@@ -150,3 +150,20 @@ def test_kv_cache_grows_in_place_and_a_state_stays_unchanged_when_extended_twice
     assert torch.equal(fork, torch.cat([c, n, 2 * n], 2))
     needs_grad = c.clone().requires_grad_()
     assert append_kv(needs_grad, n)._base is None
+
+
+@pytest.mark.parametrize("rope_scaling", ["none", "llama3"])
+def test_rope_angle_table_equals_the_angles_computed_per_call(rope_scaling):
+    """The attention layer slices its angles from a table that grows by doubling; every slice must equal, bit for
+    bit, what rope_angles computes for those positions, across growths and dtypes."""
+    from linlm.ops.fused import rope_angles
+
+    model = create_model("llama", preset="tiny", rope_scaling=rope_scaling)
+    attn = model.layers[0].mixer
+    inv = None if attn.inv_freq is None else attn.inv_freq
+    for offset, T, dtype in ((0, 5, torch.float32), (250, 10, torch.float32), (1000, 300, torch.float32),
+                             (3, 1, torch.bfloat16), (700, 2, torch.float32)):
+        cos, sin = attn._angles(offset, T, torch.device("cpu"), dtype)
+        ref = rope_angles(torch.arange(T) + offset, attn.head_dim, attn.rope_theta, dtype, inv_freq=inv)
+        assert cos.dtype == dtype and torch.equal(cos, ref[0]) and torch.equal(sin, ref[1]), (offset, T, dtype)
+    assert attn._rope_table[2].shape[0] == 2048  # the power of two past 1300, kept through the later rebuilds

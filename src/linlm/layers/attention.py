@@ -105,20 +105,38 @@ class Attention(nn.Module):
         self.out = nn.Linear(d, d, bias=False)
         # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
         self.inv_freq = rope_inv_freq(cfg)
+        self._rope_table = None  # (device, dtype, cos, sin) of positions 0 .. n - 1: see _angles
 
     def _project(self, x, offset):
         """q [B, H, T, Dh], k and v [B, Hkv, T, Dh], with RoPE applied to q and k."""
         B, T, _ = x.shape
         H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv(x)
-        cos, sin = rope_angles(torch.arange(T, device=x.device) + offset, Dh, self.rope_theta, qkv.dtype,
-                               inv_freq=None if self.inv_freq is None else self.inv_freq.to(x.device))
+        cos, sin = self._angles(offset, T, x.device, qkv.dtype)
         if Hkv == H:
             return rope_qkv(qkv.view(B, T, 3, H, Dh), cos, sin).unbind(0)
         q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
         q = rope_reference(q.view(B, T, H, Dh).transpose(1, 2), cos, sin)
         k = rope_reference(k.view(B, T, Hkv, Dh).transpose(1, 2), cos, sin)
         return q, k, v.view(B, T, Hkv, Dh).transpose(1, 2)
+
+    def _angles(self, offset, T: int, device, dtype):
+        """cos and sin of positions offset .. offset + T - 1. Outside tracing, slices of a table of positions from 0
+        that grows by doubling: a decode step then costs two views instead of the few small kernels that compute
+        the angles (per layer and token, a few percent of a step at batch 1). The table holds the values
+        rope_angles computes for each position, bit for bit (the same element-wise float32 operations)."""
+        inv_freq = None if self.inv_freq is None else self.inv_freq.to(device)
+        if (not isinstance(offset, int) or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+                or torch.jit.is_tracing()):
+            return rope_angles(torch.arange(T, device=device) + offset, self.head_dim, self.rope_theta, dtype,
+                               inv_freq=inv_freq)
+        end, table = offset + T, self._rope_table
+        if table is None or table[0] != device or table[1] != dtype or table[2].shape[0] < end:
+            size = max(256, 1 << (end - 1).bit_length(), 0 if table is None else table[2].shape[0])
+            cos, sin = rope_angles(torch.arange(size, device=device), self.head_dim, self.rope_theta, dtype,
+                                   inv_freq=inv_freq)
+            table = self._rope_table = (device, dtype, cos, sin)
+        return table[2][offset:end], table[3][offset:end]
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         """The state is the KV cache (k, v), [B, Hkv, S, Dh] each, or (k, v, key_valid) after a packed prefill:
