@@ -296,3 +296,20 @@ def test_target_logprobs_rejects_targets_outside_the_vocabulary():
 
     with pytest.raises(ValueError, match=r"\[0, 5\)"):
         target_logprobs(torch.randn(3, 4), torch.tensor([0, 1, 5]), torch.randn(5, 4))
+
+
+def test_no_grad_calls_give_the_same_bits_as_recorded_ones():
+    """Without autograd the wrappers skip the autograd.Function; the values must not change."""
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2, 5, 3, 2, 8, generator=g, requires_grad=True)
+    cos, sin = rope_angles(torch.arange(5), 8, 10000.0, torch.float32)
+    h = torch.randn(2, 5, 12, generator=g, requires_grad=True)
+    x, w = torch.randn(2, 5, 6, generator=g, requires_grad=True), torch.randn(6, generator=g, requires_grad=True)
+    cases = [lambda: rope_qkv(qkv, cos, sin), lambda: glu(h, "silu"), lambda: glu(h, None),
+             lambda: rms_norm(x, w, 1e-6), lambda: rms_norm(x, None, 1e-6)]
+    for f in cases:
+        recorded = f()
+        assert recorded.grad_fn is not None
+        with torch.no_grad():
+            direct = f()
+        assert direct.grad_fn is None and torch.equal(direct, recorded.detach())

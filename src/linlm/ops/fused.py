@@ -68,14 +68,25 @@ def _bthd_view(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 3, 0, 2, 4)
 
 
+def _needs_grad(*tensors) -> bool:
+    """Whether autograd records this call. Without it, the wrappers below run their forward computation directly:
+    an autograd.Function's apply costs several microseconds per call even under no_grad, which at batch-1 decoding
+    (tens of calls per token) is a few percent of a step."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _rope_qkv_forward(qkv, cos, sin):
+    B, T, _, H, D = qkv.shape
+    out = torch.empty((3, B, H, T, D), dtype=qkv.dtype, device=qkv.device)
+    _rotate_qk(qkv, _bthd_view(out), cos, sin, 1.0)
+    return out
+
+
 class _RopeQKV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, cos, sin):
         ctx.save_for_backward(cos, sin)
-        B, T, _, H, D = qkv.shape
-        out = torch.empty((3, B, H, T, D), dtype=qkv.dtype, device=qkv.device)
-        _rotate_qk(qkv, _bthd_view(out), cos, sin, 1.0)
-        return out
+        return _rope_qkv_forward(qkv, cos, sin)
 
     @staticmethod
     def backward(ctx, grad):
@@ -97,7 +108,10 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     T, half = qkv.shape[1], qkv.shape[-1] // 2
     if cos.shape != (T, half) or sin.shape != (T, half):
         raise ValueError(f"rope_qkv: cos and sin must be [T, D/2] = [{T}, {half}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
-    return _RopeQKV.apply(qkv, cos.to(qkv.dtype), sin.to(qkv.dtype))
+    cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+    if not _needs_grad(qkv, cos, sin):
+        return _rope_qkv_forward(qkv, cos, sin)
+    return _RopeQKV.apply(qkv, cos, sin)
 
 
 # ----------------------------------------------------------------------------------------------------------- GLU
@@ -110,16 +124,20 @@ def glu_reference(h: torch.Tensor, activation: str | None) -> torch.Tensor:
     return gate * up
 
 
+def _glu_forward(h, silu: bool):
+    """(act(gate) * up, act(gate))."""
+    n = h.shape[-1] // 2
+    gate, up = h[..., :n], h[..., n:]
+    if silu:
+        act = F.silu(gate)
+        return act * up, act
+    return gate * up, gate
+
+
 class _GLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, silu: bool):
-        n = h.shape[-1] // 2
-        gate, up = h[..., :n], h[..., n:]
-        if silu:
-            act = F.silu(gate)
-            out = act * up
-        else:
-            act, out = gate, gate * up
+        out, act = _glu_forward(h, silu)
         ctx.silu = silu
         ctx.save_for_backward(h, act)
         return out
@@ -143,6 +161,8 @@ def glu(h: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
         raise ValueError(f"glu: activation must be 'silu' or None, got {activation!r}")
     if h.shape[-1] % 2:
         raise ValueError(f"glu: the last dim holds [gate | up] and must be even, got {h.shape[-1]}")
+    if not _needs_grad(h):
+        return _glu_forward(h, activation == "silu")[0]
     return _GLU.apply(h, activation == "silu")
 
 
@@ -160,13 +180,19 @@ def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(norm.square_().div_(d).add_(eps))
 
 
+def _rms_norm_forward(x, weight, eps):
+    """(x * rstd * weight, rstd)."""
+    rstd = _rstd(x, eps)
+    y = x * rstd
+    if weight is not None:
+        y.mul_(weight)
+    return y, rstd
+
+
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
-        rstd = _rstd(x, eps)
-        y = x * rstd
-        if weight is not None:
-            y.mul_(weight)
+        y, rstd = _rms_norm_forward(x, weight, eps)
         ctx.save_for_backward(x, rstd, weight)
         return y
 
@@ -191,6 +217,8 @@ class _RMSNorm(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     if weight is not None and weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+    if not _needs_grad(x, weight):
+        return _rms_norm_forward(x, weight, eps)[0]
     return _RMSNorm.apply(x, weight, eps)
 
 
