@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import apply_runtime_settings, meta, print_table, write_json  # noqa: E402
 
 from linlm import create_model  # noqa: E402
+from linlm.models.presets import preset_config  # noqa: E402
 from linlm.eval.scoring import Request, ScoreStats, score_requests  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    vocab = args.vocab or create_model(args.archs[0], preset=args.preset).config.vocab_size
+    vocab = args.vocab or preset_config(args.archs[0], args.preset).vocab_size
     items = hellaswag_like(args.items, vocab)
     rows, results = [], []
     for arch in args.archs:

@@ -21,11 +21,12 @@ for every continuation:
    real tokens, so it cannot change them (the models are causal). The rows run longest first, at most
    2 * batch_size to a forward, so rows of similar length share a forward and pad little.
 4. The head runs only at the positions whose log-likelihood is read (``logits_at``, ``apply_head=False``): with a
-   vocabulary of 8192 and d_model 256 it costs 2/3 of the four layers per position. It runs a cache-sized chunk of
-   positions at a time (``ops.fused.target_logprobs``): each chunk's logits are read by the log-softmax, the max and
-   the gather while they are in cache, and the [n, V] logits of a forward never exist at once. The target is
-   greedy when its logit reaches the maximum (a max is several times cheaper than an argmax over the vocabulary on
-   CPU; an exact tie with another token, which an argmax breaks by index, counts as greedy).
+   vocabulary of 8192 and d_model 256 it costs 2/3 of the four layers per position. ``ops.fused.target_logprobs``
+   applies it a block of vocabulary columns at a time, for all scored positions, with a running log-sum-exp per
+   position: each head weight row is read once and the [n, V] logits of a forward never exist at once (the naive
+   way's full-pass logits go through the same function a block of rows at a time). The target is greedy when its
+   logit reaches the maximum (a max is several times cheaper than an argmax over the vocabulary on CPU; an exact
+   tie with another token, which an argmax breaks by index, counts as greedy).
 
 Cost per item with n choices: P + n (r + m) token positions against n (P + r + m) for scoring each choice on its
 own (r: context tokens past P, m: continuation length), and the head at n m positions against n (P + r + m).

@@ -125,17 +125,17 @@ class Attention(nn.Module):
         that grows by doubling: a decode step then costs two views instead of the few small kernels that compute
         the angles (per layer and token, a few percent of a step at batch 1). The table holds the values
         rope_angles computes for each position, bit for bit (the same element-wise float32 operations)."""
-        inv_freq = None if self.inv_freq is None else self.inv_freq.to(device)
+        def angles(positions):
+            inv_freq = None if self.inv_freq is None else self.inv_freq.to(device)
+            return rope_angles(positions, self.head_dim, self.rope_theta, dtype, inv_freq=inv_freq)
+
         if (not isinstance(offset, int) or torch.compiler.is_compiling() or torch.compiler.is_exporting()
                 or torch.jit.is_tracing()):
-            return rope_angles(torch.arange(T, device=device) + offset, self.head_dim, self.rope_theta, dtype,
-                               inv_freq=inv_freq)
+            return angles(torch.arange(T, device=device) + offset)
         end, table = offset + T, self._rope_table
         if table is None or table[0] != device or table[1] != dtype or table[2].shape[0] < end:
             size = max(256, 1 << (end - 1).bit_length(), 0 if table is None else table[2].shape[0])
-            cos, sin = rope_angles(torch.arange(size, device=device), self.head_dim, self.rope_theta, dtype,
-                                   inv_freq=inv_freq)
-            table = self._rope_table = (device, dtype, cos, sin)
+            table = self._rope_table = (device, dtype, *angles(torch.arange(size, device=device)))
         return table[2][offset:end], table[3][offset:end]
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):

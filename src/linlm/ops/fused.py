@@ -373,13 +373,15 @@ def _target_logprobs_by_columns(h, targets, weight, chunk_cols):
     cols = chunk_cols or max(256, (1 << 20) // max(1, N))
     run_max = torch.full((N,), float("-inf"), dtype=torch.float32, device=h.device)
     run_sum = torch.zeros(N, dtype=torch.float32, device=h.device)
-    picked = torch.empty(N, dtype=torch.float32, device=h.device)
+    picked = torch.zeros(N, dtype=torch.float32, device=h.device)
     for v0 in range(0, V, cols):
         logits = _wide(F.linear(h, weight[v0:v0 + cols]))
         new_max = torch.maximum(run_max, logits.amax(-1))
         run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(-1)
         run_max = new_max
-        here = ((targets >= v0) & (targets < v0 + logits.shape[1])).nonzero().squeeze(1)
-        if here.numel():
-            picked[here] = logits[here, targets[here] - v0]
+        # Every row reads a column of this block (clamped); rows whose target lies here keep it. No host sync.
+        local = targets - v0
+        here = (local >= 0) & (local < logits.shape[1])
+        value = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None]).squeeze(1)
+        picked = torch.where(here, value, picked)
     return picked - (run_max + torch.log(run_sum)), picked >= run_max
