@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -33,3 +34,40 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     if spec == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError("device: 'mps' was asked for but is not available here; use cpu")
     return torch.device(spec)
+
+
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True where bfloat16 matmuls run at full speed on ``device``: a CUDA device with bf16 support, or a CPU that
+    oneDNN drives in bf16 (AVX-512 or AMX; what torch reports as mkldnn bf16 support). On a CPU without it (an
+    AVX2-only x86, for one) torch falls back to a reference loop: measured here on an AVX2 AMD EPYC, 1.3 GFLOP/s
+    against 63 GFLOP/s in float32 at 1 thread."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The training precision for ``device``: "auto" is bf16 where the device computes it natively
+    (:func:`native_bf16`), else fp32. An explicit "bf16" is kept, with a warning where it is not native (the fix is
+    fp32 or auto)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision: {precision!r} is not a precision; use one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return precision
+    native = native_bf16(device)
+    if precision == "auto":
+        return "bf16" if native else "fp32"
+    if not native:
+        warnings.warn(
+            f"precision bf16 on {device.type}: this device has no native bfloat16 matmul (on a CPU: no AVX-512 "
+            "or AMX), so bf16 matmuls take a slow fallback, tens of times slower than fp32; use precision fp32 "
+            "or auto (--precision auto: bf16 only where it is native)", RuntimeWarning, stacklevel=2)
+    return precision

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from linlm.layers.glu import GLU
-from linlm.layers.moe import MoEMLP
+from linlm.layers.moe import MoEMLP, grouped_mm_takes
 from linlm.models.counting import active_params, forward_flops_per_token
 from linlm.ops.routing import load_balance_loss, router_z_loss
 
@@ -57,6 +57,69 @@ def test_grouped_dispatch_matches_per_token_reference(E, k, shared, path):
     params = [x, *m.parameters()]
     for g, gr in zip(torch.autograd.grad((y * w).sum(), params), torch.autograd.grad((y_ref * w).sum(), params)):
         torch.testing.assert_close(g, gr)
+
+
+needs_grouped_mm = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+
+
+@needs_grouped_mm
+@pytest.mark.parametrize("E,k,shared", [(4, 2, 0), (5, 3, 1), (8, 2, 0)])
+def test_grouped_path_matches_the_reference_in_float32(E, k, shared):
+    """float32 on the CPU takes the grouped matmul (also with experts that get no token: E=8 for 33 tokens, decisive
+    routing); it equals the per-token reference computed in float64, values and gradients."""
+    m64 = make(E, k, shared=shared)
+    m32 = make(E, k, shared=shared).float()
+    taken = []
+    original = m32._experts_grouped
+    m32._experts_grouped = lambda *a: taken.append(1) or original(*a)
+    x64 = torch.randn(3, 11, 16, dtype=torch.float64, requires_grad=True)
+    x32 = x64.detach().float().requires_grad_()
+    y32, _ = m32(x32)
+    y_ref = moe_reference(m64, x64)
+    assert taken == [1]
+    torch.testing.assert_close(y32, y_ref.float(), rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(y_ref)
+    g32 = torch.autograd.grad((y32 * w.float()).sum(), [x32, *m32.parameters()])
+    g64 = torch.autograd.grad((y_ref * w).sum(), [x64, *m64.parameters()])
+    for a, b in zip(g32, g64):
+        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-5)
+
+
+@needs_grouped_mm
+def test_grouped_path_runs_in_autocast_dtype():
+    m = make(4, 2).float()
+    x = torch.randn(2, 9, 16)
+    m.grouped = False
+    y_batched, _ = m(x)
+    m.grouped = True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = m(x)
+        h_dtypes = []
+        real = torch._grouped_mm
+        try:
+            torch._grouped_mm = lambda a, b, **kw: h_dtypes.append((a.dtype, b.dtype)) or real(a, b, **kw)
+            m(x)
+        finally:
+            torch._grouped_mm = real
+    assert h_dtypes == [(torch.bfloat16, torch.bfloat16)] * 2
+    torch.testing.assert_close(y.float(), y_batched, rtol=0.05, atol=0.02)
+
+
+@needs_grouped_mm
+def test_grouped_path_needs_16_byte_rows():
+    """Sizes whose rows are not a multiple of 16 bytes (42 floats) take the other paths, with the same result."""
+    m = make(4, 2, h=42).float()
+    taken = []
+    original = m._experts_grouped
+    m._experts_grouped = lambda *a: taken.append(1) or original(*a)
+    x = torch.randn(2, 9, 16)
+    y, _ = m(x)
+    assert taken == []
+    m.grouped = False
+    torch.testing.assert_close(y, m(x)[0])
+    assert not grouped_mm_takes(x, 16, 42) and grouped_mm_takes(x, 16, 44)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not grouped_mm_takes(x, 16, 44) and grouped_mm_takes(x, 16, 48)
 
 
 def swiglu_rows(x, w_in, w_out):

@@ -156,6 +156,20 @@ def test_activation_checkpointing_and_bf16_train(make_config):
     assert lc == pytest.approx(la, rel=0.02) and lc != la  # bf16 is close to fp32, and really ran in bf16
 
 
+def test_precision_auto_trains_in_the_resolved_precision(make_config, monkeypatch):
+    """precision auto on a device without native bf16 trains exactly as fp32; with it, as bf16."""
+    from linlm import devices
+
+    monkeypatch.setattr(devices, "native_bf16", lambda device: False)
+    a = train(make_config("a", steps=2, eval__every=0), verbose=False)
+    b = train(make_config("b", steps=2, eval__every=0, precision="auto"), verbose=False)
+    monkeypatch.setattr(devices, "native_bf16", lambda device: True)
+    c = train(make_config("c", steps=2, eval__every=0, precision="auto"), verbose=False)
+    la, lb, lc = ([r["loss"] for r in read_metrics(x.out_dir / "metrics.jsonl")] for x in (a, b, c))
+    assert la == lb
+    assert lc == pytest.approx(la, rel=0.02) and lc != la
+
+
 def test_existing_run_with_another_config_is_refused(make_config):
     train(make_config("run", steps=2), verbose=False)
     with pytest.raises(ConfigError, match=r"different config.*optim\.lr.*--resume.*--overwrite"):

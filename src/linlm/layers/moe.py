@@ -3,8 +3,12 @@
     (g, e) = top-k of softmax(x W_r), g renormalised over the chosen k
     y      = sum_j g_j SwiGLU_{e_j}(x) + SwiGLU_shared(x)
 
-Tokens are grouped by expert (ops.routing.group_by_expert: one stable sort), never by a loop over tokens. Two
+Tokens are grouped by expert (ops.routing.group_by_expert: one stable sort), never by a loop over tokens. Three
 ways to run the experts on their groups, same math:
+- grouped (on the CPU, in float32 / bfloat16, where torch has ``torch._grouped_mm``): one grouped matmul per
+  weight over the sorted rows, each expert on its contiguous slice, no padding. Measured on a 2-core AVX2 CPU it is
+  as fast as the best of the two below at every load tried (64 to 640 rows per expert), and up to 1.8x faster than
+  the batched path when the busiest expert has 1.25x the mean load;
 - batched: the groups are gathered into a [E, capacity, d] buffer (capacity = the busiest expert's load) and all
   experts run in two bmm calls. Fast while the load is balanced (the balance loss keeps it so);
 - looped: one matmul pair per expert on its contiguous slice, no padding; used when padding would cost more than
@@ -34,6 +38,17 @@ from linlm.ops.routing import combine, group_by_expert, load_balance_loss, route
 PAD_LIMIT = 1.5
 
 
+def grouped_mm_takes(x: torch.Tensor, *dims: int) -> bool:
+    """Whether the grouped path runs for input x whose matmuls have inner sizes ``dims`` (d_model, expert_dim): a CPU
+    tensor in float32 or bfloat16 (the dtypes torch._grouped_mm takes; float64 goes to the other paths), every size a
+    multiple of 16 bytes in the dtype the matmuls run in (the op's stride rule), and torch._grouped_mm present in this
+    torch. Kept to the CPU: on CUDA the op wants Hopper-class GPUs."""
+    if not hasattr(torch, "_grouped_mm") or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    return dtype in (torch.float32, torch.bfloat16) and all(n * dtype.itemsize % 16 == 0 for n in dims)
+
+
 def router_logits(router: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """Router scores in float32 at least (bf16 scores would make near-ties pick experts at random)."""
     logits = router(x)
@@ -59,6 +74,7 @@ class MoEMLP(nn.Module):
         self.d_model, self.n_experts, self.top_k, self.expert_dim = d_model, n_experts, top_k, expert_dim
         self.balance_coef, self.z_coef = balance_coef, z_coef
         self.pad_limit = PAD_LIMIT
+        self.grouped = True  # the grouped matmul where it takes the input (grouped_mm_takes); False: never
         self.router = nn.Linear(d_model, n_experts, bias=False)
         # Expert e: w_in[e] = [W_gate; W_up] in R^{2h x d}, w_out[e] = W_down in R^{d x h} (nn.Linear layout).
         self.w_in = nn.Parameter(torch.empty(n_experts, 2 * expert_dim, d_model))
@@ -81,7 +97,9 @@ class MoEMLP(nn.Module):
             return y.view(shape), logits.new_zeros(())
         order, counts = group_by_expert(indices, self.n_experts)
         capacity = int(counts.max()) if counts.numel() else 0
-        if capacity * self.n_experts <= self.pad_limit * indices.numel():
+        if self.grouped and grouped_mm_takes(flat, self.d_model, self.expert_dim):
+            y_sorted = self._experts_grouped(flat, order, counts)
+        elif capacity * self.n_experts <= self.pad_limit * indices.numel():
             y_sorted = self._experts_batched(flat, indices, order, counts, capacity)
         else:
             y_sorted = self._experts_looped(flat, order, counts)
@@ -115,6 +133,18 @@ class MoEMLP(nn.Module):
         out = torch.einsum("enh,edh->end", F.silu(gate) * up, self.w_out)
         dense = torch.zeros(flat.shape[0], self.n_experts, dtype=w.dtype, device=flat.device).scatter(1, indices, w)
         return torch.einsum("end,ne->nd", out, dense)
+
+    def _experts_grouped(self, flat, order, counts):
+        """Two grouped matmuls over the sorted rows (expert e on rows offs[e-1]:offs[e]), in autocast's dtype when
+        autocast is on (torch._grouped_mm is not on its list)."""
+        x_sorted = flat.index_select(0, order // self.top_k)
+        w_in, w_out = self.w_in, self.w_out
+        if torch.is_autocast_enabled(flat.device.type):
+            dt = torch.get_autocast_dtype(flat.device.type)
+            x_sorted, w_in, w_out = x_sorted.to(dt), w_in.to(dt), w_out.to(dt)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        h = torch._grouped_mm(x_sorted, w_in.transpose(1, 2), offs=offs)
+        return torch._grouped_mm(glu(h, "silu"), w_out.transpose(1, 2), offs=offs)
 
     def _experts_looped(self, flat, order, counts):
         """One matmul pair per expert on its contiguous slice of the sorted rows (no padding)."""

@@ -102,7 +102,7 @@ def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> fl
     precision and threads); the fastest of ``steps`` timed steps after one warm-up step."""
     import torch
 
-    from linlm.devices import resolve_device
+    from linlm.devices import resolve_device, resolve_precision
     from linlm.models.lm import CausalLM
 
     cfg = run.config
@@ -118,7 +118,7 @@ def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> fl
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         micro = max(1, cfg.batch_size // cfg.grad_accum)
         ids = torch.randint(0, model_cfg.vocab_size, (micro, cfg.data.seq_len), generator=gen).to(device)
-        bf16 = cfg.precision == "bf16"
+        bf16 = resolve_precision(cfg.precision, device) == "bf16"
         best = math.inf
         for i in range(steps + 1):
             t0 = time.perf_counter()

@@ -47,7 +47,8 @@ def register(subparsers) -> None:
     g.add_argument("--batch-size", type=int)
     g.add_argument("--grad-accum", type=int)
     g.add_argument("--lr", type=float)
-    g.add_argument("--precision", choices=["fp32", "bf16"])
+    g.add_argument("--precision", choices=["fp32", "bf16", "auto"],
+                   help="auto: bf16 where the device computes it natively (CUDA, a CPU with AVX-512 or AMX), else fp32")
     g.add_argument("--seed", type=int)
     g.add_argument("--strategy", choices=["ddp", "fsdp"])
     g.add_argument("--init-from", metavar="CHECKPOINT",

@@ -136,7 +136,9 @@ class TrainConfig:
     batch_size: int = 16
     grad_accum: int = 1
     # bf16 runs the forward pass under torch.autocast(bfloat16) (CPU and CUDA); weights and optimizer stay fp32.
-    precision: Literal["fp32", "bf16"] = "fp32"
+    # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX-512 or AMX), else fp32;
+    # resolved in each process (the log says which).
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
     compile: bool = field(default=False, metadata=RESUMABLE)
     # Recompute each block's activations in the backward pass (torch.utils.checkpoint).
     activation_checkpointing: bool = field(default=False, metadata=RESUMABLE)

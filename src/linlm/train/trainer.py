@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from linlm.devices import resolve_precision
 from linlm.errors import CheckpointError, LinlmError, TrainingDiverged
 from linlm.signals import StopSignals
 from linlm.train import checkpoint as ckpt
@@ -206,7 +207,10 @@ class Trainer:
             self.hooks.on_start({"arch": self.model_config.arch, "params": n_params, "start_step": start_step,
                                  "steps": cfg.steps, "tokens_per_step": self.tokens_per_step,
                                  "flops_per_token": self.flops_per_token, "out_dir": self.out})
-        bf16 = cfg.precision == "bf16"
+        precision = resolve_precision(cfg.precision, info.device)
+        if cfg.precision == "auto":
+            self.say(f"precision auto: {precision} on {info.device.type}")
+        bf16 = precision == "bf16"
         self.peak = cfg.peak_flops or measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32)
         self.autocast = ((lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)) if bf16
                          else contextlib.nullcontext)

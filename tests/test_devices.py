@@ -1,0 +1,51 @@
+"""linlm.devices: precision auto picks bf16 only where the device computes it natively; bf16 elsewhere warns."""
+
+import warnings
+
+import pytest
+import torch
+
+from linlm import devices
+from linlm.errors import ConfigError
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def bf16_native(monkeypatch):
+    def set_native(value: bool):
+        monkeypatch.setattr(devices, "native_bf16", lambda device: value)
+
+    return set_native
+
+
+def test_auto_is_bf16_only_where_native(bf16_native):
+    bf16_native(True)
+    assert devices.resolve_precision("auto", CPU) == "bf16"
+    bf16_native(False)
+    assert devices.resolve_precision("auto", CPU) == "fp32"
+
+
+def test_explicit_precisions_are_kept(bf16_native):
+    bf16_native(False)
+    assert devices.resolve_precision("fp32", CPU) == "fp32"
+    with pytest.warns(RuntimeWarning, match=r"no native bfloat16.*precision fp32 or auto"):
+        assert devices.resolve_precision("bf16", CPU) == "bf16"
+    bf16_native(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert devices.resolve_precision("bf16", CPU) == "bf16"
+        assert devices.resolve_precision("auto", CPU) == "bf16"
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ConfigError, match=r"'fp16' is not a precision.*fp32, bf16, auto"):
+        devices.resolve_precision("fp16", CPU)
+
+
+def test_native_bf16_answers_for_this_machine():
+    # Whatever this CPU is, the answer is a bool and agrees with torch's own oneDNN report; no other device is native
+    # unless it is CUDA.
+    assert devices.native_bf16(CPU) is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert devices.native_bf16(torch.device("meta")) is False
+
