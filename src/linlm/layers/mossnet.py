@@ -20,8 +20,9 @@ Two flags (cfg.ssm_policy, cfg.ssm_kernel):
 How the experts run: every (expert, batch row) pair gets the subsequence of the row's tokens routed to that expert,
 in time order, gathered into a padded tensor [E * B, L, ...] (L = the longest subsequence; "dense" selects every
 token, so L = T). The experts' projections are batched matmuls over E and ONE scan runs over all E * B rows, with
-per-row A and D. Padding sits at the end of a row with dt = 0, where the state passes through unchanged. Outputs are
-read back at each token's k slots. Packed documents: an expert's subsequence resets at the first of its tokens that
+per-row A and D. Padding sits at the end of a row (it repeats the last token's inputs): the S6 scan skips it
+(lengths) and "ssd" gives it dt = 0, so the state passes through unchanged. Each token's output is the gate-weighted
+sum of its k slots, read back in one weighted gather (embedding_bag). Packed documents: an expert's subsequence resets at the first of its tokens that
 belongs to a new document, and a state left over from a finished document is zeroed before it is returned.
 """
 
@@ -126,29 +127,31 @@ class MossNetMixer(nn.Module):
         token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
         # src[slot] = token where sel; the unselected (b, t, e) write to a spare last slot, dropped (no boolean
         # indexing: its data-dependent size could not be exported).
-        src = torch.full((E * B * L + 1,), B * T, dtype=torch.long, device=u.device)  # B * T: the zero padding row
+        src = torch.full((E * B * L + 1,), B * T, dtype=torch.long, device=u.device)  # B * T: padding
         src = src.scatter(0, torch.where(sel, slot, E * B * L).reshape(-1), token.reshape(-1))[:-1]
         valid = (src < B * T).view(E, B * L)
+        # Padding rows gather the last token instead of a zero row (no copy of u with a row appended): the scan skips
+        # them (lengths; "ssd" masks their dt), their outputs are never read back and they get no gradient.
+        src = src.clamp_max(B * T - 1)
 
         # For S6, gathered in float32, the scan kernel's dtype, so that the E * B * L rows are not converted on the
         # way in (nor their gradient on the way out); the GLA op of "ssd" takes them as they are.
         uf = u.reshape(B * T, Din)
         if self.kernel == "s6":
             uf = uf.to(torch.promote_types(u.dtype, torch.float32))
-        ug = torch.cat([uf, uf.new_zeros(1, Din)]).index_select(0, src).view(E, B * L, Din)
+        ug = uf.index_select(0, src).view(E, B * L, Din)
         # Every expert's (dt~, B, C) projection on every token, one matmul (E * P columns, a few per expert), then the
         # rows each expert needs are gathered: cheaper than a bmm over the gathered [E, B L, Din] inputs, whose
         # backward would also have to add a second gradient into them.
         xp_tok = F.linear(u.reshape(B * T, Din), self.x_proj.weight).view(B * T * E, P)
         expert = torch.arange(E, device=u.device)[:, None]
-        pick = torch.where(valid, src.view(E, B * L) * E + expert, B * T * E).reshape(-1)
-        xp = torch.cat([xp_tok, xp_tok.new_zeros(1, P)]).index_select(0, pick).view(E, B * L, P)
+        xp = xp_tok.index_select(0, (src.view(E, B * L) * E + expert).reshape(-1)).view(E, B * L, P)
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 
         reset_g = None
         if reset is not None:
             doc = torch.cumsum(reset, dim=1)  # document number of each token, 0 = the one the state belongs to
-            doc_g = torch.cat([doc.reshape(-1), doc.new_zeros(1)]).index_select(0, src).view(E * B, L)
+            doc_g = doc.reshape(-1).index_select(0, src).view(E * B, L)
             prev = F.pad(doc_g[:, :-1], (1, 0))
             reset_g = valid.view(E * B, L) & (doc_g != prev)
 

@@ -153,141 +153,190 @@ static inline void SUF(step)(REAL *restrict s, const REAL *restrict a, const REA
 /* Rows may end early: with lengths != NULL, row b runs steps 0 .. lengths[b] - 1 only; later steps are padding:
    there y = D u, the state is not touched and no gradient reaches u (beyond D's term), dt, B or C. D (NULL for
    none) is [Din] (d_bstride 0) or [Bt, Din]. */
+/* One work item (batch row, tile of dl channels) of scan_fwd; inlined into the dispatch below with constant dl
+   and N for the common shapes. */
+static inline __attribute__((always_inline)) void
+SUF(scan_fwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+                   const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
+                   REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
+                   int64_t K, int64_t item, int64_t dl) {
+    const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
+    const int64_t b = item / ntiles, d0 = (item % ntiles) * TILE;
+    const int64_t Tb = lengths ? lengths[b] : T;
+    REAL st[N * TILE], At[N * TILE], x[TILE], dtv[TILE], yv[TILE], Dv[TILE];
+    SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
+    for (int64_t d = 0; d < dl; d++) Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
+    if (init) SUF(load_state)(st, init + b * Din * N, d0, dl, N);
+    else memset(st, 0, sizeof(st));
+    for (int64_t t = 0; t < Tb; t++) {
+        if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
+        const int64_t row = (b * T + t) * Din + d0;
+        SUF(load_dt)(dtv, dt + row, dl, dt_sp);
+        for (int64_t d = 0; d < dl; d++) {
+            x[d] = dtv[d] * u[row + d];
+            yv[d] = Dv[d] * u[row + d];
+        }
+        /* decay, update and readout in one pass over the tile's state (the decays are not kept) */
+        const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
+        const int rs = reset && reset[b * T + t];
+        for (int64_t n = 0; n < N; n++) {
+            REAL *restrict sn = st + n * TILE;
+            const REAL *restrict An = At + n * TILE;
+            const REAL bn = Bt_[n], cn = Ct[n];
+            if (rs) {  /* decay 0, written as a product so that the result is the one SUF(step) gives */
+#pragma omp simd
+                for (int64_t d = 0; d < dl; d++) {
+                    const REAL sv = (REAL)0 * sn[d] + x[d] * bn;
+                    sn[d] = sv;
+                    yv[d] += cn * sv;
+                }
+            } else {
+#pragma omp simd
+                for (int64_t d = 0; d < dl; d++) {
+                    const REAL sv = SUF(exp_neg)(dtv[d] * An[d]) * sn[d] + x[d] * bn;
+                    sn[d] = sv;
+                    yv[d] += cn * sv;
+                }
+            }
+        }
+        for (int64_t d = 0; d < dl; d++) y[row + d] = yv[d];
+    }
+    for (int64_t t = Tb; t < T; t++) {
+        const int64_t row = (b * T + t) * Din + d0;
+        for (int64_t d = 0; d < dl; d++) y[row + d] = Dv[d] * u[row + d];
+    }
+    if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
+}
+
 void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
                    REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
                    int64_t K, int64_t item0, int64_t item1) {
-    const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
+    const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / ntiles, d0 = (item % ntiles) * TILE;
-        const int64_t dl = Din - d0 < TILE ? Din - d0 : TILE;
-        const int64_t Tb = lengths ? lengths[b] : T;
-        REAL st[N * TILE], At[N * TILE], a[N * TILE], x[TILE], dtv[TILE], yv[TILE], Dv[TILE];
-        SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
-        for (int64_t d = 0; d < dl; d++) Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
-        if (init) SUF(load_state)(st, init + b * Din * N, d0, dl, N);
-        else memset(st, 0, sizeof(st));
-        for (int64_t t = 0; t < Tb; t++) {
-            if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
-            const int64_t row = (b * T + t) * Din + d0;
-            SUF(load_dt)(dtv, dt + row, dl, dt_sp);
-            for (int64_t d = 0; d < dl; d++) {
-                x[d] = dtv[d] * u[row + d];
-                yv[d] = Dv[d] * u[row + d];
-            }
-            SUF(decays)(a, At, dtv, N, dl, reset && reset[b * T + t]);
-            SUF(step)(st, a, x, Bm + (b * T + t) * N, N, dl);
-            const REAL *Ct = Cm + (b * T + t) * N;
-            for (int64_t n = 0; n < N; n++) {
-                const REAL cn = Ct[n];
-                const REAL *restrict sn = st + n * TILE;
-#pragma omp simd
-                for (int64_t d = 0; d < dl; d++) yv[d] += cn * sn[d];
-            }
-            for (int64_t d = 0; d < dl; d++) y[row + d] = yv[d];
-        }
-        for (int64_t t = Tb; t < T; t++) {
-            const int64_t row = (b * T + t) * Din + d0;
-            for (int64_t d = 0; d < dl; d++) y[row + d] = Dv[d] * u[row + d];
-        }
-        if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
+        const int64_t d0 = (item % ntiles_) * TILE, dl = Din - d0 < TILE ? Din - d0 : TILE;
+        /* constant trip counts for the common shapes, so that every tile loop is a fixed run of vectors */
+        if (dl == TILE && N == 16) SUF(scan_fwd_item)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset,
+            lengths, y, final, ckpt, dt_sp, Bt, T, Din, (int64_t)16, K, item, TILE);
+        else if (dl == TILE) SUF(scan_fwd_item)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset, lengths, y,
+            final, ckpt, dt_sp, Bt, T, Din, N, K, item, TILE);
+        else SUF(scan_fwd_item)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset, lengths, y, final, ckpt,
+            dt_sp, Bt, T, Din, N, K, item, dl);
     }
 }
 
 /* work: per calling thread, 2 * K * N * TILE elements (segment states and decays). dD: [Bt, Din] per row. */
+/* One work item (batch row, tile of dl channels) of scan_bwd; inlined into the dispatch below with constant dl
+   and N for the common shapes. */
+static inline __attribute__((always_inline)) void
+SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
+                   const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                   REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
+                   int64_t item, int64_t dl) {
+    const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
+    REAL *S = work, *Adec = work + K * N * TILE;
+    const int64_t b = item / ntiles, tile = item % ntiles, d0 = tile * TILE;
+    const int64_t Tb = lengths ? lengths[b] : T;
+    REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], x[TILE], dtv[TILE], dx[TILE], dlt[TILE];
+    REAL Dv[TILE], gD[TILE];
+    REAL *dBp = dB + (tile * Bt + b) * T * N, *dCp = dC + (tile * Bt + b) * T * N;
+    SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
+    for (int64_t d = 0; d < dl; d++) {
+        Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
+        gD[d] = 0;
+    }
+    if (dfinal) SUF(load_state)(g, dfinal + b * Din * N, d0, dl, N);
+    else memset(g, 0, sizeof(g));
+    memset(gA, 0, sizeof(gA));
+    for (int64_t t = Tb; t < T; t++) {  /* padding: only the skip term */
+        const int64_t row = (b * T + t) * Din + d0;
+        for (int64_t d = 0; d < dl; d++) {
+            du[row + d] = dy[row + d] * Dv[d];
+            ddt[row + d] = 0;
+            gD[d] += dy[row + d] * u[row + d];
+        }
+        for (int64_t n = 0; n < N; n++) dBp[t * N + n] = dCp[t * N + n] = 0;
+    }
+    for (int64_t seg = (Tb + K - 1) / K - 1; seg >= 0; seg--) {
+        const int64_t t0 = seg * K, t1 = t0 + K < Tb ? t0 + K : Tb;
+        /* recompute the segment's decays and states from its checkpoint */
+        SUF(load_state)(s0, ckpt + (b * nseg + seg) * Din * N, d0, dl, N);
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t row = (b * T + t) * Din + d0;
+            SUF(load_dt)(dtv, dt + row, dl, dt_sp);
+            for (int64_t d = 0; d < dl; d++) x[d] = dtv[d] * u[row + d];
+            REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
+            SUF(decays)(at, At, dtv, N, dl, reset && reset[b * T + t]);
+            memcpy(st, t == t0 ? s0 : st - N * TILE, sizeof(REAL) * N * TILE);
+            SUF(step)(st, at, x, Bm + (b * T + t) * N, N, dl);
+        }
+        /* the adjoint, backwards: g holds dL/ds_t once dy_t's term is added */
+        for (int64_t t = t1 - 1; t >= t0; t--) {
+            const int64_t row = (b * T + t) * Din + d0;
+            const REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
+            const REAL *sp = t == t0 ? s0 : st - N * TILE;
+            const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
+            const REAL *dyt = dy + row;
+            REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
+            SUF(load_dt)(dtv, dt + row, dl, dt_sp);
+            for (int64_t d = 0; d < dl; d++) {
+                x[d] = dtv[d] * u[row + d];
+                dx[d] = 0;
+                dlt[d] = 0;
+            }
+            for (int64_t n = 0; n < N; n++) {
+                REAL *restrict gn = g + n * TILE, *restrict gAn = gA + n * TILE;
+                const REAL *restrict sn = st + n * TILE, *restrict spn = sp + n * TILE;
+                const REAL *restrict an = at + n * TILE, *restrict An = At + n * TILE;
+                const REAL cn = Ct[n], bn = Bt_[n];
+                REAL accB = 0, accC = 0;
+#pragma omp simd reduction(+ : accB, accC)
+                for (int64_t d = 0; d < dl; d++) {
+                    const REAL gd = gn[d] + cn * dyt[d];
+                    accC += dyt[d] * sn[d];
+                    accB += gd * x[d];
+                    dx[d] += gd * bn;
+                    const REAL ga = gd * an[d];
+                    const REAL dlog = ga * spn[d];
+                    dlt[d] += dlog * An[d];
+                    gAn[d] += dlog * dtv[d];
+                    gn[d] = ga;
+                }
+                dBt[n] = accB;
+                dCt[n] = accC;
+            }
+            for (int64_t d = 0; d < dl; d++) {
+                du[row + d] = dx[d] * dtv[d] + dyt[d] * Dv[d];
+                ddt[row + d] = dx[d] * u[row + d] + dlt[d];  /* d/d(dt); times softplus' below */
+                gD[d] += dyt[d] * u[row + d];
+            }
+            if (dt_sp) {
+#pragma omp simd
+                for (int64_t d = 0; d < dl; d++) ddt[row + d] *= SUF(sigmoid)(dt[row + d]);
+            }
+        }
+    }
+    SUF(store_state)(dinit + b * Din * N, g, d0, dl, N);
+    SUF(store_state)(dA + b * Din * N, gA, d0, dl, N);
+    for (int64_t d = 0; d < dl; d++) dD[b * Din + d0 + d] = gD[d];
+}
+
 void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
                    const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
                    REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
                    int64_t item0, int64_t item1) {
-    const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
-    REAL *S = work, *Adec = work + K * N * TILE;
+    const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / ntiles, tile = item % ntiles, d0 = tile * TILE;
-        const int64_t dl = Din - d0 < TILE ? Din - d0 : TILE;
-        const int64_t Tb = lengths ? lengths[b] : T;
-        REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], x[TILE], dtv[TILE], dx[TILE], dlt[TILE];
-        REAL Dv[TILE], gD[TILE];
-        REAL *dBp = dB + (tile * Bt + b) * T * N, *dCp = dC + (tile * Bt + b) * T * N;
-        SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
-        for (int64_t d = 0; d < dl; d++) {
-            Dv[d] = D ? D[b * d_bstride + d0 + d] : 0;
-            gD[d] = 0;
-        }
-        if (dfinal) SUF(load_state)(g, dfinal + b * Din * N, d0, dl, N);
-        else memset(g, 0, sizeof(g));
-        memset(gA, 0, sizeof(gA));
-        for (int64_t t = Tb; t < T; t++) {  /* padding: only the skip term */
-            const int64_t row = (b * T + t) * Din + d0;
-            for (int64_t d = 0; d < dl; d++) {
-                du[row + d] = dy[row + d] * Dv[d];
-                ddt[row + d] = 0;
-                gD[d] += dy[row + d] * u[row + d];
-            }
-            for (int64_t n = 0; n < N; n++) dBp[t * N + n] = dCp[t * N + n] = 0;
-        }
-        for (int64_t seg = (Tb + K - 1) / K - 1; seg >= 0; seg--) {
-            const int64_t t0 = seg * K, t1 = t0 + K < Tb ? t0 + K : Tb;
-            /* recompute the segment's decays and states from its checkpoint */
-            SUF(load_state)(s0, ckpt + (b * nseg + seg) * Din * N, d0, dl, N);
-            for (int64_t t = t0; t < t1; t++) {
-                const int64_t row = (b * T + t) * Din + d0;
-                SUF(load_dt)(dtv, dt + row, dl, dt_sp);
-                for (int64_t d = 0; d < dl; d++) x[d] = dtv[d] * u[row + d];
-                REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
-                SUF(decays)(at, At, dtv, N, dl, reset && reset[b * T + t]);
-                memcpy(st, t == t0 ? s0 : st - N * TILE, sizeof(REAL) * N * TILE);
-                SUF(step)(st, at, x, Bm + (b * T + t) * N, N, dl);
-            }
-            /* the adjoint, backwards: g holds dL/ds_t once dy_t's term is added */
-            for (int64_t t = t1 - 1; t >= t0; t--) {
-                const int64_t row = (b * T + t) * Din + d0;
-                const REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
-                const REAL *sp = t == t0 ? s0 : st - N * TILE;
-                const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
-                const REAL *dyt = dy + row;
-                REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
-                SUF(load_dt)(dtv, dt + row, dl, dt_sp);
-                for (int64_t d = 0; d < dl; d++) {
-                    x[d] = dtv[d] * u[row + d];
-                    dx[d] = 0;
-                    dlt[d] = 0;
-                }
-                for (int64_t n = 0; n < N; n++) {
-                    REAL *restrict gn = g + n * TILE, *restrict gAn = gA + n * TILE;
-                    const REAL *restrict sn = st + n * TILE, *restrict spn = sp + n * TILE;
-                    const REAL *restrict an = at + n * TILE, *restrict An = At + n * TILE;
-                    const REAL cn = Ct[n], bn = Bt_[n];
-                    REAL accB = 0, accC = 0;
-#pragma omp simd reduction(+ : accB, accC)
-                    for (int64_t d = 0; d < dl; d++) {
-                        const REAL gd = gn[d] + cn * dyt[d];
-                        accC += dyt[d] * sn[d];
-                        accB += gd * x[d];
-                        dx[d] += gd * bn;
-                        const REAL ga = gd * an[d];
-                        const REAL dlog = ga * spn[d];
-                        dlt[d] += dlog * An[d];
-                        gAn[d] += dlog * dtv[d];
-                        gn[d] = ga;
-                    }
-                    dBt[n] = accB;
-                    dCt[n] = accC;
-                }
-                for (int64_t d = 0; d < dl; d++) {
-                    du[row + d] = dx[d] * dtv[d] + dyt[d] * Dv[d];
-                    ddt[row + d] = dx[d] * u[row + d] + dlt[d];  /* d/d(dt); times softplus' below */
-                    gD[d] += dyt[d] * u[row + d];
-                }
-                if (dt_sp) {
-#pragma omp simd
-                    for (int64_t d = 0; d < dl; d++) ddt[row + d] *= SUF(sigmoid)(dt[row + d]);
-                }
-            }
-        }
-        SUF(store_state)(dinit + b * Din * N, g, d0, dl, N);
-        SUF(store_state)(dA + b * Din * N, gA, d0, dl, N);
-        for (int64_t d = 0; d < dl; d++) dD[b * Din + d0 + d] = gD[d];
+        const int64_t d0 = (item % ntiles_) * TILE, dl = Din - d0 < TILE ? Din - d0 : TILE;
+        /* constant trip counts for the common shapes, so that every tile loop is a fixed run of vectors */
+        if (dl == TILE && N == 16) SUF(scan_bwd_item)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths,
+            ckpt, dy, dfinal, du, ddt, dA, dB, dC, dD, dinit, work, dt_sp, Bt, T, Din, (int64_t)16, K, item, TILE);
+        else if (dl == TILE) SUF(scan_bwd_item)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, ckpt, dy,
+            dfinal, du, ddt, dA, dB, dC, dD, dinit, work, dt_sp, Bt, T, Din, N, K, item, TILE);
+        else SUF(scan_bwd_item)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, ckpt, dy, dfinal, du, ddt,
+            dA, dB, dC, dD, dinit, work, dt_sp, Bt, T, Din, N, K, item, dl);
     }
 }
 
