@@ -167,6 +167,8 @@ def test_precision_auto_trains_in_the_resolved_precision(make_config, monkeypatc
     c = train(make_config("c", steps=2, eval__every=0, precision="auto"), verbose=False)
     la, lb, lc = ([r["loss"] for r in read_metrics(x.out_dir / "metrics.jsonl")] for x in (a, b, c))
     assert la == lb
+    assert [json.loads((x.out_dir / "summary.json").read_text())["precision"] for x in (a, b, c)] == [
+        "fp32", "fp32", "bf16"]
     assert lc == pytest.approx(la, rel=0.02) and lc != la
 
 

@@ -48,7 +48,7 @@ def write_report(run: RunDir, result, *, title: str, tokenizer: Any, cfg, device
     summary = {"step": result.step, "finished": result.finished, "loss": _finite(result.loss),
                "val_loss": _finite(result.val_loss), "skipped_steps": result.skipped_steps, "flops": result.flops,
                "checkpoint": str(result.checkpoint), "interrupted": result.interrupted,
-               "loss_curve": str(result.plot) if result.plot else None}
+               "loss_curve": str(result.plot) if result.plot else None, "precision": result.precision}
     run.write_file(SUMMARY_FILE, (json.dumps(summary, indent=1) + "\n").encode())
 
 

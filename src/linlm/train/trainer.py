@@ -61,6 +61,7 @@ class TrainResult:
     seconds: float = 0.0
     finished: bool = False  # the run has reached cfg.steps
     flops: float = 0.0  # model FLOPs of the steps done so far (linlm.models.counting), all processes together
+    precision: str = "fp32"  # the precision the steps ran in (config's precision, auto resolved)
 
 
 class TrainHooks:
@@ -215,7 +216,7 @@ class Trainer:
         self.autocast = ((lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)) if bf16
                          else contextlib.nullcontext)
 
-        result = TrainResult(self.out, start_step, val_loss=last_val, skipped_steps=self.skipped)
+        result = TrainResult(self.out, start_step, val_loss=last_val, skipped_steps=self.skipped, precision=precision)
         self.metrics = None
         _on_main(info, lambda: self._open_metrics(start_step))
         try:
