@@ -3,7 +3,8 @@
 Phases (one per shape, precision and sequence length; each builds its models first, then times them in interleaved
 rounds after a warm-up, medians):
 - "demo": the shape of `linlm demo --archs A` (d 128, 4 layers, glu 384, vocab 2048, batch 16 x 128 tokens) in bf16
-  autocast on 1 thread, as the demo trains;
+  autocast on 1 thread, as the demo trains where bf16 is native (on a CPU without AVX-512 or AMX the default is fp32,
+  as the demo's `precision: auto` trains there: a bf16 matmul would time torch's slow fallback);
 - "paper": the paper-70m preset, vocabulary 8192, batch 1, at each --seq-lens, in fp32 and/or bf16 autocast.
 MossNet runs once per --ssm-kernels choice ("mossnet" is the default s6, "mossnet (ssd)" the other); at paper-70m
 the presets give Mamba and MossNet the active parameters of LLaMA, so the Mamba row is "Mamba of the same active
@@ -18,7 +19,8 @@ Each library's step is its training path: ours calls ``model(ids, targets=...)``
 cross-entropy that linlm's trainer uses); transformers' model returns logits and the loss is
 ``F.cross_entropy(logits, targets)``. The row "llama (logits + CE)" is our LLaMA through that same logits path.
 
-    python benchmarks/bench_train_step.py [--shapes demo paper] [--dtypes fp32 bf16] [--seq-lens 2048 8192]
+    python benchmarks/bench_train_step.py [--shapes demo paper] [--demo-dtype bf16|fp32] [--dtypes fp32 bf16]
+                                          [--seq-lens 2048 8192]
                                           [--archs ...] [--ssm-kernels s6 ssd] [--repeat 5] [--no-hf]
                                           [--clock wall|cpu] [--json-name NAME]
 """
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm import create_model  # noqa: E402
+from linlm.devices import native_bf16  # noqa: E402
 from linlm.models.counting import count  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
 
@@ -259,11 +262,13 @@ def check_targets(results: list[dict]) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", choices=["demo", "paper"], default=["demo", "paper"])
-    ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32", "bf16"],
-                    help="precisions of the paper phases (the demo phase is bf16, as the demo trains)")
-    ap.add_argument("--demo-dtype", choices=list(DTYPES), default="bf16",
-                    help="precision of the demo phase (default bf16, as the demo trains where the CPU computes "
-                         "bfloat16 natively; fp32 for CPUs without it, where bf16 matmuls fall back to a slow path)")
+    native = native_bf16(torch.device("cpu"))
+    ap.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32", "bf16"] if native else ["fp32"],
+                    help="precisions of the paper phases (default: fp32 and bf16 where this CPU computes bf16 "
+                         "natively, else fp32)")
+    ap.add_argument("--demo-dtype", choices=list(DTYPES), default="bf16" if native else "fp32",
+                    help="precision of the demo phase (default: the demo's precision auto, bf16 where this CPU "
+                         "computes bfloat16 natively, else fp32: there bf16 matmuls take a slow fallback)")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--archs", nargs="+", default=None)
     ap.add_argument("--ssm-kernels", nargs="+", choices=["s6", "ssd"], default=["s6", "ssd"],
