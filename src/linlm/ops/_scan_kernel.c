@@ -225,7 +225,8 @@ void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
     }
 }
 
-/* work: per calling thread, 2 * K * N * TILE elements (segment states and decays). dD: [Bt, Din] per row. */
+/* work: per calling thread, (2 N + 2) K TILE elements (a segment's states and decays, and its dt and x = dt u).
+   dD: [Bt, Din] per row. */
 /* One work item (batch row, tile of dl channels) of scan_bwd; inlined into the dispatch below with constant dl
    and N for the common shapes. */
 static inline __attribute__((always_inline)) void
@@ -235,10 +236,10 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
                    REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
                    int64_t item, int64_t dl) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
-    REAL *S = work, *Adec = work + K * N * TILE;
+    REAL *S = work, *Adec = work + K * N * TILE, *DTs = work + 2 * K * N * TILE, *Xs = DTs + K * TILE;
     const int64_t b = item / ntiles, tile = item % ntiles, d0 = tile * TILE;
     const int64_t Tb = lengths ? lengths[b] : T;
-    REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], x[TILE], dtv[TILE], dx[TILE], dlt[TILE];
+    REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], dx[TILE], dlt[TILE];
     REAL Dv[TILE], gD[TILE];
     REAL *dBp = dB + (tile * Bt + b) * T * N, *dCp = dC + (tile * Bt + b) * T * N;
     SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
@@ -264,12 +265,33 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
         SUF(load_state)(s0, ckpt + (b * nseg + seg) * Din * N, d0, dl, N);
         for (int64_t t = t0; t < t1; t++) {
             const int64_t row = (b * T + t) * Din + d0;
-            SUF(load_dt)(dtv, dt + row, dl, dt_sp);
-            for (int64_t d = 0; d < dl; d++) x[d] = dtv[d] * u[row + d];
+            REAL *restrict dts = DTs + (t - t0) * TILE, *restrict xs = Xs + (t - t0) * TILE;
+            SUF(load_dt)(dts, dt + row, dl, dt_sp);  /* kept for the adjoint, with x = dt u */
+            for (int64_t d = 0; d < dl; d++) xs[d] = dts[d] * u[row + d];
             REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
-            SUF(decays)(at, At, dtv, N, dl, reset && reset[b * T + t]);
-            memcpy(st, t == t0 ? s0 : st - N * TILE, sizeof(REAL) * N * TILE);
-            SUF(step)(st, at, x, Bm + (b * T + t) * N, N, dl);
+            const REAL *prev = t == t0 ? s0 : st - N * TILE;
+            const REAL *Bt_ = Bm + (b * T + t) * N;
+            const int rs = reset && reset[b * T + t];
+            /* decay and update in one pass, both kept: a_t = exp(dt A) (0 at a reset), s_t = a_t s_{t-1} + x B_t */
+            for (int64_t n = 0; n < N; n++) {
+                REAL *restrict sn = st + n * TILE, *restrict an = at + n * TILE;
+                const REAL *restrict pn = prev + n * TILE, *restrict An = At + n * TILE;
+                const REAL bn = Bt_[n];
+                if (rs) {
+#pragma omp simd
+                    for (int64_t d = 0; d < dl; d++) {
+                        an[d] = 0;
+                        sn[d] = (REAL)0 * pn[d] + xs[d] * bn;
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t d = 0; d < dl; d++) {
+                        const REAL av = SUF(exp_neg)(dts[d] * An[d]);
+                        an[d] = av;
+                        sn[d] = av * pn[d] + xs[d] * bn;
+                    }
+                }
+            }
         }
         /* the adjoint, backwards: g holds dL/ds_t once dy_t's term is added */
         for (int64_t t = t1 - 1; t >= t0; t--) {
@@ -279,9 +301,8 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
             const REAL *dyt = dy + row;
             REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
-            SUF(load_dt)(dtv, dt + row, dl, dt_sp);
+            const REAL *restrict dtv = DTs + (t - t0) * TILE, *restrict x = Xs + (t - t0) * TILE;
             for (int64_t d = 0; d < dl; d++) {
-                x[d] = dtv[d] * u[row + d];
                 dx[d] = 0;
                 dlt[d] = 0;
             }

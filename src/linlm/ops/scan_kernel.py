@@ -215,7 +215,7 @@ class _KernelScan(torch.autograd.Function):
         dB_parts, dC_parts = u.new_empty(ntiles, Bt, T, N), u.new_empty(ntiles, Bt, T, N)
         dinit = u.new_empty(Bt, Din, N)
         n_items = Bt * ntiles
-        work = u.new_empty(max(1, min(torch.get_num_threads(), n_items)), 2 * CKPT * N * TILE)
+        work = u.new_empty(max(1, min(torch.get_num_threads(), n_items)), (2 * N + 2) * CKPT * TILE)
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(reset_b),
                 _ptr(lengths), _ptr(ckpt), _ptr(dy), _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows),
                 _ptr(dB_parts), _ptr(dC_parts), _ptr(dD_rows), _ptr(dinit))
