@@ -206,6 +206,29 @@ def test_conv_silu_kernel_matches_the_torch_conv(K, T, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
 
 
+@needs_kernel
+@pytest.mark.parametrize("T", [1, 37])
+def test_conv_silu_kernel_reads_one_half_of_a_projection_in_place(T):
+    """x given as the first half of a [Bt, T, 2C] tensor (as Mamba's in_proj output is split) is read in place,
+    with the same outputs and gradients as a contiguous copy."""
+    torch.manual_seed(7)
+    w, bias = torch.randn(70, 4, dtype=F64), torch.randn(70, dtype=F64)
+    state = torch.randn(2, 3, 70, dtype=F64)
+    since = torch.tensor([[t for t in range(T)], [t % 5 for t in range(T)]])
+    full = torch.randn(2, T, 140, dtype=F64)
+    g = torch.randn(2, T, 70, dtype=F64)
+    results = []
+    for make in (lambda f: f.chunk(2, dim=-1)[0], lambda f: f[..., :70].contiguous()):
+        f = full.clone().requires_grad_(True)
+        x = make(f)
+        assert x.is_contiguous() == (len(results) == 1)
+        out = scan_kernel.conv_silu(x, state, w, bias, since)
+        (out * g).sum().backward()
+        results.append((out, f.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("backend", ["kernel", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_dt_softplus_equals_softplus_first(backend, dtype, monkeypatch):

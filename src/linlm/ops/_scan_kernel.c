@@ -365,25 +365,26 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
    with the K - 1 inputs before x in state [Bt, K - 1, C] (NULL: zeros), weights wt [K, C] (tap j reads the input
    lag K - 1 - j steps back), bias [C]. since [Bt, T] (NULL: no documents) counts the steps since the latest document
    start; a tap whose lag exceeds it reads an earlier document and is dropped. out = silu(pre). Items: (row b, block
-   of CONV_TB time steps), all channels, so that every access is a contiguous row. */
+   of CONV_TB time steps), all channels, so that every access is a contiguous row. x's rows may be further apart than
+   C (xs elements: one half of a [Bt, T, 2C] projection, read in place); every other buffer is contiguous. */
 #define CONV_TB 128
 
 
 /* the input row that tap `lag` of output t reads, or NULL (before the state, or dropped at a document start) */
 static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const int64_t *since, int64_t b, int64_t t,
-                                        int64_t lag, int64_t T, int64_t C, int64_t K) {
+                                        int64_t lag, int64_t T, int64_t C, int64_t K, int64_t xs) {
     const int64_t tau = t - lag;
     if (since && since[b * T + t] < lag) return NULL;
-    if (tau >= 0) return x + (b * T + tau) * C;
+    if (tau >= 0) return x + (b * T + tau) * xs;
     return state ? state + (b * (K - 1) + (K - 1 + tau)) * C : NULL;
 }
 
 static inline void SUF(conv_pre)(REAL *restrict acc, const REAL *x, const REAL *state, const REAL *wt,
                                  const REAL *restrict bias, const int64_t *since, int64_t b, int64_t t, int64_t T,
-                                 int64_t C, int64_t K) {
+                                 int64_t C, int64_t K, int64_t xs) {
     for (int64_t c = 0; c < C; c++) acc[c] = bias[c];
     for (int64_t j = 0; j < K; j++) {
-        const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K);
+        const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
         if (!src) continue;
         const REAL *restrict w = wt + j * C;
 #pragma omp simd
@@ -392,13 +393,13 @@ static inline void SUF(conv_pre)(REAL *restrict acc, const REAL *x, const REAL *
 }
 
 void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since, REAL *out,
-                   int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
+                   int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
     const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
     REAL acc[C];
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
         for (int64_t t = t0; t < t1; t++) {
-            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K);
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, xs);
             REAL *restrict o = out + (b * T + t) * C;
 #pragma omp simd
             for (int64_t c = 0; c < C; c++) o[c] = acc[c] * SUF(sigmoid)(acc[c]);
@@ -410,7 +411,7 @@ void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL 
    one partial sum per item (the caller sums them). */
 void SUF(conv_bwd1)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
                     const int64_t *since, REAL *dpre, REAL *dw, REAL *dbias, int64_t Bt, int64_t T, int64_t C,
-                    int64_t K, int64_t item0, int64_t item1) {
+                    int64_t K, int64_t xs, int64_t item0, int64_t item1) {
     const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
     REAL acc[C];
     for (int64_t item = item0; item < item1; item++) {
@@ -419,7 +420,7 @@ void SUF(conv_bwd1)(const REAL *dy, const REAL *x, const REAL *state, const REAL
         for (int64_t c = 0; c < K * C; c++) dwi[c] = 0;
         for (int64_t c = 0; c < C; c++) gb[c] = 0;
         for (int64_t t = t0; t < t1; t++) {
-            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K);
+            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, xs);
             const REAL *restrict g = dy + (b * T + t) * C;
             REAL *restrict dp = dpre + (b * T + t) * C;
 #pragma omp simd
@@ -429,7 +430,7 @@ void SUF(conv_bwd1)(const REAL *dy, const REAL *x, const REAL *state, const REAL
                 gb[c] += dp[c];
             }
             for (int64_t j = 0; j < K; j++) {
-                const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K);
+                const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
                 if (!src) continue;
                 REAL *restrict w = dwi + j * C;
 #pragma omp simd

@@ -123,8 +123,8 @@ def _library() -> ctypes.CDLL | None:
     for suf in ("f32", "f64"):
         getattr(lib, f"scan_fwd_{suf}").argtypes = _FWD_ARGS
         getattr(lib, f"scan_bwd_{suf}").argtypes = _BWD_ARGS
-        getattr(lib, f"conv_fwd_{suf}").argtypes = [_P] * 6 + [_I] * 6
-        getattr(lib, f"conv_bwd1_{suf}").argtypes = [_P] * 9 + [_I] * 6
+        getattr(lib, f"conv_fwd_{suf}").argtypes = [_P] * 6 + [_I] * 7
+        getattr(lib, f"conv_bwd1_{suf}").argtypes = [_P] * 9 + [_I] * 7
         getattr(lib, f"conv_bwd2_{suf}").argtypes = [_P] * 5 + [_I] * 6
     return lib
 
@@ -264,8 +264,8 @@ class _ConvSiLU(torch.autograd.Function):
         Bt, T, C = x.shape
         K = wt.shape[0]
         suf = "f64" if x.dtype == torch.float64 else "f32"
-        out = torch.empty_like(x)
-        args = (_ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(out), Bt, T, C, K)
+        out = x.new_empty(Bt, T, C)
+        args = (_ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(out), Bt, T, C, K, x.stride(1))
         _run(getattr(lib, f"conv_fwd_{suf}"), Bt * -(-T // CONV_TB), lambda i: args)
         ctx.save_for_backward(x, state, wt, bias, since)
         return out
@@ -280,11 +280,11 @@ class _ConvSiLU(torch.autograd.Function):
         suf = "f64" if x.dtype == torch.float64 else "f32"
         n_items = Bt * -(-T // CONV_TB)
         dy = dy.to(x.dtype).contiguous()
-        dpre, dx = torch.empty_like(x), torch.empty_like(x)
+        dpre, dx = x.new_empty(Bt, T, C), x.new_empty(Bt, T, C)
         dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
         dw, dbias = x.new_empty(n_items, K, C), x.new_empty(n_items, C)
         args1 = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(dpre), _ptr(dw),
-                 _ptr(dbias), Bt, T, C, K)
+                 _ptr(dbias), Bt, T, C, K, x.stride(1))
         _run(getattr(lib, f"conv_bwd1_{suf}"), n_items, lambda i: args1)
         args2 = (_ptr(wt), _ptr(since), _ptr(dpre), _ptr(dx), _ptr(dstate), Bt, T, C, K)
         _run(getattr(lib, f"conv_bwd2_{suf}"), n_items, lambda i: args2)
@@ -297,7 +297,9 @@ def conv_silu(x: Tensor, state: Tensor | None, weight: Tensor, bias: Tensor, sin
     document start; a tap further back than that is dropped. Computed in float32 (float64 for float64 x), returned in
     x's dtype. Arguments already checked (layers.mamba.ShortConv)."""
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xc = x.to(cd).contiguous()
+    xc = x.to(cd)
+    if xc.stride(2) != 1 or xc.stride(0) != xc.shape[1] * xc.stride(1):  # rows evenly spaced: read in place
+        xc = xc.contiguous()
     st = None if state is None or state.shape[1] == 0 else state.to(cd).contiguous()
     sc = None if since is None else since.to(torch.int64).contiguous()
     out = _ConvSiLU.apply(xc, st, weight.to(cd).t().contiguous(), bias.to(cd).contiguous(), sc)
