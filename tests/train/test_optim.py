@@ -99,3 +99,35 @@ def test_optimizer_groups_carry_weight_decay():
     ids = {id(p) for p in decayed}
     assert id(model.embed.weight) not in ids
     assert id(model.layers[0].mixer.qkv.weight) in ids
+
+
+def test_fused_adamw_where_it_takes_the_parameters():
+    """Plain CPU parameters get torch's fused AdamW; it takes the same steps as the per-tensor loop (to float32
+    rounding); parameters it cannot run (meta device, integer) keep the default."""
+    from linlm.train.optim import fused_adamw_takes
+
+    torch.manual_seed(0)
+    model = create_model("tnl", n_layers=1, d_model=32, n_heads=2, vocab_size=64)
+    opt = build_optimizer(model, OptimSection(lr=1e-2))
+    assert all(g["fused"] for g in opt.param_groups)
+    twin = create_model("tnl", n_layers=1, d_model=32, n_heads=2, vocab_size=64)
+    twin.load_state_dict(model.state_dict())
+    names = {id(p): n for n, p in model.named_parameters()}
+    twin_params = dict(twin.named_parameters())
+    loop = torch.optim.AdamW([{"params": [twin_params[names[id(p)]] for p in g["params"]],
+                               "weight_decay": g["weight_decay"], "betas": g["betas"], "eps": g["eps"]}
+                              for g in opt.param_groups], lr=1e-2, foreach=False)
+    ids = torch.randint(0, 64, (2, 16))
+    for _ in range(3):  # the same gradients into both (Adam's normalisation would amplify any drift between models)
+        opt.zero_grad()
+        model(ids, targets=ids).loss.backward()
+        for name, p in model.named_parameters():
+            twin_params[name].grad = p.grad.clone()
+        opt.step()
+        loop.step()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p, twin_params[name], rtol=1e-5, atol=1e-6)
+            twin_params[name].data.copy_(p.data)
+    assert not fused_adamw_takes([torch.nn.Parameter(torch.zeros(2, device="meta"))])
+    assert not fused_adamw_takes([torch.zeros(2, dtype=torch.int64)])
+    assert not fused_adamw_takes([])

