@@ -43,7 +43,8 @@ from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm import create_model  # noqa: E402
 from linlm.devices import native_bf16  # noqa: E402
-from linlm.train.optim import fused_adamw_takes  # noqa: E402
+from linlm.train.config import OptimSection  # noqa: E402
+from linlm.train.optim import build_optimizer  # noqa: E402
 from linlm.models.counting import count  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
 
@@ -86,8 +87,7 @@ def num_threads(n):
 
 def make_step(model, ids, mode: str = "fused", dtype: str = "fp32"):
     """mode: "fused" (ours, targets=), "logits" (ours, logits then F.cross_entropy) or "hf" (transformers)."""
-    params = list(model.parameters())  # AdamW as linlm's trainer builds it: fused where torch's fused one runs
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=fused_adamw_takes(params) or None)
+    opt = build_optimizer(model, OptimSection(lr=1e-4))  # AdamW as linlm's trainer builds it (fused, decay groups)
     targets = ids.roll(-1, dims=1)
     bf16 = dtype == "bf16"
 

@@ -43,9 +43,18 @@ def test_unknown_precision_is_refused():
         devices.resolve_precision("fp16", CPU)
 
 
-def test_native_bf16_answers_for_this_machine():
-    # Whatever this CPU is, the answer is a bool and agrees with torch's own oneDNN report; no other device is native
-    # unless it is CUDA.
-    assert devices.native_bf16(CPU) is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    assert devices.native_bf16(torch.device("meta")) is False
+def test_native_bf16_follows_the_device(monkeypatch):
+    """CUDA asks torch.cuda.is_bf16_supported, the CPU asks oneDNN's bf16 support (a missing op counts as none), any
+    other device is never native."""
+    for value in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, v=value, **k: v)
+        assert devices.native_bf16(torch.device("cuda")) is value
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda v=value: v)
+        assert devices.native_bf16(CPU) is value
 
+    def missing():
+        raise RuntimeError("no such op")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", missing)
+    assert devices.native_bf16(CPU) is False
+    assert devices.native_bf16(torch.device("meta")) is False

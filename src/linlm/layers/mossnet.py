@@ -22,8 +22,9 @@ in time order, gathered into a padded tensor [E * B, L, ...] (L = the longest su
 token, so L = T). The experts' projections are batched matmuls over E and ONE scan runs over all E * B rows, with
 per-row A and D. Padding sits at the end of a row (it repeats the last token's inputs): the S6 scan skips it
 (lengths) and "ssd" gives it dt = 0, so the state passes through unchanged. Each token's output is the gate-weighted
-sum of its k slots, read back in one weighted gather (embedding_bag). Packed documents: an expert's subsequence resets at the first of its tokens that
-belongs to a new document, and a state left over from a finished document is zeroed before it is returned.
+sum of its k slots, read back in one weighted gather (embedding_bag). Packed documents: an expert's subsequence
+resets at the first of its tokens that belongs to a new document, and a state left over from a finished document is
+zeroed before it is returned.
 """
 
 from __future__ import annotations

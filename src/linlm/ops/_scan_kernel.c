@@ -16,7 +16,9 @@
    (dB, dC) are horizontal, once per (t, n, tile). The forward keeps the state in a 8 KiB array and writes the state
    at every K-th step to ckpt. The backward walks the segments of K steps from last to first: it recomputes the
    segment's states and decays from the checkpoint into two K x N x TILE buffers (256 KiB each at K 64, N 16, TILE
-   64 in float32: L2-resident), then runs the adjoint g_t = dL/ds_t backwards through them. */
+   64 in float32: L2-resident), with each step's dt and dt u, then runs the adjoint g_t = dL/ds_t backwards through
+   them. Both walk their tile through SUF(advance), inlined with constant sizes for the common shapes (TILE
+   channels, N = 16). */
 
 #include <stdint.h>
 #include <string.h>
@@ -104,21 +106,6 @@ static inline void SUF(load_dt)(REAL *restrict dtv, const REAL *restrict src, in
     }
 }
 
-/* Decays of one step: a[n][d] = exp(dt[d] A[n][d]), or 0 at a reset step. */
-static inline void SUF(decays)(REAL *restrict a, const REAL *restrict At, const REAL *restrict dtv, int64_t N,
-                               int64_t dl, int reset) {
-    for (int64_t n = 0; n < N; n++) {
-        REAL *restrict an = a + n * TILE;
-        const REAL *restrict An = At + n * TILE;
-        if (reset) {
-            for (int64_t d = 0; d < dl; d++) an[d] = 0;
-        } else {
-#pragma omp simd
-            for (int64_t d = 0; d < dl; d++) an[d] = SUF(exp_neg)(dtv[d] * An[d]);
-        }
-    }
-}
-
 /* A of row b, tile d0..d0+dl, transposed to At[n][d]. */
 static void SUF(load_A)(REAL *restrict At, const REAL *restrict A, int64_t a_bstride, int64_t b, int64_t d0,
                         int64_t dl, int64_t N) {
@@ -138,17 +125,33 @@ static void SUF(store_state)(REAL *restrict dst, const REAL *restrict s, int64_t
         for (int64_t n = 0; n < N; n++) dst[(d0 + d) * N + n] = s[n * TILE + d];
 }
 
-/* One forward step over a tile: s <- a s + x B_t, optionally y = <C_t, s>. */
-static inline void SUF(step)(REAL *restrict s, const REAL *restrict a, const REAL *restrict x, const REAL *restrict Bt_,
-                             int64_t N, int64_t dl) {
-    for (int64_t n = 0; n < N; n++) {
-        REAL *restrict sn = s + n * TILE;
-        const REAL *restrict an = a + n * TILE;
-        const REAL bn = Bt_[n];
-#pragma omp simd
-        for (int64_t d = 0; d < dl; d++) sn[d] = an[d] * sn[d] + x[d] * bn;
+/* One step of one state row n over a tile: a = exp(dt A_n) (0 at a reset step), s = a p + x b_n, where p is the
+   previous state row, or s itself when p is NULL (the forward updates in place). Optionally keeps a (an != NULL, the
+   backward's recompute) and accumulates the readout y += c_n s (yv != NULL, the forward). Inlined, so the NULL
+   tests are resolved at compile time. */
+#define ADVANCE_LOOP(PREV, DECAY)                                                                                   \
+    _Pragma("omp simd") for (int64_t d = 0; d < dl; d++) {                                                          \
+        const REAL av = (DECAY);                                                                                    \
+        const REAL sv = av * (PREV)[d] + x[d] * bn;                                                                 \
+        s[d] = sv;                                                                                                  \
+        if (an) an[d] = av;                                                                                         \
+        if (yv) yv[d] += cn * sv;                                                                                   \
+    }
+static inline __attribute__((always_inline)) void
+SUF(advance)(REAL *restrict s, const REAL *restrict p, REAL *restrict an, REAL *restrict yv, const REAL *restrict An,
+             const REAL *restrict dtv, const REAL *restrict x, REAL bn, REAL cn, int reset, int64_t dl) {
+    /* four loops, so that each is a straight vector loop (a select of the decay inside one stops vectorising) */
+    if (reset && p) {
+        ADVANCE_LOOP(p, (REAL)0)
+    } else if (reset) {
+        ADVANCE_LOOP(s, (REAL)0)
+    } else if (p) {
+        ADVANCE_LOOP(p, SUF(exp_neg)(dtv[d] * An[d]))
+    } else {
+        ADVANCE_LOOP(s, SUF(exp_neg)(dtv[d] * An[d]))
     }
 }
+#undef ADVANCE_LOOP
 
 /* Rows may end early: with lengths != NULL, row b runs steps 0 .. lengths[b] - 1 only; later steps are padding:
    there y = D u, the state is not touched and no gradient reaches u (beyond D's term), dt, B or C. D (NULL for
@@ -179,26 +182,8 @@ SUF(scan_fwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
         /* decay, update and readout in one pass over the tile's state (the decays are not kept) */
         const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
         const int rs = reset && reset[b * T + t];
-        for (int64_t n = 0; n < N; n++) {
-            REAL *restrict sn = st + n * TILE;
-            const REAL *restrict An = At + n * TILE;
-            const REAL bn = Bt_[n], cn = Ct[n];
-            if (rs) {  /* decay 0, written as a product so that the result is the one SUF(step) gives */
-#pragma omp simd
-                for (int64_t d = 0; d < dl; d++) {
-                    const REAL sv = (REAL)0 * sn[d] + x[d] * bn;
-                    sn[d] = sv;
-                    yv[d] += cn * sv;
-                }
-            } else {
-#pragma omp simd
-                for (int64_t d = 0; d < dl; d++) {
-                    const REAL sv = SUF(exp_neg)(dtv[d] * An[d]) * sn[d] + x[d] * bn;
-                    sn[d] = sv;
-                    yv[d] += cn * sv;
-                }
-            }
-        }
+        for (int64_t n = 0; n < N; n++)
+            SUF(advance)(st + n * TILE, NULL, NULL, yv, At + n * TILE, dtv, x, Bt_[n], Ct[n], rs, dl);
         for (int64_t d = 0; d < dl; d++) y[row + d] = yv[d];
     }
     for (int64_t t = Tb; t < T; t++) {
@@ -272,26 +257,10 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             const REAL *prev = t == t0 ? s0 : st - N * TILE;
             const REAL *Bt_ = Bm + (b * T + t) * N;
             const int rs = reset && reset[b * T + t];
-            /* decay and update in one pass, both kept: a_t = exp(dt A) (0 at a reset), s_t = a_t s_{t-1} + x B_t */
-            for (int64_t n = 0; n < N; n++) {
-                REAL *restrict sn = st + n * TILE, *restrict an = at + n * TILE;
-                const REAL *restrict pn = prev + n * TILE, *restrict An = At + n * TILE;
-                const REAL bn = Bt_[n];
-                if (rs) {
-#pragma omp simd
-                    for (int64_t d = 0; d < dl; d++) {
-                        an[d] = 0;
-                        sn[d] = (REAL)0 * pn[d] + xs[d] * bn;
-                    }
-                } else {
-#pragma omp simd
-                    for (int64_t d = 0; d < dl; d++) {
-                        const REAL av = SUF(exp_neg)(dts[d] * An[d]);
-                        an[d] = av;
-                        sn[d] = av * pn[d] + xs[d] * bn;
-                    }
-                }
-            }
+            /* decay and update in one pass, both kept for the adjoint */
+            for (int64_t n = 0; n < N; n++)
+                SUF(advance)(st + n * TILE, prev + n * TILE, at + n * TILE, NULL, At + n * TILE, dts, xs, Bt_[n], 0,
+                             rs, dl);
         }
         /* the adjoint, backwards: g holds dL/ds_t once dy_t's term is added */
         for (int64_t t = t1 - 1; t >= t0; t--) {

@@ -103,7 +103,7 @@ def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> fl
     import torch
 
     from linlm.devices import resolve_device, resolve_precision
-    from linlm.train.optim import fused_adamw_takes
+    from linlm.train.optim import build_optimizer
     from linlm.models.lm import CausalLM
 
     cfg = run.config
@@ -116,8 +116,7 @@ def measure_step_seconds(run: PlannedRun, vocab_size: int, steps: int = 2) -> fl
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         gen = torch.Generator().manual_seed(0)
         model = CausalLM(model_cfg).to(device)
-        params = list(model.parameters())
-        opt = torch.optim.AdamW(params, lr=1e-4, fused=fused_adamw_takes(params) or None)  # as the trainer's
+        opt = build_optimizer(model, cfg.optim)  # the run's own optimizer, as the trainer builds it
         micro = max(1, cfg.batch_size // cfg.grad_accum)
         ids = torch.randint(0, model_cfg.vocab_size, (micro, cfg.data.seq_len), generator=gen).to(device)
         bf16 = resolve_precision(cfg.precision, device) == "bf16"
