@@ -142,3 +142,30 @@ def test_presets_match_llama_active_size_and_paper_70m_builds():
         assert abs(got - want) / want < 0.02, (preset, got, want)
     model = create_model("mamba", preset="paper-70m", vocab_size=8192)
     assert model.config.n_layers == 12 and model.config.d_model == 512
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_dt_preactivation_gradients_equal_the_composite(batched):
+    """dt_preactivation's own backward (the rank-R products computed transposed) against autograd of the composite
+    bias + dt_low @ W^T: one weight [Din, R] on [B, T, R] (Mamba) and one per expert [E, Din, R] on [E, L, R]
+    (MossNet), dt_low a strided slice of a wider projection as in the models; a float64 gradcheck too."""
+    from linlm.layers.mamba import dt_preactivation
+
+    torch.manual_seed(5)
+    lead, w_shape, b_shape = ((3, 7), (11, 4), (11,)) if not batched else ((3, 7), (3, 11, 4), (3, 11))
+    proj = torch.randn(*lead, 9, dtype=torch.float64)
+    W, b = torch.randn(w_shape, dtype=torch.float64), torch.randn(b_shape, dtype=torch.float64)
+    g = torch.randn(*lead, 11, dtype=torch.float64)
+    grads = []
+    for fn in (dt_preactivation,
+               lambda lo, W, b: (lo @ W.transpose(-1, -2)) + (b if not batched else b.unsqueeze(-2))):
+        leaves = [t.clone().requires_grad_(True) for t in (proj, W, b)]
+        out = fn(leaves[0][..., 2:6], leaves[1], leaves[2])
+        (out * g).sum().backward()
+        grads.append([out] + [t.grad for t in leaves])
+    for a, c in zip(*grads):
+        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
+    leaves = [t.clone().requires_grad_(True) for t in (proj, W, b)]
+    assert torch.autograd.gradcheck(lambda p, W, b: dt_preactivation(p[..., 2:6], W, b), leaves)
+    with torch.no_grad():  # inference takes the plain product (no autograd Function)
+        torch.testing.assert_close(dt_preactivation(proj[..., 2:6], W, b), grads[0][0].detach())

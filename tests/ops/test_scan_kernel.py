@@ -174,10 +174,11 @@ def test_kernel_bad_inputs():
 
 @needs_kernel
 @pytest.mark.parametrize("K", [1, 2, 4])
-@pytest.mark.parametrize("T", [1, 3, 50])
+@pytest.mark.parametrize("T", [1, 3, 50, 300])
 def test_conv_silu_kernel_matches_the_torch_conv(K, T, monkeypatch):
     """ShortConv(silu=True) through the kernel against the torch taps + F.silu: outputs, new states and gradients
-    of x, the state, the weights and the bias, with and without documents; C = 70 spans two channel blocks."""
+    of x, the state, the weights and the bias, with and without documents. T = 300 spans three blocks of 128 steps
+    (the backward's halo across blocks); the work items are split over 3 threads."""
     from linlm.layers.mamba import ShortConv
 
     torch.manual_seed(40 + K + T)
@@ -187,6 +188,9 @@ def test_conv_silu_kernel_matches_the_torch_conv(K, T, monkeypatch):
     reset = torch.zeros(2, T, dtype=torch.bool)
     reset[0, T // 2] = True
     reset[1, 0] = True
+    if T > 200:
+        reset[1, 127:130] = True  # documents starting around a block boundary
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     for st, rs in [(None, None), (state, None), (state, reset)]:
         outs = []
         for backend in ("kernel", "torch"):
@@ -257,3 +261,67 @@ def test_dt_softplus_equals_softplus_first(backend, dtype, monkeypatch):
     for fn in (selective_scan_reference, selective_scan_chunked):
         assert_close_all(run_with_grads(fn, x64, dt_softplus=True), run_with_grads(
             lambda u, dt, *a, **kw: fn(u, torch.nn.functional.softplus(dt), *a, **kw), x64), rtol=1e-10, atol=1e-12)
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 15, 16, 37])
+def test_gate_kernel_matches_torch(M):
+    """silu(z) * y through the kernel, with z one half of a packed projection (strided rows) as in Mamba, against
+    torch's ops: values and both gradients in float64 (to rounding), also in the saturated tails (|z| up to 120),
+    and the rows split in blocks of 16 over threads (M around the block size)."""
+    from linlm.layers.mamba import output_gate
+
+    torch.manual_seed(M)
+    packed = torch.randn(M, 2, 2, 70, dtype=F64) * 4.0
+    packed[0, 1, 0, :5] = torch.tensor([-120.0, -40.0, 0.0, 40.0, 120.0], dtype=F64)
+    y = torch.randn(M, 2, 70, dtype=F64)
+    g = torch.randn(M, 2, 70, dtype=F64)
+    results = []
+    for fn in (output_gate, lambda y, z: y * torch.nn.functional.silu(z)):
+        p, yl = packed.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        out = fn(yl, p[:, :, 1])
+        (out * g).sum().backward()
+        results.append((out, p.grad, yl.grad))
+        if len(results) == 1:
+            assert type(out.grad_fn).__name__ == "_SiluMulBackward"
+    for a, b in zip(*results):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_glu_silu_kernel_matches_the_reference(dtype):
+    """ops.fused.glu(h, "silu") on the CPU runs the gate kernel (gradient as one tensor of h's shape) and equals
+    glu_reference: values and gradient, to rounding in float64 and float32; a float64 gradcheck."""
+    from linlm.ops.fused import glu, glu_reference
+
+    torch.manual_seed(3)
+    h = (torch.randn(5, 33, 2 * 24, dtype=F64) * 3.0).to(dtype)
+    g = torch.randn(5, 33, 24, dtype=F64).to(dtype)
+    results = []
+    for fn in (glu, glu_reference):
+        hl = h.clone().requires_grad_(True)
+        out = fn(hl, "silu")
+        (out * g).sum().backward()
+        results.append((out, hl.grad))
+    assert type(results[0][0].grad_fn).__name__ == "_GluSiluBackward"
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **tol)
+    with torch.no_grad():
+        torch.testing.assert_close(glu(h, "silu"), results[1][0].detach(), **tol)
+    if dtype == F64:
+        assert torch.autograd.gradcheck(lambda x: glu(x, "silu"), (h[:2, :3].clone().requires_grad_(True),))
+
+
+@needs_kernel
+def test_gate_kernel_takes_only_one_float_dtype_on_the_cpu(monkeypatch):
+    """bfloat16 and mixed dtypes stay on torch's ops (the kernel computes in float32 / float64 only), and
+    LINLM_SCAN_BACKEND=torch turns the kernel off here as for the scan."""
+    f32, f64 = torch.ones(2, 4), torch.ones(2, 4, dtype=F64)
+    assert scan_kernel.gate_takes(f32, f32) and scan_kernel.gate_takes(f64)
+    assert not scan_kernel.gate_takes(f32.bfloat16())
+    assert not scan_kernel.gate_takes(f32, f64)
+    monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
+    assert not scan_kernel.gate_takes(f32, f32)

@@ -42,6 +42,7 @@ from linlm.layers.mamba import (
     dt_rank,
     dt_weight_init_,
     inner_dim,
+    output_gate,
     s4d_real_log,
     scan_flops_per_token,
 )
@@ -99,7 +100,7 @@ class MossNetMixer(nn.Module):
             y = y[:, None]
         else:
             y, ssm = self._scan(u, gates, idx, ssm, reset, return_state)
-        out = self.out_proj(y * F.silu(z))
+        out = self.out_proj(output_gate(y, z))
         return out, ({"conv": conv_state, "ssm": ssm} if return_state else None), aux
 
     # ------------------------------------------------------------------------------------------------------------

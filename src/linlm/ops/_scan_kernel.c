@@ -45,6 +45,8 @@
 #define EXP_BIAS 1023
 #define EXP_SHIFT 52
 #define EXP_BITS int64_t
+#define FABS __builtin_fabs
+#define COPYSIGN __builtin_copysign
 static const double SUF(exp_coef)[EXP_NCOEF] = {
     1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
     1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
@@ -57,6 +59,8 @@ static const double SUF(exp_coef)[EXP_NCOEF] = {
 #define EXP_BIAS 127
 #define EXP_SHIFT 23
 #define EXP_BITS int32_t
+#define FABS __builtin_fabsf  /* the float builtins: the double ones would convert every vector to double and back */
+#define COPYSIGN __builtin_copysignf
 static const float SUF(exp_coef)[EXP_NCOEF] = {
     1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
 #endif
@@ -74,9 +78,9 @@ static inline REAL SUF(exp_neg)(REAL x) {
 }
 
 static inline REAL SUF(sigmoid)(REAL z) {
-    const REAL e = SUF(exp_neg)(-__builtin_fabs(z));  /* in (0, 1]: no overflow for any z */
+    const REAL e = SUF(exp_neg)(-FABS(z));  /* in (0, 1]: no overflow for any z */
     const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
-    return (REAL)0.5 + __builtin_copysign(r - (REAL)0.5, z);
+    return (REAL)0.5 + COPYSIGN(r - (REAL)0.5, z);
 }
 
 /* softplus(x) = max(x, 0) + log1p(exp(-|x|)), with log1p(e) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) for
@@ -88,7 +92,7 @@ static inline REAL SUF(sigmoid)(REAL z) {
 #define SP_NCOEF 8
 #endif
 static inline REAL SUF(softplus)(REAL x) {
-    const REAL ax = __builtin_fabs(x);
+    const REAL ax = FABS(x);
     const REAL e = SUF(exp_neg)(-ax);
     const REAL s = e / ((REAL)2 + e), s2 = s * s;
     REAL p = (REAL)1 / (REAL)(2 * SP_NCOEF - 1);
@@ -348,89 +352,167 @@ static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const 
     return state ? state + (b * (K - 1) + (K - 1 + tau)) * C : NULL;
 }
 
-static inline void SUF(conv_pre)(REAL *restrict acc, const REAL *x, const REAL *state, const REAL *wt,
-                                 const REAL *restrict bias, const int64_t *since, int64_t b, int64_t t, int64_t T,
-                                 int64_t C, int64_t K, int64_t xs) {
-    for (int64_t c = 0; c < C; c++) acc[c] = bias[c];
+/* the K rows that the taps of output t read (src[j] for tap j), a row of zeros for a dropped or missing one */
+static inline void SUF(conv_srcs)(const REAL **src, const REAL *zero, const REAL *x, const REAL *state,
+                                  const int64_t *since, int64_t b, int64_t t, int64_t T, int64_t C, int64_t K,
+                                  int64_t xs) {
     for (int64_t j = 0; j < K; j++) {
-        const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
-        if (!src) continue;
-        const REAL *restrict w = wt + j * C;
+        const REAL *p = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
+        src[j] = p ? p : zero;
+    }
+}
+
+/* The per-row loops, each one pass over the channels with the K taps in registers; inlined with K = 4 (Mamba's
+   d_conv) as a constant, so that the tap loop unrolls inside the vector loop. */
+static inline __attribute__((always_inline)) void
+SUF(conv_fwd_row)(REAL *restrict o, const REAL **src, const REAL *restrict wt, const REAL *restrict bias, int64_t C,
+                  int64_t K) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) acc[c] += w[c] * src[c];
+    for (int64_t c = 0; c < C; c++) {
+        REAL a = bias[c];
+        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * src[j][c];
+        o[c] = a * SUF(sigmoid)(a);
+    }
+}
+
+/* dp = dy silu'(pre) for one output row; with own (a step of the item itself, not of its halo) also the bias and
+   weight gradients' partial sums */
+static inline __attribute__((always_inline)) void
+SUF(conv_bwd_row)(REAL *restrict dp, REAL *restrict gb, REAL *restrict dwi, const REAL *restrict g, const REAL **src,
+                  const REAL *restrict wt, const REAL *restrict bias, int64_t C, int64_t K, int own) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) {
+        REAL a = bias[c];
+        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * src[j][c];
+        const REAL sg = SUF(sigmoid)(a);
+        const REAL d = g[c] * sg * ((REAL)1 + a * ((REAL)1 - sg));
+        dp[c] = d;
+        if (own) {
+            gb[c] += d;
+            for (int64_t j = 0; j < K; j++) dwi[j * C + c] += d * src[j][c];
+        }
+    }
+}
+
+/* dst = sum over taps of w[j] dp[j]: the gradient of one input row, from the K dpre rows that read it */
+static inline __attribute__((always_inline)) void
+SUF(conv_dx_row)(REAL *restrict dst, const REAL **dp, const REAL *restrict wt, int64_t C, int64_t K) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) {
+        REAL a = 0;
+        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * dp[j][c];
+        dst[c] = a;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+SUF(conv_fwd_items)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since,
+                    REAL *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0,
+                    int64_t item1) {
+    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
+    REAL zero[C];
+    const REAL *src[K];
+    for (int64_t c = 0; c < C; c++) zero[c] = 0;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
+        for (int64_t t = t0; t < t1; t++) {
+            SUF(conv_srcs)(src, zero, x, state, since, b, t, T, C, K, xs);
+            SUF(conv_fwd_row)(out + (b * T + t) * C, src, wt, bias, C, K);
+        }
     }
 }
 
 void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since, REAL *out,
                    int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
-    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    REAL acc[C];
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
-        for (int64_t t = t0; t < t1; t++) {
-            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, xs);
-            REAL *restrict o = out + (b * T + t) * C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; c++) o[c] = acc[c] * SUF(sigmoid)(acc[c]);
-        }
-    }
+    if (K == 4) SUF(conv_fwd_items)(x, state, wt, bias, since, out, Bt, T, C, (int64_t)4, xs, item0, item1);
+    else SUF(conv_fwd_items)(x, state, wt, bias, since, out, Bt, T, C, K, xs, item0, item1);
 }
 
-/* Backward, pass 1: dpre = dy silu'(pre) into the scratch dpre [Bt, T, C]; dw [items, K, C] and dbias [items, C],
-   one partial sum per item (the caller sums them). */
-void SUF(conv_bwd1)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
-                    const int64_t *since, REAL *dpre, REAL *dw, REAL *dbias, int64_t Bt, int64_t T, int64_t C,
-                    int64_t K, int64_t xs, int64_t item0, int64_t item1) {
+/* Backward, one pass per item: dpre = dy silu'(pre) for the item's steps and the K - 1 after them (a halo, recomputed
+   by the next item too), kept in a ring of K rows (ring, K x C per thread); each input position tau is finished as
+   soon as the last tap that reads it (output tau + K - 1) is known: dx[tau] (or, in a row's first block, the state
+   positions before it: dstate, which may be NULL) = sum over taps of w[j] dpre[tau + lag]. dw [items, K, C] and
+   dbias [items, C] get one partial sum per item over its own steps (the caller sums them). */
+static inline __attribute__((always_inline)) void
+SUF(conv_bwd_items)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
+                    const int64_t *since, REAL *ring, REAL *dx, REAL *dstate, REAL *dw, REAL *dbias, int64_t Bt,
+                    int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
     const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    REAL acc[C];
+    REAL zero[C];
+    const REAL *src[K];
+    for (int64_t c = 0; c < C; c++) zero[c] = 0;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
         REAL *restrict dwi = dw + item * K * C, *restrict gb = dbias + item * C;
         for (int64_t c = 0; c < K * C; c++) dwi[c] = 0;
         for (int64_t c = 0; c < C; c++) gb[c] = 0;
-        for (int64_t t = t0; t < t1; t++) {
-            SUF(conv_pre)(acc, x, state, wt, bias, since, b, t, T, C, K, xs);
-            const REAL *restrict g = dy + (b * T + t) * C;
-            REAL *restrict dp = dpre + (b * T + t) * C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; c++) {
-                const REAL sg = SUF(sigmoid)(acc[c]);
-                dp[c] = g[c] * sg * ((REAL)1 + acc[c] * ((REAL)1 - sg));
-                gb[c] += dp[c];
+        for (int64_t t = t0; t < t1 + K - 1; t++) {
+            if (t < T) {  /* dpre[t] into the ring (never read past the row's end) */
+                SUF(conv_srcs)(src, zero, x, state, since, b, t, T, C, K, xs);
+                REAL *dp = ring + ((t - t0) % K) * C;
+                if (t < t1) SUF(conv_bwd_row)(dp, gb, dwi, dy + (b * T + t) * C, src, wt, bias, C, K, 1);
+                else SUF(conv_bwd_row)(dp, gb, dwi, dy + (b * T + t) * C, src, wt, bias, C, K, 0);
             }
+            /* input position tau = t - (K - 1) is read by outputs tau .. t, all known now (in a row's first block,
+               tau < 0 is a state position) */
+            const int64_t tau = t - (K - 1);
+            if (tau < (t0 == 0 ? -(K - 1) : t0) || tau >= t1) continue;
+            REAL *dst;
+            if (tau >= 0) dst = dx + (b * T + tau) * C;
+            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C;
+            else continue;
             for (int64_t j = 0; j < K; j++) {
-                const REAL *restrict src = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
-                if (!src) continue;
-                REAL *restrict w = dwi + j * C;
-#pragma omp simd
-                for (int64_t c = 0; c < C; c++) w[c] += dp[c] * src[c];
+                const int64_t lag = K - 1 - j, tt = tau + lag;
+                const int drop = tt < 0 || tt >= T || (since && since[b * T + tt] < lag);
+                src[j] = drop ? zero : ring + ((tt - t0) % K) * C;
             }
+            SUF(conv_dx_row)(dst, src, wt, C, K);
         }
     }
 }
 
-/* Backward, pass 2 (after pass 1 has filled dpre for every item): each input position tau of the block, and for the
-   first block of a row the state positions before it, gathers the taps that read it. dstate may be NULL. */
-void SUF(conv_bwd2)(const REAL *wt, const int64_t *since, const REAL *dpre, REAL *dx, REAL *dstate, int64_t Bt,
-                    int64_t T, int64_t C, int64_t K, int64_t item0, int64_t item1) {
-    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    REAL acc[C];
+void SUF(conv_bwd)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
+                   const int64_t *since, REAL *ring, REAL *dx, REAL *dstate, REAL *dw, REAL *dbias, int64_t Bt,
+                   int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
+    if (K == 4) SUF(conv_bwd_items)(dy, x, state, wt, bias, since, ring, dx, dstate, dw, dbias, Bt, T, C,
+                                    (int64_t)4, xs, item0, item1);
+    else SUF(conv_bwd_items)(dy, x, state, wt, bias, since, ring, dx, dstate, dw, dbias, Bt, T, C, K, xs, item0,
+                             item1);
+}
+
+/* The gated SiLU out = silu(g) * u, forward and backward, over M rows of F values: SwiGLU's activation (g and u the
+   two halves of one [M, 2F] projection) and Mamba's output gate (g = z, u = the scan's y). g, u, dg and du are read
+   or written with their own row strides (gs, us, dgs, dus elements; the values of a row are contiguous); out and dout
+   are contiguous [M, F]. Items: blocks of GATE_ROWS rows. The backward recomputes sigmoid(g) (nothing saved but the
+   inputs): du = dout silu(g), dg = dout u sigmoid(g) (1 + g (1 - sigmoid(g))). */
+#define GATE_ROWS 16
+
+void SUF(silu_mul_fwd)(const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *out, int64_t M, int64_t F,
+                       int64_t item0, int64_t item1) {
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
-        for (int64_t tau = t0 == 0 ? -(K - 1) : t0; tau < t1; tau++) {
-            REAL *restrict dst;
-            if (tau >= 0) dst = dx + (b * T + tau) * C;
-            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C;
-            else continue;
-            for (int64_t c = 0; c < C; c++) acc[c] = 0;
-            for (int64_t j = 0; j < K; j++) {
-                const int64_t lag = K - 1 - j, t = tau + lag;
-                if (t < 0 || t >= T || (since && since[b * T + t] < lag)) continue;
-                const REAL *restrict w = wt + j * C, *restrict dp = dpre + (b * T + t) * C;
+        const int64_t r1 = (item + 1) * GATE_ROWS < M ? (item + 1) * GATE_ROWS : M;
+        for (int64_t r = item * GATE_ROWS; r < r1; r++) {
+            const REAL *restrict gr = g + r * gs, *restrict ur = u + r * us;
+            REAL *restrict o = out + r * F;
 #pragma omp simd
-                for (int64_t c = 0; c < C; c++) acc[c] += w[c] * dp[c];
+            for (int64_t c = 0; c < F; c++) o[c] = gr[c] * SUF(sigmoid)(gr[c]) * ur[c];
+        }
+    }
+}
+
+void SUF(silu_mul_bwd)(const REAL *dout, const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *dg, int64_t dgs,
+                       REAL *du, int64_t dus, int64_t M, int64_t F, int64_t item0, int64_t item1) {
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t r1 = (item + 1) * GATE_ROWS < M ? (item + 1) * GATE_ROWS : M;
+        for (int64_t r = item * GATE_ROWS; r < r1; r++) {
+            const REAL *restrict o = dout + r * F, *restrict gr = g + r * gs, *restrict ur = u + r * us;
+            REAL *restrict dgr = dg + r * dgs, *restrict dur = du + r * dus;
+#pragma omp simd
+            for (int64_t c = 0; c < F; c++) {
+                const REAL sg = SUF(sigmoid)(gr[c]);
+                dur[c] = o[c] * gr[c] * sg;
+                dgr[c] = o[c] * ur[c] * sg * ((REAL)1 + gr[c] * ((REAL)1 - sg));
             }
-            for (int64_t c = 0; c < C; c++) dst[c] = acc[c];
         }
     }
 }
@@ -449,6 +531,8 @@ void SUF(conv_bwd2)(const REAL *wt, const int64_t *since, const REAL *dpre, REAL
 #undef EXP_SHIFT
 #undef EXP_BITS
 #undef SP_NCOEF
+#undef FABS
+#undef COPYSIGN
 #define REAL double
 #define REAL_IS_DOUBLE 1
 #define SUF(name) name##_f64

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linlm.ops import scan_kernel
+
 
 # ---------------------------------------------------------------------------------------------------------- RoPE
 
@@ -161,6 +163,8 @@ def glu(h: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
         raise ValueError(f"glu: activation must be 'silu' or None, got {activation!r}")
     if h.shape[-1] % 2:
         raise ValueError(f"glu: the last dim holds [gate | up] and must be even, got {h.shape[-1]}")
+    if activation == "silu" and scan_kernel.gate_takes(h):
+        return scan_kernel.glu_silu(h)  # one pass each way in compiled code (CPU, float32 / float64)
     if not _needs_grad(h):
         return _glu_forward(h, activation == "silu")[0]
     return _GLU.apply(h, activation == "silu")

@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError
 
-__all__ = ["available", "backend", "conv_silu", "kernel_scan"]
+__all__ = ["available", "backend", "conv_silu", "gate_takes", "glu_silu", "kernel_scan", "silu_mul"]
 
 SOURCE = Path(__file__).with_name("_scan_kernel.c")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-fopenmp-simd", "-std=gnu11")
@@ -124,8 +124,9 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, f"scan_fwd_{suf}").argtypes = _FWD_ARGS
         getattr(lib, f"scan_bwd_{suf}").argtypes = _BWD_ARGS
         getattr(lib, f"conv_fwd_{suf}").argtypes = [_P] * 6 + [_I] * 7
-        getattr(lib, f"conv_bwd1_{suf}").argtypes = [_P] * 9 + [_I] * 7
-        getattr(lib, f"conv_bwd2_{suf}").argtypes = [_P] * 5 + [_I] * 6
+        getattr(lib, f"conv_bwd_{suf}").argtypes = [_P] * 11 + [_I] * 7
+        getattr(lib, f"silu_mul_fwd_{suf}").argtypes = [_P, _I, _P, _I, _P] + [_I] * 4
+        getattr(lib, f"silu_mul_bwd_{suf}").argtypes = [_P, _P, _I, _P, _I, _P, _I, _P] + [_I] * 5
     return lib
 
 
@@ -280,14 +281,13 @@ class _ConvSiLU(torch.autograd.Function):
         suf = "f64" if x.dtype == torch.float64 else "f32"
         n_items = Bt * -(-T // CONV_TB)
         dy = dy.to(x.dtype).contiguous()
-        dpre, dx = x.new_empty(Bt, T, C), x.new_empty(Bt, T, C)
+        dx = x.new_empty(Bt, T, C)
         dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
         dw, dbias = x.new_empty(n_items, K, C), x.new_empty(n_items, C)
-        args1 = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(dpre), _ptr(dw),
-                 _ptr(dbias), Bt, T, C, K, x.stride(1))
-        _run(getattr(lib, f"conv_bwd1_{suf}"), n_items, lambda i: args1)
-        args2 = (_ptr(wt), _ptr(since), _ptr(dpre), _ptr(dx), _ptr(dstate), Bt, T, C, K)
-        _run(getattr(lib, f"conv_bwd2_{suf}"), n_items, lambda i: args2)
+        ring = x.new_empty(max(1, min(torch.get_num_threads(), n_items)), K * C)  # one per thread
+        args = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since))
+        rest = (_ptr(dx), _ptr(dstate), _ptr(dw), _ptr(dbias), Bt, T, C, K, x.stride(1))
+        _run(getattr(lib, f"conv_bwd_{suf}"), n_items, lambda i: (*args, ring[i].data_ptr(), *rest))
         return dx, dstate, dw.sum(0), dbias.sum(0), None
 
 
@@ -304,3 +304,91 @@ def conv_silu(x: Tensor, state: Tensor | None, weight: Tensor, bias: Tensor, sin
     sc = None if since is None else since.to(torch.int64).contiguous()
     out = _ConvSiLU.apply(xc, st, weight.to(cd).t().contiguous(), bias.to(cd).contiguous(), sc)
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the gated SiLU: silu(g) * u
+
+GATE_ROWS = 16  # rows per work item of the gate; must equal GATE_ROWS in the C source
+
+
+def gate_takes(*tensors: Tensor) -> bool:
+    """Whether the gate kernel runs for these tensors: all on the CPU, in the same dtype, float32 or float64, and the
+    kernel available (built)."""
+    dtype = tensors[0].dtype
+    return (dtype in (torch.float32, torch.float64)
+            and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and available())
+
+
+def _rows(t: Tensor) -> Tensor:
+    """t as [M, F] with contiguous rows at an even spacing: a view where t's layout allows it, else a copy."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _gate_forward(g2: Tensor, u2: Tensor) -> Tensor:
+    M, F = g2.shape
+    out = g2.new_empty(M, F)
+    fn = getattr(_library(), f"silu_mul_fwd_{'f64' if g2.dtype == torch.float64 else 'f32'}")
+    args = (_ptr(g2), g2.stride(0), _ptr(u2), u2.stride(0), _ptr(out), M, F)
+    _run(fn, -(-M // GATE_ROWS), lambda i: args)
+    return out
+
+
+def _gate_backward(dout: Tensor, g2: Tensor, u2: Tensor, dg: Tensor, du: Tensor) -> None:
+    M, F = g2.shape
+    dout = dout.reshape(M, F).to(g2.dtype).contiguous()
+    fn = getattr(_library(), f"silu_mul_bwd_{'f64' if g2.dtype == torch.float64 else 'f32'}")
+    args = (_ptr(dout), _ptr(g2), g2.stride(0), _ptr(u2), u2.stride(0), _ptr(dg), dg.stride(0), _ptr(du),
+            du.stride(0), M, F)
+    _run(fn, -(-M // GATE_ROWS), lambda i: args)
+
+
+class _SiluMul(torch.autograd.Function):
+    """silu(g) * u for two tensors of one shape; saves the inputs only (the backward recomputes the sigmoid)."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        g2, u2 = _rows(g), _rows(u)
+        ctx.save_for_backward(g2, u2)
+        ctx.shape = g.shape
+        return _gate_forward(g2, u2).view(g.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        g2, u2 = ctx.saved_tensors
+        dg, du = g2.new_empty(g2.shape), u2.new_empty(u2.shape)
+        _gate_backward(dout, g2, u2, dg, du)
+        return dg.view(ctx.shape), du.view(ctx.shape)
+
+
+class _GluSilu(torch.autograd.Function):
+    """silu(gate) * up for h = [gate | up] on the last dim; the gradient comes back as one tensor of h's shape."""
+
+    @staticmethod
+    def forward(ctx, h):
+        h2 = _rows(h)
+        F = h2.shape[1] // 2
+        ctx.save_for_backward(h2)
+        ctx.shape = h.shape
+        return _gate_forward(h2[:, :F], h2[:, F:]).view(*h.shape[:-1], F)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        (h2,) = ctx.saved_tensors
+        F = h2.shape[1] // 2
+        dh = h2.new_empty(h2.shape)
+        _gate_backward(dout, h2[:, :F], h2[:, F:], dh[:, :F], dh[:, F:])
+        return dh.view(ctx.shape)
+
+
+def silu_mul(g: Tensor, u: Tensor) -> Tensor:
+    """silu(g) * u (Mamba's output gate, g = z) through the kernel, for tensors of one shape that gate_takes."""
+    return _SiluMul.apply(g, u)
+
+
+def glu_silu(h: Tensor) -> Tensor:
+    """SwiGLU's silu(gate) * up for h = [gate | up] on the last dim, through the kernel, for an h that gate_takes."""
+    return _GluSilu.apply(h)
