@@ -110,6 +110,16 @@ static inline void SUF(load_dt)(REAL *restrict dtv, const REAL *restrict src, in
     }
 }
 
+/* Prefetch one tile row (dl values) of a [Bt, T, Din] buffer: consecutive steps' rows are Din values apart, a new
+   page every step at Din = 1024, where the hardware prefetchers do not follow; a few steps ahead hides the misses. */
+#define PF_STEPS 2
+static inline void SUF(prefetch_row)(const REAL *p, int64_t dl, int write) {
+    for (int64_t off = 0; off < dl; off += 64 / (int64_t)sizeof(REAL)) {
+        if (write) __builtin_prefetch(p + off, 1);
+        else __builtin_prefetch(p + off, 0);
+    }
+}
+
 /* A of row b, tile d0..d0+dl, transposed to At[n][d]. */
 static void SUF(load_A)(REAL *restrict At, const REAL *restrict A, int64_t a_bstride, int64_t b, int64_t d0,
                         int64_t dl, int64_t N) {
@@ -178,6 +188,11 @@ SUF(scan_fwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
     for (int64_t t = 0; t < Tb; t++) {
         if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
         const int64_t row = (b * T + t) * Din + d0;
+        if (t + PF_STEPS < Tb) {
+            SUF(prefetch_row)(u + row + PF_STEPS * Din, dl, 0);
+            SUF(prefetch_row)(dt + row + PF_STEPS * Din, dl, 0);
+            SUF(prefetch_row)(y + row + PF_STEPS * Din, dl, 1);
+        }
         SUF(load_dt)(dtv, dt + row, dl, dt_sp);
         for (int64_t d = 0; d < dl; d++) {
             x[d] = dtv[d] * u[row + d];
@@ -255,6 +270,10 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
         for (int64_t t = t0; t < t1; t++) {
             const int64_t row = (b * T + t) * Din + d0;
             REAL *restrict dts = DTs + (t - t0) * TILE, *restrict xs = Xs + (t - t0) * TILE;
+            if (t + PF_STEPS < t1) {
+                SUF(prefetch_row)(u + row + PF_STEPS * Din, dl, 0);
+                SUF(prefetch_row)(dt + row + PF_STEPS * Din, dl, 0);
+            }
             SUF(load_dt)(dts, dt + row, dl, dt_sp);  /* kept for the adjoint, with x = dt u */
             for (int64_t d = 0; d < dl; d++) xs[d] = dts[d] * u[row + d];
             REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
@@ -274,6 +293,14 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
             const REAL *dyt = dy + row;
             REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
+            if (t - PF_STEPS >= t0) {  /* the rows this pass reads and writes, a few steps back */
+                const int64_t ahead = row - PF_STEPS * Din;
+                SUF(prefetch_row)(dy + ahead, dl, 0);
+                SUF(prefetch_row)(u + ahead, dl, 0);
+                SUF(prefetch_row)(dt + ahead, dl, 0);
+                SUF(prefetch_row)(du + ahead, dl, 1);
+                SUF(prefetch_row)(ddt + ahead, dl, 1);
+            }
             const REAL *restrict dtv = DTs + (t - t0) * TILE, *restrict x = Xs + (t - t0) * TILE;
             for (int64_t d = 0; d < dl; d++) {
                 dx[d] = 0;
@@ -532,6 +559,7 @@ void SUF(silu_mul_bwd)(const REAL *dout, const REAL *g, int64_t gs, const REAL *
 #undef EXP_BITS
 #undef SP_NCOEF
 #undef FABS
+#undef PF_STEPS
 #undef COPYSIGN
 #define REAL double
 #define REAL_IS_DOUBLE 1
