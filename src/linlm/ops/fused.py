@@ -12,6 +12,8 @@ here instead writes its result, and its gradient, straight into one output buffe
   cos, sin: [T, D / 2]. The backward is the same rotation by the opposite angle.
 - ``glu(h, activation)``: h [..., 2 F] holding [gate | up]; returns act(gate) * up, act "silu" (SwiGLU) or None
   (SGLU). The gradient comes back as one [..., 2 F] tensor, with no concatenation.
+  On the CPU in float32 / float64, SwiGLU runs on the compiled gate kernel
+  (``linlm.ops.scan_kernel.glu_silu``: one pass each way, only h saved).
 - ``rms_norm(x, weight, eps)``: x / sqrt(mean(x^2) + eps) * weight over the last dim; weight may be None
   (SRMSNorm). The mean square is one reduction (a vector norm), with no x^2 tensor.
 - ``linear_cross_entropy(h, weight, targets)``: mean cross-entropy of h @ weight^T, a chunk of tokens at a time,

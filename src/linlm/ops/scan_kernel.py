@@ -1,11 +1,17 @@
-"""The S6 selective scan, and Mamba's short causal conv + SiLU, as compiled CPU kernels (``_scan_kernel.c``),
-loaded through ctypes.
+"""The S6 selective scan, Mamba's short causal conv + SiLU, and the gated SiLU silu(g) * u (Mamba's output gate,
+SwiGLU's activation), as compiled CPU kernels (``_scan_kernel.c``), loaded through ctypes.
 
 Why a kernel: the scan is a few multiply-adds per state element and step, so any form built from tensor ops is
 bound by its passes over a [Bt, T, Din, N] working set (the chunked form makes about a dozen). The kernel keeps a
 tile of 64 channels' states (N x 64 values) in L1 and makes one pass over the inputs forward, and in the backward
 one recomputation and one adjoint pass per segment of 64 steps, from states checkpointed every 64 steps in the
-forward (Bt x T/64 x Din x N values, what the chunked form keeps too). See the C file's header for the layout.
+forward (Bt x T/64 x Din x N values, what the chunked form keeps too). A tile's consecutive steps are Din values
+apart (a new page per step at Din = 1024, where the hardware prefetchers stop), so both passes prefetch the rows a
+few steps ahead. See the C file's header for the layout.
+
+The conv and the gate are memory-bound passes that torch would make as several ops (the gate: silu, mul, and three
+more ops backward, saving silu(g) besides its inputs); each kernel makes one pass each way and saves only its
+inputs. ``LINLM_SCAN_BACKEND`` switches all three.
 
 Build: plain C, no Python or torch headers, compiled on first use with the system's C compiler (``$CC``, else
 ``cc`` or ``gcc``), about a second. The library is cached under ``$LINLM_KERNEL_CACHE`` (default: the user cache
