@@ -141,8 +141,12 @@ def test_combine_weights_each_slot():
     y = combine(y_sorted, order, w, N)
     want = ((w * (idx + 1)).sum(1))[:, None] * x
     torch.testing.assert_close(y, want)
-    y.sum().backward()
-    torch.testing.assert_close(w.grad, ((idx + 1)[..., None] * x[:, None, :]).sum(-1))
+    g = torch.randn(N, D, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    (y * g).sum().backward()
+    torch.testing.assert_close(w.grad, ((idx + 1)[..., None] * (x * g)[:, None, :]).sum(-1))
+    # each sorted row's gradient is its token's output gradient times that slot's weight
+    token, slot = order // k, order % k
+    torch.testing.assert_close(y_sorted.grad, w.detach()[token, slot][:, None] * g[token])
 
 
 def test_combine_keeps_dtype_of_expert_outputs():

