@@ -1,7 +1,11 @@
-"""The fused functions of linlm.ops.fused against their composite references, forward + backward.
+"""The fused functions of linlm.ops.fused, and the compiled passes of a Mamba block (linlm.ops.scan_kernel's conv +
+SiLU and output gate, layers.mamba's rank-R dt product with its own backward), against their composite torch
+references, forward + backward.
 
-Shapes are those of one paper-70m LLaMA layer (d_model 512, 4 heads of 128, SwiGLU width 1536, vocab 8192) at
-B=1, T=2048, float32. Each pair runs in this process, warmed up, timed in interleaved rounds (medians). Prints a
+Shapes are those of one paper-70m layer (LLaMA: d_model 512, 4 heads of 128, SwiGLU width 1536, vocab 8192; Mamba:
+inner width 1024, conv width 4) at B=1, T=2048, float32; the dt row is the demo's Mamba (inner width 256, rank 8:
+paper-70m's rank 32 takes autograd's backward, see layers.mamba.NARROW_RANK). The Mamba rows need the compiled
+kernel. Each pair runs in this process, warmed up, timed in interleaved rounds (medians). Prints a
 table and writes benchmarks/results/bench_fused.json. These are the element-wise parts of a training step; the
 step itself is timed by bench_train_step.py.
 
@@ -20,13 +24,38 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
-from linlm.ops import fused  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from linlm.layers.mamba import dt_preactivation, output_gate  # noqa: E402
+from linlm.ops import fused, scan_kernel  # noqa: E402
 
 
 def rope_reference_qkv(qkv, cos, sin):
     """The composite path the attention layer used before rope_qkv: views, then RoPE on q and k."""
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     return fused.rope_reference(q, cos, sin), fused.rope_reference(k, cos, sin), v
+
+
+def conv_silu_reference(x, w, b):
+    """silu of the causal depthwise conv1d (x [B, T, C], w [C, K]) by torch's conv1d."""
+    T, K = x.shape[1], w.shape[1]
+    out = F.conv1d(x.transpose(1, 2), w[:, None, :], b, padding=K - 1, groups=x.shape[2])[..., :T]
+    return F.silu(out.transpose(1, 2))
+
+
+def mamba_cases(T: int, din: int = 1024, K: int = 4, dt_din: int = 256, rank: int = 8):
+    g = torch.Generator().manual_seed(1)
+    y, z = torch.randn(1, T, din, generator=g), torch.randn(1, T, din, generator=g)
+    x, w, b = torch.randn(1, T, din, generator=g), torch.randn(din, K, generator=g) / 2, torch.randn(din, generator=g)
+    low, wd = torch.randn(1, T, rank, generator=g), torch.randn(dt_din, rank, generator=g)
+    bd = torch.randn(dt_din, generator=g)
+    return {
+        "mamba output gate": (lambda a, c: (output_gate(a, c),), lambda a, c: (a * F.silu(c),), (y, z)),
+        "mamba conv + silu": (lambda a, c, e: (scan_kernel.conv_silu(a, None, c, e, None),),
+                              lambda a, c, e: (conv_silu_reference(a, c, e),), (x, w, b)),
+        f"mamba dt (rank {rank}, inner {dt_din})": (lambda a, c, e: (dt_preactivation(a, c, e),),
+                                                   lambda a, c, e: (F.linear(a, c, e),), (low, wd, bd)),
+    }
 
 
 def cases(T: int, d: int = 512, H: int = 4, hidden: int = 1536, V: int = 8192):
@@ -73,7 +102,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args(argv)
     results = []
-    for name, (fast, ref, inputs) in cases(args.seq_len).items():
+    all_cases = cases(args.seq_len)
+    if scan_kernel.available():
+        all_cases.update(mamba_cases(args.seq_len))
+    else:
+        print("no compiled kernel (no C compiler): the Mamba rows are skipped")
+    for name, (fast, ref, inputs) in all_cases.items():
         runs = {"fused": fwd_bwd(fast, inputs), "reference": fwd_bwd(ref, inputs)}
         times = {k: [] for k in runs}
         for run in runs.values():

@@ -163,9 +163,23 @@ def test_dt_preactivation_gradients_equal_the_composite(batched):
         out = fn(leaves[0][..., 2:6], leaves[1], leaves[2])
         (out * g).sum().backward()
         grads.append([out] + [t.grad for t in leaves])
+    assert type(grads[0][0].grad_fn).__name__ == "_LowRankDtBackward"  # rank 4 < NARROW_RANK: its own backward
     for a, c in zip(*grads):
         torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
     leaves = [t.clone().requires_grad_(True) for t in (proj, W, b)]
     assert torch.autograd.gradcheck(lambda p, W, b: dt_preactivation(p[..., 2:6], W, b), leaves)
     with torch.no_grad():  # inference takes the plain product (no autograd Function)
         torch.testing.assert_close(dt_preactivation(proj[..., 2:6], W, b), grads[0][0].detach())
+
+
+def test_dt_preactivation_takes_autograd_at_a_wide_rank():
+    """At a rank of NARROW_RANK or more the plain product runs (autograd's backward), with the same values."""
+    from linlm.layers.mamba import NARROW_RANK, dt_preactivation
+
+    torch.manual_seed(6)
+    R = NARROW_RANK
+    low = torch.randn(2, 5, R, dtype=torch.float64, requires_grad=True)
+    W, b = torch.randn(7, R, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    out = dt_preactivation(low, W, b)
+    assert type(out.grad_fn).__name__ != "_LowRankDtBackward"
+    torch.testing.assert_close(out, low @ W.T + b, rtol=1e-12, atol=1e-12)

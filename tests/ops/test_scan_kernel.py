@@ -317,11 +317,28 @@ def test_glu_silu_kernel_matches_the_reference(dtype):
 
 @needs_kernel
 def test_gate_kernel_takes_only_one_float_dtype_on_the_cpu(monkeypatch):
-    """bfloat16 and mixed dtypes stay on torch's ops (the kernel computes in float32 / float64 only), and
-    LINLM_SCAN_BACKEND=torch turns the kernel off here as for the scan."""
+    """bfloat16, mixed dtypes and shapes that would broadcast stay on torch's ops (the kernel computes in float32 /
+    float64 on equal shapes only), and LINLM_SCAN_BACKEND=torch turns the kernel off here as for the scan."""
     f32, f64 = torch.ones(2, 4), torch.ones(2, 4, dtype=F64)
     assert scan_kernel.gate_takes(f32, f32) and scan_kernel.gate_takes(f64)
     assert not scan_kernel.gate_takes(f32.bfloat16())
     assert not scan_kernel.gate_takes(f32, f64)
+    assert not scan_kernel.gate_takes(f32, torch.ones(1, 4))  # broadcasting stays on torch's ops
     monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
     assert not scan_kernel.gate_takes(f32, f32)
+
+
+@needs_kernel
+def test_gate_kernel_without_grad_skips_the_autograd_functions(monkeypatch):
+    """Where autograd records nothing (decoding), silu_mul and glu_silu run the kernel directly, with the values
+    of the recorded path."""
+    torch.manual_seed(9)
+    z, y, h = (torch.randn(3, 1, n, requires_grad=True) for n in (40, 40, 80))
+    want = (scan_kernel.silu_mul(z, y), scan_kernel.glu_silu(h))
+    assert [type(w.grad_fn).__name__ for w in want] == ["_SiluMulBackward", "_GluSiluBackward"]
+    for fn in (scan_kernel._SiluMul, scan_kernel._GluSilu):
+        monkeypatch.setattr(fn, "apply", lambda *a: pytest.fail("autograd Function applied without grad"))
+    with torch.no_grad():
+        got = (scan_kernel.silu_mul(z, y), scan_kernel.glu_silu(h))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)

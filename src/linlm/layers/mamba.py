@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.ops import scan_kernel
+from linlm.ops.grad import needs_grad
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
 # Mamba's dt initialisation: dt log-uniform in [DT_MIN, DT_MAX], floored at DT_FLOOR, stored as softplus^{-1}(dt).
@@ -147,11 +148,23 @@ def _low_rank_dt(dt_low, weight, bias):
     return torch.baddbmm(bias.unsqueeze(-2), dt_low, weight.transpose(-1, -2))
 
 
+# Ranks below this take _LowRankDt's backward; larger ones autograd's.
+NARROW_RANK = 16
+
+
+def _low_rank_dt(dt_low, weight, bias):
+    if weight.dim() == 2:
+        return F.linear(dt_low, weight, bias)
+    return torch.baddbmm(bias.unsqueeze(-2), dt_low, weight.transpose(-1, -2))
+
+
 class _LowRankDt(torch.autograd.Function):
-    """bias + dt_low @ weight^T, whose backward computes every product with the wide dimension (Din, or the tokens)
-    as the output's columns: the rank R is small (d / 16), and a CPU matmul with only R output columns runs several
-    times slower than its transpose (measured at 1 thread: 2048 tokens, Din 256, R 8: the weight's gradient 1.5 ms
-    against 0.16 ms)."""
+    """bias + dt_low @ weight^T, whose backward computes both products transposed, with the wide dimension (Din, or
+    the tokens) as the output's columns: a CPU matmul with only R output columns runs several times slower than its
+    transpose when R is small. Measured on a 2-core AVX2 CPU, 2048 tokens, Din 256, R 8 (the demo's rank): dt_low's
+    gradient 0.50 -> 0.19 ms and the weight's 1.01 -> 0.16 ms at 2 threads. At R 32 (paper-70m) the transposed
+    dt_low gradient was slower at 2 threads (1.9 -> 5.2 ms) and the whole op no faster than autograd's, hence
+    NARROW_RANK. benchmarks/bench_fused.py times the op against F.linear at both ranks."""
 
     @staticmethod
     def forward(ctx, dt_low, weight, bias):
@@ -161,22 +174,16 @@ class _LowRankDt(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         dt_low, weight = ctx.saved_tensors
+        low = dt_low
+        if weight.dim() == 2:  # one weight over all tokens: [M, R] and [M, Din]
+            low, g = dt_low.reshape(-1, dt_low.shape[-1]), g.reshape(-1, g.shape[-1])
         d_low = d_w = d_b = None
-        if weight.dim() == 2:
-            g2, low2 = g.reshape(-1, g.shape[-1]), dt_low.reshape(-1, dt_low.shape[-1])
-            if ctx.needs_input_grad[0]:
-                d_low = torch.mm(weight.t(), g2.t()).t().reshape(dt_low.shape)
-            if ctx.needs_input_grad[1]:
-                d_w = torch.mm(low2.t(), g2).t()
-            if ctx.needs_input_grad[2]:
-                d_b = g2.sum(0)
-        else:
-            if ctx.needs_input_grad[0]:
-                d_low = torch.bmm(weight.transpose(-1, -2), g.transpose(-1, -2)).transpose(-1, -2)
-            if ctx.needs_input_grad[1]:
-                d_w = torch.bmm(dt_low.transpose(-1, -2), g).transpose(-1, -2)
-            if ctx.needs_input_grad[2]:
-                d_b = g.sum(-2)
+        if ctx.needs_input_grad[0]:
+            d_low = (weight.mT @ g.mT).mT.reshape(dt_low.shape)
+        if ctx.needs_input_grad[1]:
+            d_w = (low.mT @ g).mT
+        if ctx.needs_input_grad[2]:
+            d_b = g.sum(-2)
         return d_low, d_w, d_b
 
 
@@ -188,9 +195,9 @@ def dt_preactivation(dt_low: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     cd = torch.promote_types(weight.dtype, torch.float32)
     with torch.autocast(dt_low.device.type, enabled=False):
         args = (dt_low.to(cd), weight.to(cd), bias.to(cd))
-        if torch.is_grad_enabled() and any(t.requires_grad for t in args):
+        if weight.shape[-1] < NARROW_RANK and needs_grad(*args):
             return _LowRankDt.apply(*args)
-        return _low_rank_dt(*args)  # inference (and torch.export): no Function in the graph
+        return _low_rank_dt(*args)  # autograd's backward; also inference and torch.export (no Function in the graph)
 
 
 def output_gate(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

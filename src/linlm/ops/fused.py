@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from linlm.ops import scan_kernel
+from linlm.ops.grad import needs_grad
 
 
 # ---------------------------------------------------------------------------------------------------------- RoPE
@@ -72,13 +73,6 @@ def _bthd_view(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 3, 0, 2, 4)
 
 
-def _needs_grad(*tensors) -> bool:
-    """Whether autograd records this call. Without it, the wrappers below run their forward computation directly:
-    an autograd.Function's apply costs several microseconds per call even under no_grad, which at batch-1 decoding
-    (tens of calls per token) is a few percent of a step."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _rope_qkv_forward(qkv, cos, sin):
     B, T, _, H, D = qkv.shape
     out = torch.empty((3, B, H, T, D), dtype=qkv.dtype, device=qkv.device)
@@ -113,7 +107,7 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     if cos.shape != (T, half) or sin.shape != (T, half):
         raise ValueError(f"rope_qkv: cos and sin must be [T, D/2] = [{T}, {half}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
     cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
-    if not _needs_grad(qkv, cos, sin):
+    if not needs_grad(qkv, cos, sin):
         return _rope_qkv_forward(qkv, cos, sin)
     return _RopeQKV.apply(qkv, cos, sin)
 
@@ -167,7 +161,7 @@ def glu(h: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
         raise ValueError(f"glu: the last dim holds [gate | up] and must be even, got {h.shape[-1]}")
     if activation == "silu" and scan_kernel.gate_takes(h):
         return scan_kernel.glu_silu(h)  # one pass each way in compiled code (CPU, float32 / float64)
-    if not _needs_grad(h):
+    if not needs_grad(h):
         return _glu_forward(h, activation == "silu")[0]
     return _GLU.apply(h, activation == "silu")
 
@@ -223,7 +217,7 @@ class _RMSNorm(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     if weight is not None and weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    if not _needs_grad(x, weight):
+    if not needs_grad(x, weight):
         return _rms_norm_forward(x, weight, eps)[0]
     return _RMSNorm.apply(x, weight, eps)
 

@@ -45,6 +45,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError
+from linlm.ops.grad import needs_grad
 
 __all__ = ["available", "backend", "conv_silu", "gate_takes", "glu_silu", "kernel_scan", "silu_mul"]
 
@@ -166,9 +167,19 @@ def _executor(n: int) -> ThreadPoolExecutor:
         return _pool[2]
 
 
+def _workers(n_items: int) -> int:
+    """Threads that n_items work items run on (_run), and so the per-thread scratch buffers a call needs."""
+    return max(1, min(torch.get_num_threads(), n_items))
+
+
+def _kernel(name: str, dtype: torch.dtype):
+    """The compiled function ``name`` for float64 or (any other dtype) float32 buffers."""
+    return getattr(_library(), f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
+
+
 def _run(fn, n_items: int, make_args) -> None:
     """Call fn(*make_args(worker), item0, item1) over contiguous ranges of the items, one per thread."""
-    n = max(1, min(torch.get_num_threads(), n_items))
+    n = _workers(n_items)
     if n == 1:
         fn(*make_args(0), 0, n_items)
         return
@@ -189,10 +200,8 @@ class _KernelScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, dt, A, B, C, D, init, reset, lengths, dt_sp):
         ctx.set_materialize_grads(False)
-        lib = _library()
         Bt, T, Din = u.shape
         N = A.shape[-1]
-        suf = "f64" if u.dtype == torch.float64 else "f32"
         nseg = -(-T // CKPT)
         ckpt = u.new_empty(Bt, nseg, Din, N) if any(ctx.needs_input_grad[:7]) else None
         y = u.new_empty(Bt, T, Din)
@@ -200,7 +209,7 @@ class _KernelScan(torch.autograd.Function):
         reset_b = None if reset is None else reset.contiguous().view(torch.uint8)
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(init),
                 _ptr(reset_b), _ptr(lengths), _ptr(y), _ptr(final), _ptr(ckpt), int(dt_sp), Bt, T, Din, N, CKPT)
-        _run(getattr(lib, f"scan_fwd_{suf}"), Bt * -(-Din // TILE), lambda i: args)
+        _run(_kernel("scan_fwd", u.dtype), Bt * -(-Din // TILE), lambda i: args)
         if ckpt is not None:
             ctx.save_for_backward(u, dt, A, B, C, D, reset_b, lengths, ckpt)
             ctx.dt_sp = bool(dt_sp)
@@ -210,10 +219,8 @@ class _KernelScan(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dfinal):
         u, dt, A, B, C, D, reset_b, lengths, ckpt = ctx.saved_tensors
-        lib = _library()
         Bt, T, Din = u.shape
         N = A.shape[-1]
-        suf = "f64" if u.dtype == torch.float64 else "f32"
         ntiles = -(-Din // TILE)
         dy = u.new_zeros(Bt, T, Din) if dy is None else dy.to(u.dtype).contiguous()
         dfinal = None if dfinal is None else dfinal.to(u.dtype).contiguous()
@@ -222,11 +229,11 @@ class _KernelScan(torch.autograd.Function):
         dB_parts, dC_parts = u.new_empty(ntiles, Bt, T, N), u.new_empty(ntiles, Bt, T, N)
         dinit = u.new_empty(Bt, Din, N)
         n_items = Bt * ntiles
-        work = u.new_empty(max(1, min(torch.get_num_threads(), n_items)), (2 * N + 2) * CKPT * TILE)
+        work = u.new_empty(_workers(n_items), (2 * N + 2) * CKPT * TILE)
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(reset_b),
                 _ptr(lengths), _ptr(ckpt), _ptr(dy), _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows),
                 _ptr(dB_parts), _ptr(dC_parts), _ptr(dD_rows), _ptr(dinit))
-        _run(getattr(lib, f"scan_bwd_{suf}"), n_items,
+        _run(_kernel("scan_bwd", u.dtype), n_items,
              lambda i: (*args, work[i].data_ptr(), int(ctx.dt_sp), Bt, T, Din, N, CKPT))
         dA = dA_rows if A.dim() == 3 else dA_rows.sum(0)
         dD = None if D is None else (dD_rows if D.dim() == 2 else dD_rows.sum(0))
@@ -267,13 +274,11 @@ class _ConvSiLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, state, wt, bias, since):
-        lib = _library()
         Bt, T, C = x.shape
         K = wt.shape[0]
-        suf = "f64" if x.dtype == torch.float64 else "f32"
         out = x.new_empty(Bt, T, C)
         args = (_ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since), _ptr(out), Bt, T, C, K, x.stride(1))
-        _run(getattr(lib, f"conv_fwd_{suf}"), Bt * -(-T // CONV_TB), lambda i: args)
+        _run(_kernel("conv_fwd", x.dtype), Bt * -(-T // CONV_TB), lambda i: args)
         ctx.save_for_backward(x, state, wt, bias, since)
         return out
 
@@ -281,19 +286,17 @@ class _ConvSiLU(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, state, wt, bias, since = ctx.saved_tensors
-        lib = _library()
         Bt, T, C = x.shape
         K = wt.shape[0]
-        suf = "f64" if x.dtype == torch.float64 else "f32"
         n_items = Bt * -(-T // CONV_TB)
         dy = dy.to(x.dtype).contiguous()
         dx = x.new_empty(Bt, T, C)
         dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
         dw, dbias = x.new_empty(n_items, K, C), x.new_empty(n_items, C)
-        ring = x.new_empty(max(1, min(torch.get_num_threads(), n_items)), K * C)  # one per thread
+        ring = x.new_empty(_workers(n_items), K * C)  # one per thread
         args = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since))
         rest = (_ptr(dx), _ptr(dstate), _ptr(dw), _ptr(dbias), Bt, T, C, K, x.stride(1))
-        _run(getattr(lib, f"conv_bwd_{suf}"), n_items, lambda i: (*args, ring[i].data_ptr(), *rest))
+        _run(_kernel("conv_bwd", x.dtype), n_items, lambda i: (*args, ring[i].data_ptr(), *rest))
         return dx, dstate, dw.sum(0), dbias.sum(0), None
 
 
@@ -319,11 +322,12 @@ GATE_ROWS = 16  # rows per work item of the gate; must equal GATE_ROWS in the C 
 
 
 def gate_takes(*tensors: Tensor) -> bool:
-    """Whether the gate kernel runs for these tensors: all on the CPU, in the same dtype, float32 or float64, and the
-    kernel available (built)."""
-    dtype = tensors[0].dtype
-    return (dtype in (torch.float32, torch.float64)
-            and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and available())
+    """Whether the gate kernel runs for these tensors: all on the CPU, of one shape (no broadcasting) and one dtype,
+    float32 or float64, and the kernel available (built)."""
+    first = tensors[0]
+    return (first.dtype in (torch.float32, torch.float64)
+            and all(t.device.type == "cpu" and t.dtype == first.dtype and t.shape == first.shape for t in tensors)
+            and available())
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -335,19 +339,23 @@ def _rows(t: Tensor) -> Tensor:
 def _gate_forward(g2: Tensor, u2: Tensor) -> Tensor:
     M, F = g2.shape
     out = g2.new_empty(M, F)
-    fn = getattr(_library(), f"silu_mul_fwd_{'f64' if g2.dtype == torch.float64 else 'f32'}")
     args = (_ptr(g2), g2.stride(0), _ptr(u2), u2.stride(0), _ptr(out), M, F)
-    _run(fn, -(-M // GATE_ROWS), lambda i: args)
+    _run(_kernel("silu_mul_fwd", g2.dtype), -(-M // GATE_ROWS), lambda i: args)
     return out
 
 
 def _gate_backward(dout: Tensor, g2: Tensor, u2: Tensor, dg: Tensor, du: Tensor) -> None:
     M, F = g2.shape
     dout = dout.reshape(M, F).to(g2.dtype).contiguous()
-    fn = getattr(_library(), f"silu_mul_bwd_{'f64' if g2.dtype == torch.float64 else 'f32'}")
     args = (_ptr(dout), _ptr(g2), g2.stride(0), _ptr(u2), u2.stride(0), _ptr(dg), dg.stride(0), _ptr(du),
             du.stride(0), M, F)
-    _run(fn, -(-M // GATE_ROWS), lambda i: args)
+    _run(_kernel("silu_mul_bwd", g2.dtype), -(-M // GATE_ROWS), lambda i: args)
+
+
+def _glu_forward(h2: Tensor) -> Tensor:
+    """silu(gate) * up for h2 = [gate | up] as [M, 2F] rows."""
+    F = h2.shape[1] // 2
+    return _gate_forward(h2[:, :F], h2[:, F:])
 
 
 class _SiluMul(torch.autograd.Function):
@@ -375,10 +383,9 @@ class _GluSilu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h):
         h2 = _rows(h)
-        F = h2.shape[1] // 2
         ctx.save_for_backward(h2)
         ctx.shape = h.shape
-        return _gate_forward(h2[:, :F], h2[:, F:]).view(*h.shape[:-1], F)
+        return _glu_forward(h2).view(*h.shape[:-1], h.shape[-1] // 2)
 
     @staticmethod
     @once_differentiable
@@ -391,10 +398,14 @@ class _GluSilu(torch.autograd.Function):
 
 
 def silu_mul(g: Tensor, u: Tensor) -> Tensor:
-    """silu(g) * u (Mamba's output gate, g = z) through the kernel, for tensors of one shape that gate_takes."""
+    """silu(g) * u (Mamba's output gate, g = z) through the kernel, for tensors that gate_takes."""
+    if not needs_grad(g, u):
+        return _gate_forward(_rows(g), _rows(u)).view(g.shape)
     return _SiluMul.apply(g, u)
 
 
 def glu_silu(h: Tensor) -> Tensor:
     """SwiGLU's silu(gate) * up for h = [gate | up] on the last dim, through the kernel, for an h that gate_takes."""
+    if not needs_grad(h):
+        return _glu_forward(_rows(h)).view(*h.shape[:-1], h.shape[-1] // 2)
     return _GluSilu.apply(h)
