@@ -11,7 +11,9 @@ from linlm.errors import ConfigError, ShapeError
 from linlm.ops.routing import (
     combine,
     dispatch,
+    gather_rows,
     group_by_expert,
+    invert_order,
     load_balance_loss,
     router_z_loss,
     top_k_route,
@@ -127,6 +129,33 @@ def test_dispatch_combine_with_identity_experts_returns_x():
         torch.testing.assert_close(part, x[tokens])
     y = combine(x_sorted, order, weights, N)  # identity experts
     torch.testing.assert_close(y, x)  # weights sum to 1 per token
+
+
+def test_invert_order_finds_each_assignment():
+    idx = torch.randint(0, 5, (23, 3), generator=torch.Generator().manual_seed(8))
+    order, _ = group_by_expert(idx, 5)
+    rows = invert_order(order, 3)
+    assert rows.shape == (23, 3)
+    assert torch.equal(order[rows], torch.arange(69).view(23, 3))  # the sorted row of (token n, slot j) holds n * k + j
+
+
+@pytest.mark.parametrize("shape", [(2,), (2, 3)])
+def test_gather_rows_gradient_matches_index_select_and_skips_padding(shape):
+    """Each row of x is read at m listed positions of src (plus unlisted padding positions): the gradient is the sum
+    of the listed positions' gradients, as index_select's would be without the padding."""
+    gen = torch.Generator().manual_seed(9)
+    N, m, pad = 13, 3, 4
+    src = torch.cat([torch.arange(N).repeat(m)[torch.randperm(N * m, generator=gen)], torch.full((pad,), N - 1)])
+    reads = torch.stack([(src[: N * m] == n).nonzero().squeeze(1) for n in range(N)])  # [N, m]
+    x = torch.randn(N, *shape, dtype=torch.float64, generator=gen, requires_grad=True)
+    out = gather_rows(x, src, reads)
+    torch.testing.assert_close(out, x.detach().index_select(0, src))
+    g = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+    (out * g).sum().backward()
+    ref = torch.zeros_like(x).index_add_(0, src[: N * m], g[: N * m])  # the padding's gradient is dropped
+    torch.testing.assert_close(x.grad, ref)
+    with torch.no_grad():  # no autograd Function where nothing is recorded
+        assert gather_rows(x, src, reads).grad_fn is None
 
 
 def test_combine_weights_each_slot():

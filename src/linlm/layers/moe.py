@@ -31,7 +31,15 @@ from torch import nn
 
 from linlm.layers.glu import GLU
 from linlm.ops.fused import glu
-from linlm.ops.routing import combine, group_by_expert, load_balance_loss, router_z_loss, top_k_route
+from linlm.ops.routing import (
+    combine,
+    gather_rows,
+    group_by_expert,
+    invert_order,
+    load_balance_loss,
+    router_z_loss,
+    top_k_route,
+)
 
 # The batched path pads every expert to the busiest one's load; it is used while that costs at most PAD_LIMIT x the
 # work of the assignments themselves (a balanced router), and the per-expert loop takes over beyond.
@@ -96,14 +104,15 @@ class MoEMLP(nn.Module):
                 y = y + self.shared(flat)
             return y.view(shape), logits.new_zeros(())
         order, counts = group_by_expert(indices, self.n_experts)
+        rows = invert_order(order, self.top_k)  # [N, k]: the sorted row of each (token, slot)
         capacity = int(counts.max()) if counts.numel() else 0
         if self.grouped and grouped_mm_takes(flat, self.d_model, self.expert_dim):
-            y_sorted = self._experts_grouped(flat, order, counts)
+            y_sorted = self._experts_grouped(flat, order, rows, counts)
         elif capacity * self.n_experts <= self.pad_limit * indices.numel():
             y_sorted = self._experts_batched(flat, indices, order, counts, capacity)
         else:
-            y_sorted = self._experts_looped(flat, order, counts)
-        y = combine(y_sorted, order, weights, n_tokens)
+            y_sorted = self._experts_looped(flat, order, rows, counts)
+        y = combine(y_sorted, order, weights, n_tokens, rows=rows)
         if self.shared is not None:
             y = y + self.shared(flat)
         aux = router_aux_loss(logits, probs, indices, self.n_experts, self.balance_coef, self.z_coef)
@@ -134,10 +143,10 @@ class MoEMLP(nn.Module):
         dense = torch.zeros(flat.shape[0], self.n_experts, dtype=w.dtype, device=flat.device).scatter(1, indices, w)
         return torch.einsum("end,ne->nd", out, dense)
 
-    def _experts_grouped(self, flat, order, counts):
+    def _experts_grouped(self, flat, order, rows, counts):
         """Two grouped matmuls over the sorted rows (expert e on rows offs[e-1]:offs[e]), in autocast's dtype when
         autocast is on (torch._grouped_mm is not on its list)."""
-        x_sorted = flat.index_select(0, order // self.top_k)
+        x_sorted = gather_rows(flat, order // self.top_k, rows)
         w_in, w_out = self.w_in, self.w_out
         if torch.is_autocast_enabled(flat.device.type):
             dt = torch.get_autocast_dtype(flat.device.type)
@@ -146,9 +155,9 @@ class MoEMLP(nn.Module):
         h = torch._grouped_mm(x_sorted, w_in.transpose(1, 2), offs=offs)
         return torch._grouped_mm(glu(h, "silu"), w_out.transpose(1, 2), offs=offs)
 
-    def _experts_looped(self, flat, order, counts):
+    def _experts_looped(self, flat, order, rows, counts):
         """One matmul pair per expert on its contiguous slice of the sorted rows (no padding)."""
-        x_sorted = flat.index_select(0, order // self.top_k)
+        x_sorted = gather_rows(flat, order // self.top_k, rows)
         # split / unbind (not slicing or indexing) so that the backward joins the pieces with one cat / stack.
         outs = []
         for part, w_in, w_out in zip(x_sorted.split(counts.tolist()), self.w_in.unbind(0), self.w_out.unbind(0)):
