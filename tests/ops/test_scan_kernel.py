@@ -108,19 +108,56 @@ def test_lengths_equal_the_reference_on_each_prefix(backend, monkeypatch):
     torch.testing.assert_close(full["D"].grad[b], leaves["D"].grad[0] + pad_term, rtol=1e-9, atol=1e-10)
 
 
+class _PythonThreadsOnly:
+    """The kernel library as a build without OpenMP sees it: no NAME_par entry points, so the work items go to
+    Python threads."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        if "_par_" in name:
+            raise AttributeError(name)
+        return getattr(self._lib, name)
+
+
+def _all_kernels(x, gate_in):
+    """The scan with its gradients, then the conv + SiLU and the gate, forward and backward."""
+    from linlm.layers.mamba import ShortConv
+
+    out = run_with_grads(selective_scan_kernel, x)
+    torch.manual_seed(3)
+    conv = ShortConv(200, 4)
+    xc = gate_in.clone().requires_grad_(True)
+    y, _ = conv(xc, None, None, silu=True)
+    g, u = gate_in.clone().requires_grad_(True), gate_in.flip(1).clone().requires_grad_(True)
+    z = scan_kernel.silu_mul(g, u)
+    (y.square().sum() + (z * y.detach()).sum()).backward()
+    return out, [y, xc.grad, conv.weight.grad, conv.bias.grad, z, g.grad, u.grad]
+
+
 @needs_kernel
-def test_threads_do_not_change_the_result():
-    """The work items are split over threads; each item's arithmetic is the same, so the results are bitwise equal."""
+def test_threads_do_not_change_the_result(monkeypatch):
+    """The work items are split over threads, in torch's OpenMP pool where the library was built with OpenMP, else
+    on Python threads; each item's arithmetic is the same, so the results are bitwise equal either way."""
     x = {k: (v.float() if v is not None else None) for k, v in make_inputs(Bt=3, T=100, Din=200, N=8).items()}
+    gate_in = torch.randn(3, 300, 200, generator=torch.Generator().manual_seed(5))
+    lib = scan_kernel._library()
+    assert hasattr(lib, "scan_fwd_par_f32") and hasattr(lib, "conv_bwd_par_f64")  # built with OpenMP here (gcc)
     was = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = run_with_grads(selective_scan_kernel, x)
+        one = _all_kernels(x, gate_in)
         torch.set_num_threads(3)
-        three = run_with_grads(selective_scan_kernel, x)
+        pool = _all_kernels(x, gate_in)
+        monkeypatch.setattr(scan_kernel, "_library", lambda: _PythonThreadsOnly(lib))
+        threads = _all_kernels(x, gate_in)
     finally:
         torch.set_num_threads(was)
-    assert_close_all(three, one, rtol=0, atol=0)
+    for other in (pool, threads):
+        assert_close_all(other[0], one[0], rtol=0, atol=0)
+        for i, (a, b) in enumerate(zip(other[1], one[1])):
+            assert torch.equal(a, b), f"conv / gate output {i}"
 
 
 @needs_kernel

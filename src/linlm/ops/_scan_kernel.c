@@ -22,6 +22,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef REAL
 #define REAL float
@@ -547,6 +550,64 @@ void SUF(silu_mul_bwd)(const REAL *dout, const REAL *g, int64_t gs, const REAL *
         }
     }
 }
+
+/* Entry points that split the work items over an OpenMP team (built with -fopenmp only): the library then runs in
+   torch's own OpenMP thread pool (the process has one libgomp, torch's), so the pool's worker, which spins for a few
+   milliseconds after each of torch's parallel ops, takes the kernel's share of the items instead of competing for a
+   core with a thread of the caller's. Each function is NAME's arguments without (item0, item1), then nitems and
+   nthreads; a per-thread scratch buffer is passed as the first thread's, with the spacing between threads' buffers.
+   Contiguous ranges of items per thread, as the callers' own splitting. */
+#ifdef _OPENMP
+#define PAR_ITEMS(CALL)                                                                                             \
+    _Pragma("omp parallel num_threads(nthreads)") {                                                                 \
+        const int64_t w_ = omp_get_thread_num(), nw_ = omp_get_num_threads();                                       \
+        const int64_t i0_ = nitems * w_ / nw_, i1_ = nitems * (w_ + 1) / nw_;                                       \
+        if (i0_ < i1_) CALL;                                                                                        \
+    }
+
+void SUF(scan_fwd_par)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
+                       const REAL *Cm, const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset,
+                       const int64_t *lengths, REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T,
+                       int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(scan_fwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset, lengths, y, final, ckpt, dt_sp,
+                            Bt, T, Din, N, K, i0_, i1_))
+}
+
+void SUF(scan_bwd_par)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
+                       const REAL *Cm, const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths,
+                       const REAL *ckpt, const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB,
+                       REAL *dC, REAL *dD, REAL *dinit, REAL *work, int64_t wstride, int64_t dt_sp, int64_t Bt,
+                       int64_t T, int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(scan_bwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, ckpt, dy, dfinal, du, ddt, dA,
+                            dB, dC, dD, dinit, work + w_ * wstride, dt_sp, Bt, T, Din, N, K, i0_, i1_))
+}
+
+void SUF(conv_fwd_par)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since,
+                       REAL *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
+                       int64_t nthreads) {
+    PAR_ITEMS(SUF(conv_fwd)(x, state, wt, bias, since, out, Bt, T, C, K, xs, i0_, i1_))
+}
+
+void SUF(conv_bwd_par)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
+                       const int64_t *since, REAL *ring, int64_t rstride, REAL *dx, REAL *dstate, REAL *dw,
+                       REAL *dbias, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
+                       int64_t nthreads) {
+    PAR_ITEMS(SUF(conv_bwd)(dy, x, state, wt, bias, since, ring + w_ * rstride, dx, dstate, dw, dbias, Bt, T, C, K,
+                            xs, i0_, i1_))
+}
+
+void SUF(silu_mul_fwd_par)(const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *out, int64_t M, int64_t F,
+                           int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(silu_mul_fwd)(g, gs, u, us, out, M, F, i0_, i1_))
+}
+
+void SUF(silu_mul_bwd_par)(const REAL *dout, const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *dg,
+                           int64_t dgs, REAL *du, int64_t dus, int64_t M, int64_t F, int64_t nitems,
+                           int64_t nthreads) {
+    PAR_ITEMS(SUF(silu_mul_bwd)(dout, g, gs, u, us, dg, dgs, du, dus, M, F, i0_, i1_))
+}
+#undef PAR_ITEMS
+#endif
 
 /* The same code again in double precision. */
 #if !REAL_IS_DOUBLE
