@@ -146,8 +146,8 @@ class MossNetMixer(nn.Module):
             uf = uf.to(torch.promote_types(u.dtype, torch.float32))
         ug = gather_rows(uf, src, reads).view(E, B * L, Din)
         # Each expert's (dt~, B, C) projection on its own rows only, one bmm over E: fwd + bwd at 2 threads it took
-        # 22 ms against 38 for every expert's projection on every token ([2048, 1024] -> 4 x 96 columns, paper-70m)
-        # and at the demo shape 1.04x less for the whole MossNet step (see docs/mossnet.md).
+        # 22 ms against 38 for every expert's projection on every token ([2048, 1024] -> 4 x 96 columns, paper-70m);
+        # see docs/mossnet.md.
         xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 
