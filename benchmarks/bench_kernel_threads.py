@@ -16,6 +16,7 @@ Writes benchmarks/results/bench_kernel_threads.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -27,18 +28,6 @@ from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm.ops import scan_kernel  # noqa: E402
 from linlm.ops.selective_scan import selective_scan_kernel  # noqa: E402
-
-
-class _OwnThreads:
-    """The library without its NAME_par entry points: the kernels split their items over Python threads."""
-
-    def __init__(self, lib):
-        self._lib = lib
-
-    def __getattr__(self, name):
-        if "_par_" in name:
-            raise AttributeError(name)
-        return getattr(self._lib, name)
 
 
 def scan_case(T: int = 2048, din: int = 1024, N: int = 16):
@@ -63,8 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    lib = scan_kernel._library() if scan_kernel.available() else None
-    if lib is None or not hasattr(lib, "scan_fwd_par_f32"):
+    if not scan_kernel.openmp_pool():
         print("the compiled kernel is missing or was built without OpenMP: nothing to compare")
         return 0
     scan = scan_case()
@@ -77,20 +65,16 @@ def main(argv=None) -> int:
         a @ b
         scan()
 
-    runners = {"openmp pool": lambda: lib, "own threads": lambda: _OwnThreads(lib)}
+    runners = {"openmp pool": contextlib.nullcontext, "own threads": scan_kernel.own_threads}
     cases = {"scan alone": scan, "scan after a matmul": after_matmul, "the matmul": matmul}
     times = {(r, c): [] for r in runners for c in cases}
-    real = scan_kernel._library
-    try:
-        for i in range(args.repeat + 1):  # the first round warms up
-            for r, get in (list(runners.items()) if i % 2 == 0 else list(runners.items())[::-1]):
-                scan_kernel._library = get
+    for i in range(args.repeat + 1):  # the first round warms up
+        for r, runner in (list(runners.items()) if i % 2 == 0 else list(runners.items())[::-1]):
+            with runner():
                 for c, fn in cases.items():
                     t = time_fn(fn, warmup=0, repeat=1)
                     if i:
                         times[(r, c)].append(t)
-    finally:
-        scan_kernel._library = real
     med = {k: statistics.median(v) for k, v in times.items()}
     results = []
     for r in runners:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from test_selective_scan import (
@@ -108,19 +110,6 @@ def test_lengths_equal_the_reference_on_each_prefix(backend, monkeypatch):
     torch.testing.assert_close(full["D"].grad[b], leaves["D"].grad[0] + pad_term, rtol=1e-9, atol=1e-10)
 
 
-class _PythonThreadsOnly:
-    """The kernel library as a build without OpenMP sees it: no NAME_par entry points, so the work items go to
-    Python threads."""
-
-    def __init__(self, lib):
-        self._lib = lib
-
-    def __getattr__(self, name):
-        if "_par_" in name:
-            raise AttributeError(name)
-        return getattr(self._lib, name)
-
-
 def _all_kernels(x, gate_in):
     """The scan with its gradients, then the conv + SiLU and the gate, forward and backward."""
     from linlm.layers.mamba import ShortConv
@@ -138,24 +127,25 @@ def _all_kernels(x, gate_in):
 
 @needs_kernel
 @pytest.mark.parametrize("runner", ["openmp", "python"])
-def test_threads_do_not_change_the_result(runner, monkeypatch):
+def test_threads_do_not_change_the_result(runner):
     """The work items are split over threads, in torch's OpenMP pool where the library was built with OpenMP, else
     on Python threads; each item's arithmetic is the same, so the results are bitwise equal to one thread's."""
     x = {k: (v.float() if v is not None else None) for k, v in make_inputs(Bt=3, T=100, Din=200, N=8).items()}
     gate_in = torch.randn(3, 300, 200, generator=torch.Generator().manual_seed(5))
-    lib = scan_kernel._library()
-    if runner == "openmp" and not hasattr(lib, "scan_fwd_par_f32"):
+    pool = scan_kernel.openmp_pool()
+    if runner == "openmp" and not pool:
         pytest.skip("the kernel was built without OpenMP (the compiler has no -fopenmp)")
     was = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = _all_kernels(x, gate_in)
-        if runner == "python":
-            monkeypatch.setattr(scan_kernel, "_library", lambda: _PythonThreadsOnly(lib))
         torch.set_num_threads(3)
-        three = _all_kernels(x, gate_in)
+        with scan_kernel.own_threads() if runner == "python" else contextlib.nullcontext():
+            assert scan_kernel.openmp_pool() == (runner == "openmp")
+            three = _all_kernels(x, gate_in)
     finally:
         torch.set_num_threads(was)
+    assert scan_kernel.openmp_pool() == pool  # own_threads() is undone on leaving the block
     assert_close_all(three[0], one[0], rtol=0, atol=0)
     for i, (a, b) in enumerate(zip(three[1], one[1])):
         assert torch.equal(a, b), f"conv / gate output {i}"

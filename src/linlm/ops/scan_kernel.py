@@ -31,6 +31,7 @@ pool). Built without OpenMP, the items go to Python threads (ctypes releases the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -51,7 +52,10 @@ from torch.autograd.function import once_differentiable
 from linlm.errors import ConfigError
 from linlm.ops.grad import needs_grad
 
-__all__ = ["available", "backend", "conv_silu", "gate_takes", "glu_silu", "kernel_scan", "silu_mul"]
+__all__ = [
+    "available", "backend", "conv_silu", "gate_takes", "glu_silu", "kernel_scan", "openmp_pool", "own_threads",
+    "silu_mul",
+]
 
 SOURCE = Path(__file__).with_name("_scan_kernel.c")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11")
@@ -179,6 +183,7 @@ def available() -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # running the work items on threads
 
+_use_pool = True  # False inside own_threads()
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
@@ -191,6 +196,25 @@ def _executor(n: int) -> ThreadPoolExecutor:
         return _pool[2]
 
 
+def openmp_pool() -> bool:
+    """Whether the kernels split their work items in torch's OpenMP pool: the library was built with OpenMP (it has
+    the NAME_par entry points) and no own_threads() block is active."""
+    return _use_pool and available() and hasattr(_library(), "scan_fwd_par_f32")
+
+
+@contextlib.contextmanager
+def own_threads():
+    """Within the block the kernels split their work items over Python threads of their own, as a build without
+    OpenMP does, even where the library has the OpenMP entry points: to compare the two runners
+    (benchmarks/bench_kernel_threads.py) and to test both. Not thread-safe: one switch for the process."""
+    global _use_pool
+    was, _use_pool = _use_pool, False
+    try:
+        yield
+    finally:
+        _use_pool = was
+
+
 def _workers(n_items: int) -> int:
     """Threads that n_items work items run on (_run), and so the per-thread scratch buffers a call needs."""
     return max(1, min(torch.get_num_threads(), n_items))
@@ -198,14 +222,14 @@ def _workers(n_items: int) -> int:
 
 def _run(name: str, dtype: torch.dtype, n_items: int, args: tuple, scratch: Tensor | None = None) -> None:
     """Run kernel ``name`` (its float64 build for float64, else float32) over n_items work items: in torch's OpenMP
-    pool where the library has the NAME_par entry points, else over contiguous ranges of the items on Python threads
+    pool where the library has the NAME_par entry points (outside own_threads()), else over contiguous ranges of the items on Python threads
     (ctypes releases the GIL). ``args``: the kernel's arguments without the item range; a kernel with per-thread
     scratch (_SCRATCH) gets row i of ``scratch`` [threads, size] for thread i (args holds row 0's pointer there)."""
     lib = _library()
     suf = "f64" if dtype == torch.float64 else "f32"
     n = _workers(n_items)
     pos = _SCRATCH[name]
-    par = getattr(lib, f"{name}_par_{suf}", None) if n > 1 else None
+    par = getattr(lib, f"{name}_par_{suf}", None) if n > 1 and _use_pool else None
     if par is not None:
         par(*(args if pos is None else (*args[: pos + 1], scratch.stride(0), *args[pos + 1 :])), n_items, n)
         return
