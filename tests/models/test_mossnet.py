@@ -88,9 +88,11 @@ def test_batched_expert_scan_matches_per_token_reference(policy, kernel, poisone
     m = mixer(policy, kernel)
     x = torch.randn(2, 21, 64, dtype=torch.float64)
     with torch.no_grad():
-        y, state, aux = m(x, return_state=True)
+        y, state, aux = m(x, return_state=True)  # one expert row per (expert, batch row)
+        y_packed, _, _ = m(x)  # no state in or out: one row per expert, the batch rows packed in it
         y_ref, s_ref = mossnet_reference(m, x)
     torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(y_packed, y_ref)
     torch.testing.assert_close(state["ssm"], s_ref)
     assert aux.dim() == 0 and torch.isfinite(aux)
 
@@ -98,8 +100,8 @@ def test_batched_expert_scan_matches_per_token_reference(policy, kernel, poisone
 @pytest.mark.parametrize("policy,kernel", VARIANTS)
 def test_gradients_match_reference(policy, kernel):
     m = mixer(policy, kernel)
-    x = torch.randn(1, 13, 64, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(1, 13, 64, dtype=torch.float64)
+    x = torch.randn(2, 13, 64, dtype=torch.float64, requires_grad=True)  # 2 rows: the packed layout's resets
+    w = torch.randn(2, 13, 64, dtype=torch.float64)
     y, _, _ = m(x)
     y_ref, _ = mossnet_reference(m, x)
     names, params = zip(*m.named_parameters())
@@ -237,6 +239,23 @@ def test_packed_documents_match_separate_runs_and_continue(policy, kernel, poiso
         _, s_last, _ = m(last, return_state=True)
         torch.testing.assert_close(s["ssm"], s_last["ssm"])
         torch.testing.assert_close(m(more, state=s)[0], m(torch.cat([last, more], 1))[0][:, -6:])
+
+
+@pytest.mark.parametrize("policy,kernel", VARIANTS)
+def test_packed_batch_with_documents_matches_per_row_layout(policy, kernel):
+    """Training's layout (a row per expert, batch rows and documents one after the other) against the per-row one
+    that a returned state uses: outputs and every gradient."""
+    m = mixer(policy, kernel)
+    x = torch.randn(3, 17, 64, dtype=torch.float64, requires_grad=True)
+    reset = torch.zeros(3, 17, dtype=torch.bool)
+    reset[0, [0, 5]] = True
+    reset[1, [3, 4, 12]] = True
+    w = torch.randn(3, 17, 64, dtype=torch.float64)
+    params = [x, *m.parameters()]
+    packed = torch.autograd.grad((m(x, reset=reset)[0] * w).sum(), params)
+    per_row = torch.autograd.grad((m(x, reset=reset, return_state=True)[0] * w).sum(), params)
+    for g, gr in zip(packed, per_row):
+        torch.testing.assert_close(g, gr)
 
 
 def test_routed_packed_resets_an_expert_that_skips_a_document_start():

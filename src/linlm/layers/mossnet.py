@@ -18,13 +18,16 @@ Two flags (cfg.ssm_policy, cfg.ssm_kernel):
   chunkwise gated-linear-attention op with q = C_t, k = dt_t B_t, v = u_t.
 
 How the experts run: every (expert, batch row) pair gets the subsequence of the row's tokens routed to that expert,
-in time order, gathered into a padded tensor [E * B, L, ...] (L = the longest subsequence; "dense" selects every
-token, so L = T). The experts' projections are batched matmuls over E and ONE scan runs over all E * B rows, with
-per-row A and D. Padding sits at the end of a row (it repeats the last token's inputs): the S6 scan skips it
-(lengths) and "ssd" gives it dt = 0, so the state passes through unchanged. Each token's output is the gate-weighted
-sum of its k slots, read back in one weighted gather (embedding_bag). Packed documents: an expert's subsequence
-resets at the first of its tokens that belongs to a new document, and a state left over from a finished document is
-zeroed before it is returned.
+in time order, gathered into a padded tensor of expert rows. Where a state comes in or goes out (prefill, chunked
+decoding) each pair has a row of its own, [E * B, L, ...] (L = the longest subsequence; "dense" selects every
+token, so L = T). In training (no state either way) each expert has one row, [E, L, ...], holding its B
+subsequences one after the other with a reset at each start (L = the busiest expert's total): less padding, since
+the balance over a whole batch is better than within each row. The experts' projections are batched matmuls over
+E and ONE scan runs over all the rows, with per-row A and D. Padding sits at the end of a row (it repeats the last
+token's inputs): the S6 scan skips it (lengths) and "ssd" gives it dt = 0, so the state passes through unchanged.
+Each token's output is the gate-weighted sum of its k slots, read back in one weighted gather (embedding_bag).
+Packed documents: an expert's subsequence resets at the first of its tokens that belongs to a new document, and a
+state left over from a finished document is zeroed before it is returned.
 """
 
 from __future__ import annotations
@@ -119,19 +122,32 @@ class MossNetMixer(nn.Module):
         B, T, Din = u.shape
         E, N, P, R = self.n_experts, self.d_state, self.proj_dim, self.dt_rank
         sel = self._selection(idx)
-        pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
-        counts = pos[:, -1] + 1  # [B, E]
-        # The busiest subsequence's length; T (its bound) while torch.export traces, as no shape may depend on the
-        # routing there: the extra padding is skipped by the scan like any other.
-        L = T if torch.compiler.is_exporting() else int(counts.max())
-        rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
-        slot = rows * L + pos  # [B, T, E]: flat slot in the [E * B, L] layout
+        # Two layouts of the expert rows. "Per row" (a state comes in or goes out): one row per (expert, batch row),
+        # [E * B, L], L the longest subsequence. "Packed" (training: no state either way): one row per expert,
+        # [E, L], the batch rows' subsequences one after the other with a reset at each start, L the busiest
+        # expert's total; it pads E x (max - mean) slots instead of E x B x (max - mean) (see docs/mossnet.md).
+        packed = ssm is None and not return_state
+        n_rows = E if packed else E * B
+        if packed:
+            pos = (sel.view(B * T, E).cumsum(dim=0) - 1).view(B, T, E)  # slot in expert e's row (where sel)
+            counts = pos[-1, -1] + 1  # [E]
+            rows = torch.arange(E, device=u.device)  # [E]
+            lengths = counts
+        else:
+            pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
+            counts = pos[:, -1] + 1  # [B, E]
+            rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
+            lengths = counts.t().reshape(E * B)
+        # The busiest row's length; its bound while torch.export traces, as no shape may depend on the routing
+        # there: the extra padding is skipped by the scan like any other.
+        L = (B * T if packed else T) if torch.compiler.is_exporting() else int(counts.max())
+        slot = rows * L + pos  # [B, T, E]: flat slot in the [n_rows, L] layout
         token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
         # src[slot] = token where sel; the unselected (b, t, e) write to a spare last slot, dropped (no boolean
         # indexing: its data-dependent size could not be exported).
-        src = torch.full((E * B * L + 1,), B * T, dtype=torch.long, device=u.device)  # B * T: padding
-        src = src.scatter(0, torch.where(sel, slot, E * B * L).reshape(-1), token.reshape(-1))[:-1]
-        valid = (src < B * T).view(E, B * L)
+        src = torch.full((n_rows * L + 1,), B * T, dtype=torch.long, device=u.device)  # B * T: padding
+        src = src.scatter(0, torch.where(sel, slot, n_rows * L).reshape(-1), token.reshape(-1))[:-1]
+        valid = (src < B * T).view(E, -1)
         # Padding rows gather the last token instead of a zero row (no copy of u with a row appended): the scan skips
         # them (lengths; "ssd" masks their dt), their outputs are never read back and they get no gradient.
         src = src.clamp_max(B * T - 1)
@@ -144,37 +160,41 @@ class MossNetMixer(nn.Module):
         uf = u.reshape(B * T, Din)
         if self.kernel == "s6":
             uf = uf.to(torch.promote_types(u.dtype, torch.float32))
-        ug = gather_rows(uf, src, reads).view(E, B * L, Din)
+        ug = gather_rows(uf, src, reads).view(E, -1, Din)
         # Each expert's (dt~, B, C) projection on its own rows only, one bmm over E: fwd + bwd at 2 threads it took
         # 22 ms against 38 for every expert's projection on every token ([2048, 1024] -> 4 x 96 columns, paper-70m);
         # see docs/mossnet.md.
         xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 
-        reset_g = None
+        # A state starts from zero at each new segment of its row: a document start and, packed, the first token of
+        # each batch row. seg numbers the segments (batch row x (T + 1) + document; per row, the document).
+        reset_g = seg_g = doc = None
         if reset is not None:
             doc = torch.cumsum(reset, dim=1)  # document number of each token, 0 = the one the state belongs to
-            doc_g = doc.reshape(-1).index_select(0, src).view(E * B, L)
-            prev = F.pad(doc_g[:, :-1], (1, 0))
-            reset_g = valid.view(E * B, L) & (doc_g != prev)
+        if reset is not None or (packed and B > 1):
+            seg = torch.arange(B, device=u.device)[:, None] * (T + 1) if packed else 0
+            seg = (seg + (0 if doc is None else doc)).expand(B, T)
+            seg_g = seg.reshape(-1).index_select(0, src).view(n_rows, L)
+            reset_g = valid.view(n_rows, L) & (seg_g != F.pad(seg_g[:, :-1], (1, 0)))
 
         A = self._A()
-        D = self.D.repeat_interleave(B, dim=0)  # [E B, Din]
-        u_rows = ug.view(E * B, L, Din)
-        B_rows, C_rows = Bm.reshape(E * B, L, N), Cm.reshape(E * B, L, N)
+        D = self.D if packed else self.D.repeat_interleave(B, dim=0)  # [n_rows, Din]
+        u_rows = ug.view(n_rows, L, Din)
+        B_rows, C_rows = Bm.reshape(n_rows, L, N), Cm.reshape(n_rows, L, N)
         if self.kernel == "s6":
             # Padding past each row's count is skipped by the scan (lengths), so dt needs no mask there.
             dt = dt_preactivation(dt_raw, self.dt_weight, self.dt_bias)  # the scan applies softplus
             init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, Din, N)
             yg, final = selective_scan(
-                u_rows, dt.view(E * B, L, Din), A.repeat_interleave(B, dim=0), B_rows, C_rows, D,
+                u_rows, dt.view(n_rows, L, Din), A if packed else A.repeat_interleave(B, dim=0), B_rows, C_rows, D,
                 initial_state=init, reset=reset_g, output_final_state=return_state, chunk_size=self.chunk_size,
-                lengths=counts.t().reshape(E * B), dt_softplus=True,
+                lengths=lengths, dt_softplus=True,
             )
         else:
-            dt = F.softplus(dt_raw[..., 0] + self.dt_bias[:, None]) * valid  # [E, B L]
-            log_a = (dt * A[:, None]).view(E * B, L, 1)
-            dt = dt.view(E * B, L, 1)
+            dt = F.softplus(dt_raw[..., 0] + self.dt_bias[:, None]) * valid  # [E, rows per expert x L]
+            log_a = (dt * A[:, None]).view(n_rows, L, 1)
+            dt = dt.view(n_rows, L, 1)
             init = None if ssm is None else ssm.transpose(0, 1).reshape(E * B, 1, N, Din)
             o, final = run_gla(
                 C_rows[:, :, None], (dt * B_rows)[:, :, None], u_rows[:, :, None], log_a,
@@ -182,11 +202,11 @@ class MossNetMixer(nn.Module):
             )
             yg = o[:, :, 0] + D[:, None].to(o.dtype) * u_rows
 
-        if final is not None:
+        if final is not None:  # per row only
             if reset is not None:
                 # An expert that saw no token of the row's last document must not carry an older one's state.
-                last = (counts.t().reshape(E * B) - 1).clamp_min(0)[:, None]
-                last_doc = torch.where(counts.t().reshape(E * B, 1) > 0, doc_g.gather(1, last), 0)
+                last = (lengths - 1).clamp_min(0)[:, None]
+                last_doc = torch.where(lengths[:, None] > 0, seg_g.gather(1, last), 0)
                 stale = last_doc[:, 0] != doc[:, -1].repeat(E)
                 final = final.masked_fill(stale.view(-1, *[1] * (final.dim() - 1)), 0.0)
             final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
@@ -195,7 +215,7 @@ class MossNetMixer(nn.Module):
         # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (embedding_bag), about half the time
         # of gathering the k rows, weighting and summing them, forward and backward.
         picked = reads if self.policy == "routed" else slot.gather(2, idx).view(B * T, self.top_k)
-        y = F.embedding_bag(picked, yg.reshape(E * B * L, Din),
+        y = F.embedding_bag(picked, yg.reshape(n_rows * L, Din),
                             per_sample_weights=gates.reshape(B * T, self.top_k).to(yg.dtype), mode="sum")
         return y.view(B, T, Din).to(u.dtype), final
 
