@@ -11,6 +11,7 @@ from ssm_helpers import randomize_
 from linlm.errors import ConfigError
 from linlm.layers.mamba import MambaMixer
 from linlm.layers.mossnet import MossNetMixer
+from linlm.ops import scan_kernel
 from linlm.models.counting import count_preset
 from linlm.models.presets import preset_config
 
@@ -35,6 +36,15 @@ def poisoned_memory():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(before)
+
+
+@pytest.fixture
+def one_thread():
+    """One thread, so that training's packed layout runs (more threads than E x channel tiles take the per-row one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def docs_reset(lengths, batch=1):
@@ -84,7 +94,7 @@ def mossnet_reference(m: MossNetMixer, x):
 
 # ------------------------------------------------------------------------------------------------ forms
 @pytest.mark.parametrize("policy,kernel", VARIANTS)
-def test_batched_expert_scan_matches_per_token_reference(policy, kernel, poisoned_memory):
+def test_batched_expert_scan_matches_per_token_reference(policy, kernel, poisoned_memory, one_thread):
     m = mixer(policy, kernel)
     x = torch.randn(2, 21, 64, dtype=torch.float64)
     with torch.no_grad():
@@ -98,7 +108,7 @@ def test_batched_expert_scan_matches_per_token_reference(policy, kernel, poisone
 
 
 @pytest.mark.parametrize("policy,kernel", VARIANTS)
-def test_gradients_match_reference(policy, kernel):
+def test_gradients_match_reference(policy, kernel, one_thread):
     m = mixer(policy, kernel)
     x = torch.randn(2, 13, 64, dtype=torch.float64, requires_grad=True)  # 2 rows: the packed layout's resets
     w = torch.randn(2, 13, 64, dtype=torch.float64)
@@ -242,10 +252,11 @@ def test_packed_documents_match_separate_runs_and_continue(policy, kernel, poiso
 
 
 @pytest.mark.parametrize("policy,kernel", VARIANTS)
-def test_packed_batch_with_documents_matches_per_row_layout(policy, kernel):
+def test_packed_batch_with_documents_matches_per_row_layout(policy, kernel, one_thread):
     """Training's layout (a row per expert, batch rows and documents one after the other) against the per-row one
     that a returned state uses: outputs and every gradient."""
     m = mixer(policy, kernel)
+    assert m._rows_keep_threads_busy(torch.zeros(1))
     x = torch.randn(3, 17, 64, dtype=torch.float64, requires_grad=True)
     reset = torch.zeros(3, 17, dtype=torch.bool)
     reset[0, [0, 5]] = True
@@ -256,6 +267,20 @@ def test_packed_batch_with_documents_matches_per_row_layout(policy, kernel):
     per_row = torch.autograd.grad((m(x, reset=reset, return_state=True)[0] * w).sum(), params)
     for g, gr in zip(packed, per_row):
         torch.testing.assert_close(g, gr)
+
+
+def test_training_layout_keeps_every_thread_busy():
+    """E rows x channel tiles fewer than the threads: the per-row layout (E x B rows) instead."""
+    m = mixer()
+    tiles = -(-m.d_inner // scan_kernel.TILE)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(m.n_experts * tiles)
+        assert m._rows_keep_threads_busy(torch.zeros(1))
+        torch.set_num_threads(m.n_experts * tiles + 1)
+        assert not m._rows_keep_threads_busy(torch.zeros(1))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_routed_packed_resets_an_expert_that_skips_a_document_start():

@@ -22,7 +22,8 @@ in time order, gathered into a padded tensor of expert rows. Where a state comes
 decoding) each pair has a row of its own, [E * B, L, ...] (L = the longest subsequence; "dense" selects every
 token, so L = T). In training (no state either way) each expert has one row, [E, L, ...], holding its B
 subsequences one after the other with a reset at each start (L = the busiest expert's total): less padding, since
-the balance over a whole batch is better than within each row. The experts' projections are batched matmuls over
+the balance over a whole batch is better than within each row (unless the CPU has more threads than those rows
+have work items for the scan kernel). The experts' projections are batched matmuls over
 E and ONE scan runs over all the rows, with per-row A and D. Padding sits at the end of a row (it repeats the last
 token's inputs): the S6 scan skips it (lengths) and "ssd" gives it dt = 0, so the state passes through unchanged.
 Each token's output is the gate-weighted sum of its k slots, read back in one weighted gather (embedding_bag).
@@ -50,6 +51,7 @@ from linlm.layers.mamba import (
     scan_flops_per_token,
 )
 from linlm.layers.moe import router_aux_loss, router_logits
+from linlm.ops import scan_kernel
 from linlm.ops.routing import gather_rows, top_k_route
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
@@ -117,6 +119,13 @@ class MossNetMixer(nn.Module):
             return torch.ones(B, T, self.n_experts, dtype=torch.bool, device=idx.device)
         return torch.zeros(B, T, self.n_experts, dtype=torch.bool, device=idx.device).scatter_(2, idx, True)
 
+    def _rows_keep_threads_busy(self, u) -> bool:
+        """Whether E expert rows give the CPU scan kernel a work item (a row's tile of channels) per thread: where
+        they do not (many threads, few experts, narrow d_inner), the per-row layout's E x B rows keep them busy."""
+        if u.device.type != "cpu":
+            return True
+        return self.n_experts * -(-self.d_inner // scan_kernel.TILE) >= torch.get_num_threads()
+
     def _scan(self, u, gates, idx, ssm, reset, return_state):
         """Full-sequence form (training, prefill): gather per-expert subsequences, one scan for all, read back."""
         B, T, Din = u.shape
@@ -126,7 +135,7 @@ class MossNetMixer(nn.Module):
         # [E * B, L], L the longest subsequence. "Packed" (training: no state either way): one row per expert,
         # [E, L], the batch rows' subsequences one after the other with a reset at each start, L the busiest
         # expert's total; it pads E x (max - mean) slots instead of E x B x (max - mean) (see docs/mossnet.md).
-        packed = ssm is None and not return_state
+        packed = ssm is None and not return_state and self._rows_keep_threads_busy(u)
         n_rows = E if packed else E * B
         if packed:
             pos = (sel.view(B * T, E).cumsum(dim=0) - 1).view(B, T, E)  # slot in expert e's row (where sel)
