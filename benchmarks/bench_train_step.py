@@ -1,7 +1,8 @@
 """Training-step throughput: tokens/s of forward + backward + AdamW, every model of a phase in interleaved rounds.
 
 Phases (one per shape, precision and sequence length; each builds its models first, then times them in interleaved
-rounds after a warm-up, medians):
+rounds after a warm-up, medians; a model's round is back-to-back steps for about --round-seconds, at least one, and
+counts their mean, so that short steps are not timed one at a time):
 - "demo": the shape of `linlm demo --archs A` (d 128, 4 layers, glu 384, vocab 2048, batch 16 x 128 tokens) in bf16
   autocast on 1 thread, as the demo trains where bf16 is native (on a CPU without AVX-512 or AMX the default is fp32,
   as the demo's `precision: auto` trains there: a bf16 matmul would time torch's slow fallback);
@@ -21,7 +22,8 @@ cross-entropy that linlm's trainer uses); transformers' model returns logits and
 
     python benchmarks/bench_train_step.py [--shapes demo paper] [--demo-dtype bf16|fp32] [--dtypes fp32 bf16]
                                           [--seq-lens 2048 8192]
-                                          [--archs ...] [--ssm-kernels s6 ssd] [--repeat 5] [--no-hf]
+                                          [--archs ...] [--ssm-kernels s6 ssd] [--repeat 5] [--round-seconds 2]
+                                          [--no-hf]
                                           [--clock wall|cpu] [--json-name NAME]
 """
 
@@ -154,15 +156,22 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
     runs = [build(e, phase, args) for e in entries]
     times = {name: [] for name, _, _ in runs}
     faults = {name: [] for name, _, _ in runs}  # minor page faults per step (fresh memory touched)
-    for _ in range(args.warmup):
+    timer = cpu_seconds if args.clock == "cpu" else (lambda fn: time_fn(fn, warmup=0, repeat=1))
+    warm = {}
+    for _ in range(max(args.warmup, 1)):
         for name, _, step in runs:
-            step()
+            warm[name] = timer(step)
+    # A round of a model runs back-to-back steps for about --round-seconds (one step where a step is longer), and
+    # counts their mean: a single step of the demo's shape (a few tenths of a second) moves by 10-20 % on a busy
+    # machine.
+    per_round = {name: max(1, round(args.round_seconds / warm[name])) for name, _, _ in runs}
     for i in range(args.repeat):
         # Every other round runs in reverse order, so that no model always follows the same neighbour.
         for name, _, step in (runs if i % 2 == 0 else runs[::-1]):
+            k = per_round[name]
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            times[name].append(cpu_seconds(step) if args.clock == "cpu" else time_fn(step, warmup=0, repeat=1))
-            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            times[name].append(timer(lambda: [step() for _ in range(k)]) / k)
+            faults[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / k)
     out = []
     for name, cfg, _ in runs:
         seconds = statistics.median(times[name])
@@ -170,7 +179,8 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
         c = count(cfg, batch=batch, seq_len=n)
         flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
         out.append(dict(arch=name, **phase, seq_len=n, clock=args.clock, seconds_per_step=seconds,
-                        step_seconds=times[name], tokens_per_s=tokens / seconds, model_flops_per_step=flops,
+                        step_seconds=times[name], steps_per_round=per_round[name], tokens_per_s=tokens / seconds,
+                        model_flops_per_step=flops,
                         page_faults_per_step=statistics.median(faults[name])))
         print(f"  [{phase['name']}] {name:>22}: {tokens / seconds:8.1f} tok/s, "
               f"{statistics.median(faults[name]):,.0f} page faults/step", flush=True)
@@ -277,8 +287,11 @@ def main(argv=None) -> int:
                     help="MossNet's ssm_kernel choices, one row each")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per model first (at least one)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--round-seconds", type=float, default=2.0,
+                    help="a round of a model times back-to-back steps for about this long (at least one), their "
+                         "mean per step")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' LlamaForCausalLM")
     ap.add_argument("--memory", action="store_true",
                     help="instead of timing, the peak RSS of each model's step, each in a process of its own")
