@@ -142,12 +142,6 @@ def decay_rate(A_log: torch.Tensor) -> torch.Tensor:
     return -torch.exp(A_log if A_log.dtype in (torch.float32, torch.float64) else A_log.float())
 
 
-def _low_rank_dt(dt_low, weight, bias):
-    if weight.dim() == 2:
-        return F.linear(dt_low, weight, bias)
-    return torch.baddbmm(bias.unsqueeze(-2), dt_low, weight.transpose(-1, -2))
-
-
 # Ranks below this take _LowRankDt's backward; larger ones autograd's.
 NARROW_RANK = 16
 

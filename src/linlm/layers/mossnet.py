@@ -23,9 +23,9 @@ decoding) each pair has a row of its own, [E * B, L, ...] (L = the longest subse
 token, so L = T). In training (no state either way) each expert has one row, [E, L, ...], holding its B
 subsequences one after the other with a reset at each start (L = the busiest expert's total): less padding, since
 the balance over a whole batch is better than within each row (unless the CPU has more threads than those rows
-have work items for the scan kernel). The experts' projections are batched matmuls over
-E and ONE scan runs over all the rows, with per-row A and D. Padding sits at the end of a row (it repeats the last
-token's inputs): the S6 scan skips it (lengths) and "ssd" gives it dt = 0, so the state passes through unchanged.
+have work items for the scan kernel). The experts' projections are batched matmuls over E and ONE scan runs over
+all the rows, with per-row A and D. Padding sits at the end of a row (it repeats the last token's inputs): the S6
+scan skips it (lengths) and "ssd" gives it dt = 0, so the state passes through unchanged.
 Each token's output is the gate-weighted sum of its k slots, read back in one weighted gather (embedding_bag).
 Packed documents: an expert's subsequence resets at the first of its tokens that belongs to a new document, and a
 state left over from a finished document is zeroed before it is returned.
@@ -139,17 +139,15 @@ class MossNetMixer(nn.Module):
         n_rows = E if packed else E * B
         if packed:
             pos = (sel.view(B * T, E).cumsum(dim=0) - 1).view(B, T, E)  # slot in expert e's row (where sel)
-            counts = pos[-1, -1] + 1  # [E]
+            lengths = pos[-1, -1] + 1  # [E]: each row's count of real slots
             rows = torch.arange(E, device=u.device)  # [E]
-            lengths = counts
         else:
             pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
-            counts = pos[:, -1] + 1  # [B, E]
+            lengths = (pos[:, -1] + 1).t().reshape(E * B)  # row e * B + b: the count of (b, e)
             rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
-            lengths = counts.t().reshape(E * B)
         # The busiest row's length; its bound while torch.export traces, as no shape may depend on the routing
         # there: the extra padding is skipped by the scan like any other.
-        L = (B * T if packed else T) if torch.compiler.is_exporting() else int(counts.max())
+        L = (B * T if packed else T) if torch.compiler.is_exporting() else int(lengths.max())
         slot = rows * L + pos  # [B, T, E]: flat slot in the [n_rows, L] layout
         token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
         # src[slot] = token where sel; the unselected (b, t, e) write to a spare last slot, dropped (no boolean
