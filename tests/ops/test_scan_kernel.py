@@ -60,6 +60,29 @@ def test_kernel_float32_against_float64(dt_scale):
 
 
 @needs_kernel
+def test_float32_decay_is_exp_to_one_rounding():
+    """The kernel's own exp (range reduction and a polynomial): one step from a state of ones with u = 0 leaves
+    exp(dt A) in the state, and in float32 it must be within one unit of float32's precision (eps, 1.2e-7) of exp of
+    the same float32 product dt * A, for every product in [-87, 0] (below, float32 has no normal numbers). A
+    polynomial one degree short misses (Taylor's degree 6: 1.8 eps; a degree-5 fit: 1.4 eps)."""
+    Din, N = 4096, 16
+    g = torch.Generator().manual_seed(0)
+    A = -torch.rand(Din, N, generator=g, dtype=torch.float64).mul(87.0).float()
+    A[0] = -torch.logspace(-8, 0, N, dtype=torch.float64).float()  # products near 0, where exp(r) ~ 1 + r
+    dt = torch.ones(1, 1, Din)
+    dt[0, 0, 1:8] = torch.tensor([0.0, 1e-3, 0.25, 0.5, 0.75, 0.999, 1.0])  # spread the products over a range
+    zeros = torch.zeros(1, 1, N)
+    _, final = selective_scan_kernel(torch.zeros(1, 1, Din), dt, A, zeros, zeros, None,
+                                     initial_state=torch.ones(1, Din, N), output_final_state=True)
+    x = (dt[0, 0, :, None] * A).double()  # the product as the kernel forms it, in float32
+    want = torch.exp(x)
+    rel = ((final[0].double() - want) / want).abs()
+    worst = rel.max().item()
+    assert worst <= torch.finfo(torch.float32).eps, f"worst {worst:.3g} at dt A = {x.flatten()[rel.argmax()]:.4g}"
+    assert torch.equal(final[0, 1], torch.ones(N))  # dt = 0: exp(0) is exactly 1
+
+
+@needs_kernel
 def test_kernel_packed_documents_and_reset_gradients():
     y, ys, g = packed_and_separate(selective_scan_kernel, [[20, 1, 49, 30], [63, 37]], seed=8)
     torch.testing.assert_close(y, ys, rtol=1e-10, atol=1e-10)
