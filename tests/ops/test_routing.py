@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from linlm.errors import ConfigError, ShapeError
+from linlm.ops import scan_kernel
 from linlm.ops.routing import (
     combine,
     dispatch,
@@ -15,6 +16,7 @@ from linlm.ops.routing import (
     group_by_expert,
     invert_order,
     load_balance_loss,
+    read_back,
     router_z_loss,
     top_k_route,
 )
@@ -176,6 +178,59 @@ def test_combine_weights_each_slot():
     # each sorted row's gradient is its token's output gradient times that slot's weight
     token, slot = order // k, order % k
     torch.testing.assert_close(y_sorted.grad, w.detach()[token, slot][:, None] * g[token])
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+@pytest.mark.parametrize("m, padded", [(1, True), (2, True), (2, False), (4, True)])
+def test_read_back_weights_each_slot_and_sends_gradients_to_the_read_rows(backend, m, padded, monkeypatch):
+    """out[n] = sum_j w[n, j] src[idx[n, j]], no src row read twice: the compiled kernel (backend "kernel") and
+    embedding_bag (LINLM_SCAN_BACKEND=torch) against index arithmetic, in float64. 70 tokens span three of the
+    kernel's 32-row items; with padding, 9 src rows are read by no token and get a zero gradient; without, every
+    row is read (the MLP's combine: a permutation)."""
+    if backend == "kernel" and not scan_kernel.available():
+        pytest.skip("no C compiler: the kernel is not built")
+    if backend == "torch":
+        monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
+    gen = torch.Generator().manual_seed(m)
+    N, D = 70, 19
+    S = N * m + (9 if padded else 0)
+    idx = torch.randperm(S, generator=gen)[: N * m].view(N, m)
+    src = torch.randn(S, D, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.rand(N, m, dtype=torch.float64, generator=gen, requires_grad=True)
+    out = read_back(src, idx, w)
+    torch.testing.assert_close(out, (w[..., None] * src[idx]).sum(1))
+    g = torch.randn(N, D, dtype=torch.float64, generator=gen)
+    (out * g).sum().backward()
+    want_src = torch.zeros(S, D, dtype=torch.float64).index_add_(0, idx.reshape(-1),
+                                                                 (w.detach()[..., None] * g[:, None]).reshape(-1, D))
+    torch.testing.assert_close(src.grad, want_src)
+    torch.testing.assert_close(w.grad, (src.detach()[idx] * g[:, None]).sum(-1))
+    if padded:  # the rows no token reads
+        unread = torch.ones(S, dtype=torch.bool).index_fill_(0, idx.reshape(-1), False)
+        assert unread.sum() == 9 and torch.equal(src.grad[unread], torch.zeros(9, D, dtype=torch.float64))
+
+
+def test_read_back_gradcheck():
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randperm(15, generator=gen)[:12].view(6, 2)
+    src = torch.randn(15, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.rand(6, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s, v: read_back(s, idx, v), (src, w))
+
+
+def test_gather_sum_kernel_takes_float32_and_float64_of_one_dtype():
+    if not scan_kernel.available():
+        pytest.skip("no C compiler: the kernel is not built")
+    x = torch.randn(6, 4)
+    assert scan_kernel.gather_sum_takes(x, torch.rand(3, 2))
+    assert scan_kernel.gather_sum_takes(x.double(), torch.rand(3, 2).double())
+    assert not scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2).bfloat16())
+    assert not scan_kernel.gather_sum_takes(x, torch.rand(3, 2).double())
+    assert not scan_kernel.gather_sum_takes(x[None])
+    # bfloat16 takes embedding_bag's path, with its result
+    idx = torch.tensor([[0, 5], [2, 1], [4, 3]])
+    xb, wb = x.bfloat16(), torch.rand(3, 2).bfloat16()
+    torch.testing.assert_close(read_back(xb, idx, wb), (wb[..., None] * xb[idx]).sum(1), rtol=2e-2, atol=2e-2)
 
 
 def test_combine_keeps_dtype_of_expert_outputs():

@@ -134,7 +134,7 @@ def test_lengths_equal_the_reference_on_each_prefix(backend, monkeypatch):
 
 
 def _all_kernels(x, gate_in):
-    """The scan with its gradients, then the conv + SiLU and the gate, forward and backward."""
+    """The scan with its gradients, then the conv + SiLU, the gate and the gather-sum, forward and backward."""
     from linlm.layers.mamba import ShortConv
 
     out = run_with_grads(selective_scan_kernel, x)
@@ -145,7 +145,14 @@ def _all_kernels(x, gate_in):
     g, u = gate_in.clone().requires_grad_(True), gate_in.flip(1).clone().requires_grad_(True)
     z = scan_kernel.silu_mul(g, u)
     (y.square().sum() + (z * y.detach()).sum()).backward()
-    return out, [y, xc.grad, conv.weight.grad, conv.bias.grad, z, g.grad, u.grad]
+    # the gather-sum of the experts' read-back: 150 tokens of two slots each over 300 rows (none read twice), five
+    # of its 32-row items
+    rows = gate_in[0].clone().requires_grad_(True)  # [300, 200]
+    idx = torch.randperm(300, generator=torch.Generator().manual_seed(6)).view(150, 2)
+    w = torch.rand(150, 2, generator=torch.Generator().manual_seed(7)).requires_grad_(True)
+    r = scan_kernel.weighted_gather_sum(rows, idx, w)
+    (r * gate_in[2, :150]).sum().backward()
+    return out, [y, xc.grad, conv.weight.grad, conv.bias.grad, z, g.grad, u.grad, r, rows.grad, w.grad]
 
 
 @needs_kernel
@@ -171,7 +178,7 @@ def test_threads_do_not_change_the_result(runner):
     assert scan_kernel.openmp_pool() == pool  # own_threads() is undone on leaving the block
     assert_close_all(three[0], one[0], rtol=0, atol=0)
     for i, (a, b) in enumerate(zip(three[1], one[1])):
-        assert torch.equal(a, b), f"conv / gate output {i}"
+        assert torch.equal(a, b), f"conv / gate / gather-sum output {i}"
 
 
 @needs_kernel

@@ -26,7 +26,7 @@ the balance over a whole batch is better than within each row (unless the CPU ha
 have work items for the scan kernel). The experts' projections are batched matmuls over E and ONE scan runs over
 all the rows, with per-row A and D. Padding sits at the end of a row (it repeats the last token's inputs): the S6
 scan skips it (lengths) and "ssd" gives it dt = 0, so the state passes through unchanged.
-Each token's output is the gate-weighted sum of its k slots, read back in one weighted gather (embedding_bag).
+Each token's output is the gate-weighted sum of its k slots, read back in one weighted gather (routing.read_back).
 Packed documents: an expert's subsequence resets at the first of its tokens that belongs to a new document, and a
 state left over from a finished document is zeroed before it is returned.
 """
@@ -52,7 +52,7 @@ from linlm.layers.mamba import (
 )
 from linlm.layers.moe import router_aux_loss, router_logits
 from linlm.ops import scan_kernel
-from linlm.ops.routing import gather_rows, top_k_route
+from linlm.ops.routing import gather_rows, read_back, top_k_route
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
 POLICIES = ("dense", "routed")
@@ -219,11 +219,10 @@ class MossNetMixer(nn.Module):
             final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
             final = final.reshape(B, E, *final.shape[3:]) if self.kernel == "ssd" else final.contiguous()
 
-        # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (embedding_bag), about half the time
-        # of gathering the k rows, weighting and summing them, forward and backward.
+        # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (routing.read_back), each slot
+        # read by one token only.
         picked = reads if self.policy == "routed" else slot.gather(2, idx).view(B * T, self.top_k)
-        y = F.embedding_bag(picked, yg.reshape(n_rows * L, Din),
-                            per_sample_weights=gates.reshape(B * T, self.top_k).to(yg.dtype), mode="sum")
+        y = read_back(yg.reshape(n_rows * L, Din), picked, gates.reshape(B * T, self.top_k).to(yg.dtype))
         return y.view(B, T, Din).to(u.dtype), final
 
     def _step(self, u, gates, idx, ssm):

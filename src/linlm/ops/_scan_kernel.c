@@ -554,6 +554,57 @@ void SUF(silu_mul_bwd)(const REAL *dout, const REAL *g, int64_t gs, const REAL *
     }
 }
 
+/* The gather-sum of rows behind the mixtures of experts' read-back: out[n] = sum_j w[n, j] src[idx[n, j]] over the
+   m entries of row n of idx [M, m] (w [M, m]), src and out rows of D contiguous values, where no src row is read
+   twice (each expert slot is one token's; a permutation of the slots in the MLP's combine). Items: blocks of
+   GATHER_ROWS output rows. The backward: dsrc[idx[n, j]] = w[n, j] dout[n], a plain store as no row is read twice
+   (rows that no entry reads are not touched: the caller zeroes them), and dw[n, j] = dout[n] . src[idx[n, j]], both
+   from one read of dout[n] and of the row. Distinct items write distinct rows, so they may run on any threads. */
+#define GATHER_ROWS 32
+
+void SUF(gather_sum_fwd)(const REAL *src, const int64_t *idx, const REAL *w, REAL *out, int64_t M, int64_t m,
+                         int64_t D, int64_t item0, int64_t item1) {
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t n1 = (item + 1) * GATHER_ROWS < M ? (item + 1) * GATHER_ROWS : M;
+        for (int64_t n = item * GATHER_ROWS; n < n1; n++) {
+            REAL *restrict o = out + n * D;
+            const REAL *restrict s0 = src + idx[n * m] * D;
+            const REAL w0 = w[n * m];
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) o[c] = w0 * s0[c];
+            for (int64_t j = 1; j < m; j++) {
+                const REAL *restrict sj = src + idx[n * m + j] * D;
+                const REAL wj = w[n * m + j];
+#pragma omp simd
+                for (int64_t c = 0; c < D; c++) o[c] += wj * sj[c];
+            }
+        }
+    }
+}
+
+void SUF(gather_sum_bwd)(const REAL *dout, const REAL *src, const int64_t *idx, const REAL *w, REAL *dsrc, REAL *dw,
+                         int64_t M, int64_t m, int64_t D, int64_t item0, int64_t item1) {
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t n1 = (item + 1) * GATHER_ROWS < M ? (item + 1) * GATHER_ROWS : M;
+        for (int64_t n = item * GATHER_ROWS; n < n1; n++) {
+            const REAL *restrict g = dout + n * D;
+            for (int64_t j = 0; j < m; j++) {
+                const int64_t r = idx[n * m + j];
+                const REAL *restrict sr = src + r * D;
+                REAL *restrict ds = dsrc + r * D;
+                const REAL wj = w[n * m + j];
+                REAL acc = 0;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t c = 0; c < D; c++) {
+                    acc += g[c] * sr[c];
+                    ds[c] = wj * g[c];
+                }
+                dw[n * m + j] = acc;
+            }
+        }
+    }
+}
+
 /* Entry points that split the work items over an OpenMP team (built with -fopenmp only): the library then runs in
    torch's own OpenMP thread pool (the process has one libgomp, torch's), so the pool's worker, which spins for a few
    milliseconds after each of torch's parallel ops, takes the kernel's share of the items instead of competing for a
@@ -608,6 +659,16 @@ void SUF(silu_mul_bwd_par)(const REAL *dout, const REAL *g, int64_t gs, const RE
                            int64_t dgs, REAL *du, int64_t dus, int64_t M, int64_t F, int64_t nitems,
                            int64_t nthreads) {
     PAR_ITEMS(SUF(silu_mul_bwd)(dout, g, gs, u, us, dg, dgs, du, dus, M, F, i0_, i1_))
+}
+
+void SUF(gather_sum_fwd_par)(const REAL *src, const int64_t *idx, const REAL *w, REAL *out, int64_t M, int64_t m,
+                             int64_t D, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(gather_sum_fwd)(src, idx, w, out, M, m, D, i0_, i1_))
+}
+
+void SUF(gather_sum_bwd_par)(const REAL *dout, const REAL *src, const int64_t *idx, const REAL *w, REAL *dsrc,
+                             REAL *dw, int64_t M, int64_t m, int64_t D, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(gather_sum_bwd)(dout, src, idx, w, dsrc, dw, M, m, D, i0_, i1_))
 }
 #undef PAR_ITEMS
 #endif

@@ -53,8 +53,8 @@ from linlm.errors import ConfigError
 from linlm.ops.grad import needs_grad
 
 __all__ = [
-    "available", "backend", "conv_silu", "gate_takes", "glu_silu", "kernel_scan", "openmp_pool", "own_threads",
-    "silu_mul",
+    "available", "backend", "conv_silu", "gate_takes", "gather_sum_takes", "glu_silu", "kernel_scan",
+    "openmp_pool", "own_threads", "silu_mul", "weighted_gather_sum",
 ]
 
 SOURCE = Path(__file__).with_name("_scan_kernel.c")
@@ -133,9 +133,11 @@ _ARGTYPES = {
     "conv_bwd": [_P] * 11 + [_I] * 7,
     "silu_mul_fwd": [_P, _I, _P, _I, _P] + [_I] * 4,
     "silu_mul_bwd": [_P, _P, _I, _P, _I, _P, _I, _P] + [_I] * 5,
+    "gather_sum_fwd": [_P] * 4 + [_I] * 5,
+    "gather_sum_bwd": [_P] * 6 + [_I] * 5,
 }
 _SCRATCH = {"scan_fwd": None, "scan_bwd": 20, "conv_fwd": None, "conv_bwd": 6, "silu_mul_fwd": None,
-            "silu_mul_bwd": None}
+            "silu_mul_bwd": None, "gather_sum_fwd": None, "gather_sum_bwd": None}
 
 
 @functools.lru_cache(maxsize=None)
@@ -466,3 +468,64 @@ def glu_silu(h: Tensor) -> Tensor:
     if not needs_grad(h):
         return _glu_forward(_rows(h)).view(*h.shape[:-1], h.shape[-1] // 2)
     return _GluSilu.apply(h)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the gather-sum of rows: the mixtures of experts' read-back
+
+GATHER_ROWS = 32  # output rows per work item of the gather-sum; must equal GATHER_ROWS in the C source
+
+
+def gather_sum_takes(src: Tensor, weights: Tensor | None = None) -> bool:
+    """Whether the gather-sum kernel runs for rows src [S, D] (and weights): on the CPU, float32 or float64, the
+    weights of src's dtype, and the kernel available (built)."""
+    return (src.device.type == "cpu" and src.dtype in (torch.float32, torch.float64) and src.dim() == 2
+            and (weights is None or (weights.device.type == "cpu" and weights.dtype == src.dtype))
+            and available())
+
+
+def _gather_sum_forward(src: Tensor, idx: Tensor, w: Tensor | None) -> Tensor:
+    M, m = idx.shape
+    out = src.new_empty(M, src.shape[1])
+    if M and m:
+        _run("gather_sum_fwd", src.dtype, -(-M // GATHER_ROWS),
+             (_ptr(src), _ptr(idx), _ptr(w), _ptr(out), M, m, src.shape[1]))
+    elif M:
+        out.zero_()
+    return out
+
+
+class _WeightedGatherSum(torch.autograd.Function):
+    """out[n] = sum_j w[n, j] src[idx[n, j]], where no row of src is read twice (the backward stores each row's
+    gradient instead of adding to it)."""
+
+    @staticmethod
+    def forward(ctx, src, idx, w):
+        ctx.save_for_backward(src, idx, w)
+        return _gather_sum_forward(src, idx, w)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        src, idx, w = ctx.saved_tensors
+        M, m = idx.shape
+        # Every row is written where the entries read as many rows as src has (all of them, none twice: the MLP's
+        # combine); else the rows that no entry reads (the read-back's padding slots) start at zero.
+        dsrc = torch.empty_like(src) if idx.numel() == src.shape[0] else torch.zeros_like(src)
+        dw = torch.empty_like(w)
+        if M and m:
+            dout = dout.to(src.dtype).contiguous()
+            _run("gather_sum_bwd", src.dtype, -(-M // GATHER_ROWS),
+                 (_ptr(dout), _ptr(src), _ptr(idx), _ptr(w), _ptr(dsrc), _ptr(dw), M, m, src.shape[1]))
+        return (dsrc if ctx.needs_input_grad[0] else None), None, (dw if ctx.needs_input_grad[2] else None)
+
+
+def weighted_gather_sum(src: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
+    """out[n] = sum_j weights[n, j] src[idx[n, j]] for src [S, D], idx [N, m] and weights [N, m], differentiable in
+    src and weights, where no row of src is read twice (each expert slot is one token's). One pass each way (the
+    backward reads each output gradient row and each slot's row once for both gradients). For tensors that
+    gather_sum_takes."""
+    src, idx, w = src.contiguous(), idx.to(torch.int64).contiguous(), weights.contiguous()
+    if not needs_grad(src, w):
+        return _gather_sum_forward(src, idx, w)
+    return _WeightedGatherSum.apply(src, idx, w)
