@@ -1,13 +1,13 @@
 """The fused functions of linlm.ops.fused, and the compiled passes of a Mamba block (linlm.ops.scan_kernel's conv +
-SiLU and output gate, layers.mamba's rank-R dt product with its own backward), against their composite torch
-references, forward + backward.
+SiLU and output gate, layers.mamba's rank-R dt product with its own backward, the MoE read-back's gather-sum),
+against their composite torch references (embedding_bag for the read-back), forward + backward.
 
 Shapes are those of one paper-70m layer (LLaMA: d_model 512, 4 heads of 128, SwiGLU width 1536, vocab 8192; Mamba:
 inner width 1024, conv width 4) at B=1, T=2048, float32; the dt row is the demo's Mamba (inner width 256, rank 8:
-paper-70m's rank 32 takes autograd's backward, see layers.mamba.NARROW_RANK). The Mamba rows need the compiled
-kernel. Each pair runs in this process, warmed up, timed in interleaved rounds (medians). Prints a
-table and writes benchmarks/results/bench_fused.json. These are the element-wise parts of a training step; the
-step itself is timed by bench_train_step.py.
+paper-70m's rank 32 takes autograd's backward, see layers.mamba.NARROW_RANK). The Mamba and read-back rows need the
+compiled kernel. Each pair runs in this process, warmed up, timed in interleaved rounds (medians). Prints a table and
+writes benchmarks/results/bench_fused.json. These are the element-wise parts of a training step; the step itself is
+timed by bench_train_step.py.
 
     python benchmarks/bench_fused.py [--seq-len 2048] [--repeat 7]
 """
@@ -27,7 +27,7 @@ from _common import meta, print_table, time_fn, write_json  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from linlm.layers.mamba import dt_preactivation, output_gate  # noqa: E402
-from linlm.ops import fused, scan_kernel  # noqa: E402
+from linlm.ops import fused, routing, scan_kernel  # noqa: E402
 
 
 def rope_reference_qkv(qkv, cos, sin):
@@ -56,6 +56,24 @@ def mamba_cases(T: int, din: int = 1024, K: int = 4, dt_din: int = 256, rank: in
         f"mamba dt (rank {rank}, inner {dt_din})": (lambda a, c, e: (dt_preactivation(a, c, e),),
                                                    lambda a, c, e: (F.linear(a, c, e),), (low, wd, bd)),
     }
+
+
+def read_back_cases(T: int):
+    """The mixtures of experts' read-back (linlm.ops.routing.read_back: the compiled gather-sum) against
+    embedding_bag with per-sample weights, for T tokens of k = 2 slots: MossNet's time mixer at the demo (256 wide)
+    and at paper-70m (1024 wide), E = 4 rows of padded slots (6 % padding, as training's packed layout has), and the
+    MoE MLP's combine at paper-70m (d 512, a permutation of the slots, no padding)."""
+    g = torch.Generator().manual_seed(2)
+    out = {}
+    for name, width, n_src in (("mixer read-back, demo", 256, 2 * T * 17 // 16),
+                               ("mixer read-back, paper-70m", 1024, 2 * T * 17 // 16),
+                               ("mlp combine, paper-70m", 512, 2 * T)):
+        idx = torch.randperm(n_src, generator=g)[: 2 * T].view(T, 2).sort(0).values  # per-expert streams, in order
+        src, w = torch.randn(n_src, width, generator=g), torch.rand(T, 2, generator=g)
+        out[f"{name} ({2 * T} of {n_src} x {width})"] = (
+            lambda a, c, i=idx: (routing.read_back(a, i, c),),
+            lambda a, c, i=idx: (F.embedding_bag(i, a, per_sample_weights=c, mode="sum"),), (src, w))
+    return out
 
 
 def cases(T: int, d: int = 512, H: int = 4, hidden: int = 1536, V: int = 8192):
@@ -105,8 +123,9 @@ def main(argv=None) -> int:
     all_cases = cases(args.seq_len)
     if scan_kernel.available():
         all_cases.update(mamba_cases(args.seq_len))
+        all_cases.update(read_back_cases(args.seq_len))
     else:
-        print("no compiled kernel (no C compiler): the Mamba rows are skipped")
+        print("no compiled kernel (no C compiler): the Mamba and read-back rows are skipped")
     for name, (fast, ref, inputs) in all_cases.items():
         runs = {"fused": fwd_bwd(fast, inputs), "reference": fwd_bwd(ref, inputs)}
         times = {k: [] for k in runs}

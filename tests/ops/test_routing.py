@@ -226,7 +226,7 @@ def test_gather_sum_kernel_takes_float32_and_float64_of_one_dtype():
     assert scan_kernel.gather_sum_takes(x.double(), torch.rand(3, 2).double())
     assert not scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2).bfloat16())
     assert not scan_kernel.gather_sum_takes(x, torch.rand(3, 2).double())
-    assert not scan_kernel.gather_sum_takes(x[None])
+    assert not scan_kernel.gather_sum_takes(x[None], torch.rand(3, 2))
     # bfloat16 takes embedding_bag's path, with its result
     idx = torch.tensor([[0, 5], [2, 1], [4, 3]])
     xb, wb = x.bfloat16(), torch.rand(3, 2).bfloat16()

@@ -224,9 +224,10 @@ def _workers(n_items: int) -> int:
 
 def _run(name: str, dtype: torch.dtype, n_items: int, args: tuple, scratch: Tensor | None = None) -> None:
     """Run kernel ``name`` (its float64 build for float64, else float32) over n_items work items: in torch's OpenMP
-    pool where the library has the NAME_par entry points (outside own_threads()), else over contiguous ranges of the items on Python threads
-    (ctypes releases the GIL). ``args``: the kernel's arguments without the item range; a kernel with per-thread
-    scratch (_SCRATCH) gets row i of ``scratch`` [threads, size] for thread i (args holds row 0's pointer there)."""
+    pool where the library has the NAME_par entry points (outside own_threads()), else over contiguous ranges of
+    the items on Python threads (ctypes releases the GIL). ``args``: the kernel's arguments without the item range;
+    a kernel with per-thread scratch (_SCRATCH) gets row i of ``scratch`` [threads, size] for thread i (args holds
+    row 0's pointer there)."""
     lib = _library()
     suf = "f64" if dtype == torch.float64 else "f32"
     n = _workers(n_items)
@@ -476,15 +477,14 @@ def glu_silu(h: Tensor) -> Tensor:
 GATHER_ROWS = 32  # output rows per work item of the gather-sum; must equal GATHER_ROWS in the C source
 
 
-def gather_sum_takes(src: Tensor, weights: Tensor | None = None) -> bool:
-    """Whether the gather-sum kernel runs for rows src [S, D] (and weights): on the CPU, float32 or float64, the
+def gather_sum_takes(src: Tensor, weights: Tensor) -> bool:
+    """Whether the gather-sum kernel runs for rows src [S, D] and their weights: on the CPU, float32 or float64, the
     weights of src's dtype, and the kernel available (built)."""
     return (src.device.type == "cpu" and src.dtype in (torch.float32, torch.float64) and src.dim() == 2
-            and (weights is None or (weights.device.type == "cpu" and weights.dtype == src.dtype))
-            and available())
+            and weights.device.type == "cpu" and weights.dtype == src.dtype and available())
 
 
-def _gather_sum_forward(src: Tensor, idx: Tensor, w: Tensor | None) -> Tensor:
+def _gather_sum_forward(src: Tensor, idx: Tensor, w: Tensor) -> Tensor:
     M, m = idx.shape
     out = src.new_empty(M, src.shape[1])
     if M and m:
