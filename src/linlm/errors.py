@@ -43,6 +43,11 @@ class TrainingDiverged(LinlmError):
     """Training stopped: too many non-finite steps in a row, or an update that blew up the weights."""
 
 
+class OutputError(ConfigError):
+    """A path linlm was asked to write that is not linlm's: a user's file, a directory holding a user's files, a
+    symbolic link (linlm.outputs). The message names the path and what to do; nothing was changed."""
+
 def choices_text(choices) -> str:
     """Format valid choices for an error message."""
     return ", ".join(repr(c) for c in sorted(choices))
+

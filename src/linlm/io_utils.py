@@ -1,34 +1,35 @@
-"""Atomic file and directory writes, checksums and manifests.
+"""The low-level pieces under :mod:`linlm.outputs`: checksums, fsync, one atomic file write, and manifests.
 
-Directories are replaced without ever removing what linlm did not write: :func:`commit_dir` swaps the new
-directory in atomically and then deletes, from the old one, only the files its caller names as its own.
+Commands never write through these directly: :mod:`linlm.outputs` checks that a path is linlm's first and
+records what it wrote.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
 import json
-import logging
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Iterable, Optional
 
 from linlm.errors import CheckpointError
 
-log = logging.getLogger("linlm")
-
 MANIFEST = "manifest.json"
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+def sha256_file(path: str | Path, limit: Optional[int] = None, chunk: int = 1 << 20) -> str:
+    """sha256 of a file (of its first ``limit`` bytes when given)."""
     h = hashlib.sha256()
+    left = limit
     with open(path, "rb") as f:
-        while block := f.read(chunk):
+        while left is None or left > 0:
+            block = f.read(chunk if left is None else min(chunk, left))
+            if not block:
+                break
             h.update(block)
+            if left is not None:
+                left -= len(block)
     return h.hexdigest()
 
 
@@ -54,92 +55,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def temp_dir_beside(path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.mkdir()
-    return tmp
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE). False where the system cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def remove_owned(directory: Path, owned: Iterable[str]) -> list[str]:
-    """Delete the plain files named in ``owned`` from ``directory``, then the directory if nothing else is left.
-
-    Returns the names left behind (never deleted: linlm did not write them).
-    """
-    for name in owned:
-        f = directory / name
-        if f.is_file() and not f.is_symlink():
-            f.unlink()
-    left = sorted(p.name for p in directory.iterdir())
-    if not left:
-        directory.rmdir()
-    return left
-
-
-def commit_dir(tmp: Path, path: str | Path, owned: Optional[Iterable[str]] = None) -> None:
-    """Put the finished directory ``tmp`` at ``path`` (every file fsynced first).
-
-    - ``path`` absent, or an empty directory: ``tmp`` is renamed into place.
-    - ``path`` a directory: the two are swapped in one step where the system allows it (Linux), else by two
-      renames; then only the files named in ``owned`` (default: the names ``tmp`` holds) are deleted from the old
-      directory. Anything else in it is kept in ``.NAME.<id>.old`` beside ``path`` and named in a warning.
-    - ``path`` a file: OSError (NotADirectoryError), and nothing changes.
-
-    An error is raised only before anything has moved; once ``tmp`` is in place, a failure to clean the old
-    directory is a warning.
-    """
-    path = Path(path)
-    names = sorted(p.name for p in tmp.iterdir())
-    owned = set(names if owned is None else owned)
-    for child in tmp.iterdir():
-        fsync_path(child)
-    fsync_path(tmp)
-    if path.is_dir() and not path.is_symlink() and any(path.iterdir()):
-        old = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
-        if _exchange(tmp, path):
-            try:
-                os.replace(tmp, old)
-            except OSError:
-                old = tmp
-        else:
-            os.replace(path, old)
-            try:
-                os.replace(tmp, path)
-            except OSError:
-                os.replace(old, path)  # put the old directory back: nothing has changed
-                raise
-        try:
-            fsync_path(path.parent)
-            left = remove_owned(old, owned)
-        except OSError as e:
-            left = [f"({e})"]
-        if left:
-            log.warning("%s was replaced; the old directory held files linlm did not write (%s), kept in %s",
-                        path, ", ".join(left[:5]), old)
-        return
-    os.replace(tmp, path)  # onto an empty directory, or a new name; refuses a file or a non-empty directory
-    fsync_path(path.parent)
 
 
 # ---- manifests: the sha256 and size of every file of a directory ---------------------------------------------

@@ -6,6 +6,7 @@ from torch import nn
 
 from linlm.errors import ConfigError, DataError
 from linlm.eval.mqar import IGNORE, MQARConfig, MQARStream, mqar_accuracy, mqar_batch, mqar_batches, state_floats
+from linlm.train.checkpoint import list_checkpoints
 
 
 def test_batch_layout():
@@ -108,7 +109,7 @@ def test_trainer_trains_on_mqar_and_the_experiment_reports(tmp_path):
     assert [r["name"] for r in rows] == ["mossnet-E1-d16", "mossnet-E2-d16"]
     for r in rows:
         assert 0.0 <= r["accuracy"] <= 1.0 and r["answers"] == 64 * 3 and r["steps"] == 3
-        model = load(next((tmp_path / r["name"] / "checkpoints").iterdir()))
+        model = load(list_checkpoints(tmp_path / r["name"] / "checkpoints")[-1][1])
         assert model.config.vocab_size == 32 and model.config.d_model == 16
         assert r["state_floats"] == state_floats(model, cfg.seq_len)
     # Two SSM experts hold more state than one at (nearly) the same active size: only the router differs.

@@ -26,8 +26,11 @@ def _edit_config(path, checksum=True, drop=(), **changes):
 
 
 def _tree(root):
-    """{relative path: bytes} of every file under root."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """{relative path: bytes} of every file under root (linlm's ledgers aside)."""
+    from linlm.outputs import LEDGER
+
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and p.name != LEDGER}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
@@ -169,22 +172,23 @@ def test_failed_overwrite_leaves_the_old_model(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("exchange", [True, False])
 def test_commit_dir_removes_only_owned_files(tmp_path, caplog, monkeypatch, exchange):
-    from linlm import io_utils
-    from linlm.io_utils import commit_dir, temp_dir_beside
+    from linlm import outputs
+    from linlm.outputs import trees
 
     if exchange:
-        assert io_utils._exchange(tmp_path, tmp_path) or not sys.platform.startswith("linux")
+        assert trees._exchange(tmp_path, tmp_path) or not sys.platform.startswith("linux")
     else:  # systems without an atomic swap: two renames
-        monkeypatch.setattr(io_utils, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(trees, "_exchange", lambda a, b: False)
 
     target = tmp_path / "d"
-    target.mkdir()
-    (target / "a.bin").write_text("old")
+    first = outputs.temp_dir_beside(target)
+    (first / "a.bin").write_text("old")
+    outputs.commit_dir(first, target)
     (target / "mine.txt").write_text("user")
-    tmp = temp_dir_beside(target)
+    tmp = outputs.temp_dir_beside(target)
     (tmp / "a.bin").write_text("new")
-    commit_dir(tmp, target, owned=["a.bin"])
-    assert _tree(target) == {"a.bin": b"new"}
+    outputs.commit_dir(tmp, target)
+    assert _tree(target) == {"a.bin": b"new"} and outputs.owns_dir(target)
     kept = [p for p in tmp_path.iterdir() if p.name != "d"]
     assert len(kept) == 1 and _tree(kept[0]) == {"mine.txt": b"user"}
     assert "mine.txt" in caplog.text

@@ -38,7 +38,10 @@ def test_round_trip_is_exact_and_holds_no_pickle(tmp_path):
     path = write(tmp_path, 5, model, opt)
     assert sorted(os.listdir(path)) == sorted(["model.safetensors", "config.json", "optimizer.safetensors",
                                                "rng.safetensors", "state.json", "train_config.yaml",
-                                               "manifest.json"])
+                                               "manifest.json", ".linlm-files.json"])
+    from linlm import outputs
+
+    assert outputs.owns_dir(path) and all(outputs.owns_file(p) for p in path.iterdir() if p.name != outputs.LEDGER)
     c = ckpt.load_checkpoint(path)
     assert c.step == 5 and c.state["data"] == {"step": 5}
     model2, opt2 = trained_model_and_optimizer(seed=1)

@@ -14,6 +14,7 @@ from train_helpers import assert_bitwise_equal, final_weights
 
 from linlm.cli import main
 from linlm.errors import CheckpointError, ConfigError, DataError, TokenizerError
+from linlm.outputs import LEDGER
 from linlm.train import checkpoint as ckpt
 from linlm.train import TrainingDiverged, train
 from linlm.train.metrics import read_metrics
@@ -104,7 +105,7 @@ def test_write_failure_keeps_the_previous_checkpoint(make_config, monkeypatch):
     msg = str(e.value)
     assert "No space left on device" in msg and "step_00000002 is intact" in msg and "--resume" in msg
     root = cfg.out_dir + "/checkpoints"
-    assert sorted(os.listdir(root)) == ["step_00000002"], "no temporary or partial directory may remain"
+    assert sorted(os.listdir(root)) == [LEDGER, "step_00000002"], "no temporary or partial directory may remain"
     ckpt.verify(root + "/step_00000002")
     monkeypatch.setattr(ckpt, "save_file", real)
     resumed = train(cfg, resume=True, verbose=False)
@@ -133,7 +134,7 @@ def test_nan_guard_stops_after_max_bad_steps(make_config):
         train(cfg, verbose=False)
     assert "step 5" in str(e.value) and "step_00000002" in str(e.value)
     root = cfg.out_dir + "/checkpoints"
-    assert sorted(os.listdir(root)) == ["step_00000002"]
+    assert sorted(os.listdir(root)) == [LEDGER, "step_00000002"]
     ckpt.verify(root + "/step_00000002")
 
 

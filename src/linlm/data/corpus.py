@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from linlm.errors import DataError
-from linlm.io_utils import commit_dir, sha256_file, temp_dir_beside
+from linlm.io_utils import sha256_file
+from linlm.outputs import commit_dir, temp_dir_beside
 
 Downloader = Callable[[Path], Path]
 """A function that puts the sdist tarball into the given (empty, existing) directory and returns its path."""

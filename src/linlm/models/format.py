@@ -20,8 +20,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from linlm.errors import CheckpointError, ConfigError
-from linlm.io_utils import commit_dir, remove_owned, sha256_file, temp_dir_beside
+from linlm.errors import CheckpointError, ConfigError, LinlmError
+from linlm import outputs
+from linlm.io_utils import sha256_file
 from linlm.models.config import ModelConfig
 
 FORMAT = "linlm-model"
@@ -71,7 +72,7 @@ def check_save_target(path: Path, overwrite: bool) -> None:
     if not path.is_dir():
         raise CheckpointError(f"{path}: is an existing file; a saved model is a directory, so choose a new path "
                               f"(nothing was written)")
-    entries = sorted(p.name for p in path.iterdir())
+    entries = sorted(p.name for p in path.iterdir() if not outputs.bookkeeping(p.name))
     if not entries:
         return
     if not is_model_dir(path):
@@ -81,12 +82,12 @@ def check_save_target(path: Path, overwrite: bool) -> None:
     if not overwrite:
         raise CheckpointError(f"{path}: holds a saved model already; pass overwrite=True to replace it, "
                               f"or choose a new path (nothing was written)")
-    foreign = [name for name in entries if name not in MODEL_FILES]
+    foreign = sorted(set(outputs.foreign_entries(path)) | {name for name in entries if name not in MODEL_FILES})
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise CheckpointError(f"{path}: also holds files linlm's model.save() did not write ({shown}); move them out "
-                              f"or save to a new path, since overwrite=True replaces the directory whole "
-                              f"(nothing was written)")
+        raise CheckpointError(f"{path}: also holds files linlm's model.save() did not write, or that were changed "
+                              f"since ({shown}); move them out or save to a new path, since overwrite=True replaces "
+                              f"the directory whole (nothing was written)")
 
 
 def save_model(model, path, *, overwrite: bool = False) -> Path:
@@ -99,16 +100,17 @@ def save_model(model, path, *, overwrite: bool = False) -> Path:
     path = Path(path)
     check_save_target(path, overwrite)
     try:
-        tmp = temp_dir_beside(path)
-    except OSError as e:
+        tmp = outputs.temp_dir_beside(path)
+    except (OSError, LinlmError) as e:
+        if isinstance(e, LinlmError):
+            raise CheckpointError(str(e)) from None
         raise CheckpointError(f"{path}: cannot be written ({e.strerror or e}); choose a writable directory "
                               f"(nothing was written)") from None
     try:
         write_model_files(tmp, model.state_dict(), model.config.to_dict())
-        commit_dir(tmp, path, owned=MODEL_FILES)
+        outputs.commit_dir(tmp, path)
     except BaseException as e:
-        if tmp.is_dir():
-            remove_owned(tmp, MODEL_FILES)
+        outputs.discard(tmp)
         if isinstance(e, OSError):
             raise CheckpointError(f"{path}: the model could not be saved ({e.strerror or e}); free disk space or "
                                   f"fix the permissions, then save again (whatever was at {path} is unchanged)") from e

@@ -14,10 +14,11 @@ A checkpoint is ``<out_dir>/checkpoints/step_00000100/`` holding:
 ``manifest.json``          sha256 and size of every file above; written last
 =========================  ================================================================================
 
-Writing: everything goes into a temporary directory beside the final one, each file is fsynced, then the
-directory is renamed into place (and its parent fsynced). A crash at any moment leaves either the complete new
-checkpoint or none; temporary directories left by a crash are removed by the next run. Old checkpoints beyond
-``keep`` are removed only after the new one is in place.
+Writing: everything goes into a temporary directory beside the final one, each file is fsynced and recorded as
+linlm's (:mod:`linlm.outputs`), then the directory is renamed into place (and its parent fsynced). A crash at any
+moment leaves either the complete new checkpoint or none; temporary directories left by a crash are removed by the
+next run. Old checkpoints beyond ``keep`` are removed only after the new one is in place, and only what linlm
+wrote in them (one holding a file of the user's is kept).
 
 Reading: :func:`latest_valid` verifies the manifest of the newest checkpoint (every file present, same size, same
 sha256); a corrupt one is reported with a warning naming it, renamed aside (``*.corrupt``) and the previous one
@@ -40,8 +41,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from linlm.errors import CheckpointError
-from linlm.io_utils import MANIFEST, commit_dir, file_digests, fsync_path, temp_dir_beside, verify_manifest
+from linlm import outputs
+from linlm.errors import CheckpointError, LinlmError
+from linlm.io_utils import MANIFEST, file_digests, verify_manifest
 from linlm.models.format import CONFIG as MODEL_CONFIG_FILE
 from linlm.models.format import WEIGHTS as MODEL_WEIGHTS
 from linlm.models.format import write_model_files
@@ -172,8 +174,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
     final = root / checkpoint_name(step)
     tmp: Optional[Path] = None
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = temp_dir_beside(final)
+        tmp = outputs.temp_dir_beside(final)
         write_model_files(tmp, model_state, model_config)
         opt_tensors, opt_meta = split_optimizer_state(optimizer_state)
         save_file(opt_tensors, str(tmp / OPTIM_FILE), metadata={"format": FORMAT})
@@ -186,19 +187,14 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copyfile(Path(tokenizer_dir) / name, tmp / name)
-        _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": file_digests(tmp)})
-        if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
-            commit_dir(tmp, final)
-        else:
-            for child in tmp.iterdir():
-                fsync_path(child)
-            fsync_path(tmp)
-            os.replace(tmp, final)
-            fsync_path(root)
+        digests = file_digests(tmp)
+        _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": digests})
+        # A checkpoint of this step from an earlier attempt is replaced; files of the user's in it are kept aside.
+        outputs.commit_dir(tmp, final, digests={k: v["sha256"] for k, v in digests.items()})
         tmp = None
     except CheckpointError:
         raise
-    except (OSError, SafetensorError, RuntimeError, ValueError) as e:
+    except (OSError, SafetensorError, RuntimeError, ValueError, LinlmError) as e:
         previous = [p.name for _, p in list_checkpoints(root) if p != final] if root.is_dir() else []
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
@@ -206,7 +202,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
             f"permissions of {root}, then continue with --resume") from e
     finally:
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            outputs.discard(tmp)
     prune(root, keep)
     return final
 
@@ -225,20 +221,30 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
 
 
 def prune(root: str | Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` checkpoints. A checkpoint holding anything linlm did not write (or a file
+    changed since) is kept whole, with a warning: its files are the user's as much as linlm's."""
     for _, path in list_checkpoints(root)[:-keep]:
+        foreign = outputs.foreign_entries(path)
+        if foreign:
+            log.warning("checkpoint %s is past keep=%d but holds files linlm did not write (%s); it is kept",
+                        path, keep, outputs.shown(foreign))
+            continue
         trash = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
         os.replace(path, trash)  # a half-deleted directory never looks like a checkpoint
-        shutil.rmtree(trash, ignore_errors=True)
+        outputs.remove_tree(trash, "checkpoint", keep_root=False)
 
 
 def clean_temporaries(root: str | Path) -> None:
-    """Remove temporary directories a crashed writer left behind (never a finished checkpoint)."""
+    """Remove temporary directories a crashed writer left behind (never a finished checkpoint; files of the
+    user's in one stay, with it)."""
     root = Path(root)
     if not root.is_dir():
         return
     for p in root.iterdir():
-        if p.name.startswith(".step_") and p.name.endswith((".tmp", ".old")):
-            shutil.rmtree(p, ignore_errors=True)
+        if p.is_dir() and p.name.startswith(".step_") and p.name.endswith(".tmp"):
+            outputs.discard(p)
+        elif p.is_dir() and p.name.startswith(".step_") and p.name.endswith(".old"):
+            outputs.remove_tree(p, "checkpoint", keep_root=False)
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
@@ -264,8 +270,10 @@ def scan(root: str | Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
 def set_aside(path: Path) -> Path:
     """Rename a corrupt checkpoint aside (``*.corrupt``) so that it is never tried again."""
     aside = path.with_name(f"{path.name}.corrupt")
-    if aside.exists():
-        shutil.rmtree(aside, ignore_errors=True)
+    n = 1
+    while os.path.lexists(aside):  # an older one set aside before: never replaced
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{n}")
     os.replace(path, aside)
     return aside
 

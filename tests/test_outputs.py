@@ -1,0 +1,228 @@
+"""linlm.outputs: the one rule for every path linlm writes. A user's file is never replaced or removed, a refusal
+changes nothing, an unwritable path is one line, and a locked directory is never cleared."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from linlm import outputs
+from linlm.errors import LockedError, OutputError, StorageError
+
+
+def snapshot(root: Path) -> dict:
+    """Every file and directory under root with its bytes: what 'changes nothing' compares."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def tree(tmp_path: Path) -> Path:
+    """A tree written by linlm: out/{a.json, plots/x.png, deep/er/c.txt, log.txt (appended)}."""
+    out = tmp_path / "out"
+    outputs.write_json(out / "a.json", {"x": 1})
+    outputs.write_bytes(out / "plots" / "x.png", b"\x89PNG fake")
+    outputs.write_text(out / "deep" / "er" / "c.txt", "linlm\n")
+    outputs.append_text(out / "log.txt", "one\n")
+    outputs.append_text(out / "log.txt", "two\n")
+    return out
+
+
+def test_written_files_are_linlms_and_can_be_rewritten(tmp_path):
+    out = tree(tmp_path)
+    for rel in ("a.json", "plots/x.png", "deep/er/c.txt", "log.txt"):
+        assert outputs.owns_file(out / rel), rel
+    for d in (out, out / "plots", out / "deep", out / "deep" / "er"):
+        assert outputs.owns_dir(d), d
+    assert outputs.check_file(out / "a.json") == out / "a.json"
+    outputs.write_json(out / "a.json", {"x": 2})
+    assert (out / "a.json").read_text() == '{\n "x": 2\n}\n' and outputs.owns_file(out / "a.json")
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_users_file_is_refused_before_and_at_the_write(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text("my notes")
+    before = snapshot(tmp_path)
+    with pytest.raises(OutputError, match="linlm did not write it"):
+        outputs.check_file(target, "--json")
+    with pytest.raises(OutputError, match="--json .*results.json"):
+        outputs.write_json(target, {"a": 1}, "--json")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_file_the_user_edited_is_theirs_and_a_copy_stays_linlms(tmp_path):
+    out = tree(tmp_path)
+    time.sleep(0.01)
+    (out / "a.json").write_text('{"x": 1, "mine": true}\n')
+    assert not outputs.owns_file(out / "a.json")
+    with pytest.raises(OutputError):
+        outputs.write_json(out / "a.json", {"x": 3})
+    assert "mine" in (out / "a.json").read_text()
+    # A copy of the tree under the same name (new mtimes) is still linlm's, file by file.
+    copy = tmp_path / "elsewhere" / "out"
+    shutil.copytree(out, copy, copy_function=shutil.copyfile)
+    assert outputs.owns_file(copy / "plots" / "x.png") and outputs.owns_dir(copy / "plots")
+    # A directory copied or renamed to a new name is the user's.
+    shutil.copytree(out / "plots", out / "plots_keep")
+    (out / "deep").rename(out / "deep_keep")
+    assert not outputs.owns_dir(out / "plots_keep") and not outputs.owns_dir(out / "deep_keep")
+
+
+def test_a_log_replaced_by_the_user_is_refused(tmp_path):
+    out = tree(tmp_path)
+    (out / "log.txt").write_text("someone else's log\n")
+    with pytest.raises(OutputError):
+        outputs.append_text(out / "log.txt", "three\n")
+    assert (out / "log.txt").read_text() == "someone else's log\n"
+
+
+@pytest.mark.parametrize("case", ["under_a_file", "directory", "symlink", "proc"])
+def test_unusable_targets_are_one_line_errors(tmp_path, case):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep\n")
+    if case == "under_a_file":
+        target, error = blocker / "x.json", StorageError
+    elif case == "directory":
+        (tmp_path / "d").mkdir()
+        target, error = tmp_path / "d", OutputError
+    elif case == "symlink":
+        target, error = tmp_path / "link.json", OutputError
+        target.symlink_to(blocker)
+    else:
+        if not Path("/proc/self").is_dir():
+            pytest.skip("no /proc here")
+        target, error = Path("/proc/linlm-test/x.json"), StorageError
+    before = snapshot(tmp_path)
+    for call in (lambda: outputs.check_file(target, "--json"), lambda: outputs.write_json(target, {}, "--json")):
+        with pytest.raises(error) as e:
+            call()
+        assert "\n" not in str(e.value) and "--json" in str(e.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_check_dir(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "thesis.tex").write_text("mine")
+    with pytest.raises(OutputError, match="thesis.tex"):
+        outputs.check_dir(users, "--out")
+    (tmp_path / "empty").mkdir()
+    assert outputs.check_dir(tmp_path / "empty", "--out") == tmp_path / "empty"
+    assert outputs.check_dir(tmp_path / "new" / "deeper", "--out") == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()
+    out = tree(tmp_path)
+    (out / "notes.txt").write_text("mine")  # a user's file in linlm's directory, at a name linlm does not write
+    outputs.check_dir(out, "--out", names=["a.json", "plots/x.png", "report.md"])
+    (out / "report.md").write_text("mine")
+    with pytest.raises(OutputError, match="report.md"):
+        outputs.check_dir(out, "--out", names=["a.json", "report.md"])
+    with pytest.raises(StorageError, match="is a file"):
+        outputs.check_dir(out / "a.json" / "sub", "--out")
+
+
+def test_remove_tree_keeps_every_user_path(tmp_path):
+    out = tree(tmp_path)
+    (out / "plots" / "mine.png").write_bytes(b"user png")
+    (out / "deep" / "er" / "notes").mkdir()
+    (out / "deep" / "er" / "notes" / "n.txt").write_text("user")
+    shutil.copytree(out / "plots", out / "best_keep")  # a copy of linlm's directory under the user's name
+    (out / "user.txt").write_text("user")
+    users = {k: v for k, v in snapshot(out).items() if k.startswith(("best_keep", "user.txt", "plots/mine.png",
+                                                                      "deep/er/notes"))}
+    kept = outputs.remove_tree(out)
+    after = snapshot(out)
+    assert {k: v for k, v in after.items() if k in users} == users
+    assert not (out / "a.json").exists() and not (out / "log.txt").exists()
+    assert not (out / "plots" / "x.png").exists() and (out / "plots" / "mine.png").exists()
+    assert (out / "deep" / "er" / "notes" / "n.txt").exists() and not (out / "deep" / "er" / "c.txt").exists()
+    assert sorted(p.name for p in kept) == ["best_keep", "mine.png", "notes", "user.txt"]
+    # Directories that held only linlm's files are gone; those with the user's files stay.
+    out2 = tree(tmp_path / "second")
+    outputs.remove_tree(out2, keep_root=False)
+    assert not out2.exists() and (tmp_path / "second").is_dir()
+
+
+def test_remove_tree_refuses_a_path_in_the_way_and_changes_nothing(tmp_path):
+    out = tree(tmp_path)
+    (out / "report.md").write_text("mine")
+    before = snapshot(out)
+    with pytest.raises(OutputError, match="report.md"):
+        outputs.remove_tree(out, "--overwrite", blocks=lambda rel: rel == "report.md")
+    assert snapshot(out) == before
+    time.sleep(0.01)
+    (out / "a.json").write_text('{"edited": 1}')  # a file of linlm's the user changed: in the way of a rewrite
+    before = snapshot(out)
+    with pytest.raises(OutputError, match="a.json"):
+        outputs.remove_tree(out, "--overwrite", refuse_edited=True)
+    assert snapshot(out) == before
+
+
+def _hold_lock(directory: Path) -> subprocess.Popen:
+    code = ("import sys, time; from linlm.locking import DirLock; DirLock(sys.argv[1], 'x').acquire(); "
+            "print('held', flush=True); time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_directory_another_process_holds_is_never_cleared(tmp_path):
+    out = tree(tmp_path)
+    holder = _hold_lock(out / "deep")
+    try:
+        before = snapshot(out)
+        with pytest.raises(LockedError, match=f"PID {holder.pid}"):
+            outputs.remove_tree(out, "--overwrite")
+        assert snapshot(out) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    outputs.remove_tree(out)  # the holder is gone: its stale lock does not block
+    assert not (out / "deep").exists()
+
+
+def test_a_full_disk_leaves_the_old_file_whole_and_no_temporary(tmp_path, monkeypatch):
+    out = tree(tmp_path)
+    import linlm.io_utils
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(linlm.io_utils.os, "fsync", full)
+    with pytest.raises(StorageError, match="No space left on device") as e:
+        outputs.write_json(out / "a.json", {"x": 9}, "--json")
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    assert (out / "a.json").read_text() == '{\n "x": 1\n}\n' and outputs.owns_file(out / "a.json")
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_writers_in_several_processes_keep_every_entry(tmp_path):
+    code = ("import sys; from pathlib import Path; from linlm import outputs\n"
+            "for i in range(25): outputs.write_text(Path(sys.argv[1]) / f'{sys.argv[2]}-{i}.txt', str(i))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), name], env=env) for name in "ab"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    names = [f"{n}-{i}.txt" for n in "ab" for i in range(25)]
+    assert all(outputs.owns_file(tmp_path / n) for n in names)
+    assert sorted(outputs.read_ledger(tmp_path).entries) == sorted(names)
+
+
+def test_a_directory_that_is_replaced_keeps_the_users_files(tmp_path):
+    target = tmp_path / "model"
+    tmp = outputs.temp_dir_beside(target)
+    (tmp / "w.bin").write_bytes(b"one")
+    outputs.commit_dir(tmp, target)
+    (target / "mine.txt").write_text("user")
+    tmp = outputs.temp_dir_beside(target)
+    (tmp / "w.bin").write_bytes(b"two")
+    outputs.commit_dir(tmp, target)
+    assert (target / "w.bin").read_bytes() == b"two" and not (target / "mine.txt").exists()
+    (old,) = [p for p in tmp_path.iterdir() if p.name.endswith(".old")]
+    assert (old / "mine.txt").read_text() == "user" and not (old / "w.bin").exists()
