@@ -148,3 +148,8 @@ def test_zero_is_a_value_never_the_default(command, flags, named, model_dir, dat
     out takes its default."""
     assert main([*_command(command, model_dir, data_dir, tmp_path), *flags]) == 2
     one_line_error(capsys.readouterr().err, named)
+
+
+def test_a_missing_data_dir_is_refused_before_the_model_loads(model_dir, tmp_path, capsys, no_model_load):
+    assert main(["eval", "--model", str(model_dir), "--tasks", "piqa", "--data-dir", str(tmp_path / "nope")]) == 2
+    one_line_error(capsys.readouterr().err, "nope: not a directory; pass --data-dir")

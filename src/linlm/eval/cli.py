@@ -62,7 +62,7 @@ def _load(args):
 def cmd_eval(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
     from linlm.errors import ConfigError
-    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
+    from linlm.eval.evaluator import RESULTS_HEADERS, check_data_dir, evaluate, results_rows
     from linlm.eval.tasks import resolve_tasks
     from linlm.infer.report import print_table
 
@@ -73,6 +73,7 @@ def cmd_eval(args) -> int:
     if not args.data_dir:
         raise ConfigError(f"--data-dir: not given and ${DATA_ENV} is not set; pass the directory holding the task "
                           "JSON Lines files (see docs/evaluation.md for their formats)")
+    check_data_dir(args.data_dir)
     check_output_files(args, "--json")
     model, tok = _load(args)
     results = evaluate(model, tok, args.tasks, args.data_dir, limit=args.limit, batch_size=args.batch_size,

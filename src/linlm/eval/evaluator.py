@@ -33,9 +33,7 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1, got {limit}")
     tokenizer.ensure_fits(model.config.vocab_size)
-    data_dir = Path(data_dir).expanduser()
-    if not data_dir.is_dir():
-        raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")
+    data_dir = check_data_dir(data_dir)
     results: dict[str, Any] = {}
     for name in names:
         spec = TASKS[name]
@@ -84,6 +82,15 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
     if avg is not None:
         out["commonsense_avg"] = avg
     return out
+
+
+def check_data_dir(data_dir: str | Path) -> Path:
+    """The task directory (``~`` expanded), refused in one line unless it is a directory (the CLI checks it before
+    the model loads)."""
+    data_dir = Path(data_dir).expanduser()
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")
+    return data_dir
 
 
 def _progress(name: str, total: int):
