@@ -31,3 +31,14 @@ def assert_png(path: Path, size: tuple[int, int]) -> None:
 def snapshot(root: Path) -> dict:
     """Every path under ``root`` with its bytes (None for a directory): what "nothing changed" compares."""
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def forbid(monkeypatch, *targets: str, why: str) -> None:
+    """Make each function at ``targets`` (dotted paths) fail the test if it is called: the work it starts must not
+    begin before the command's checks (an AssertionError is not a linlm error, so the CLI lets it through)."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError(why)
+
+    for target in targets:
+        monkeypatch.setattr(target, fail)

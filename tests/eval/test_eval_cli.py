@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from output_asserts import one_line_error, snapshot
+from output_asserts import forbid, one_line_error, snapshot
 
 from linlm.cli import main
 
@@ -84,11 +84,8 @@ HAY = "The rain had stopped and the grass was wet. He counted the coins twice an
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading the model fails the test: every refusal below must come before it."""
-
-    def load(*args, **kwargs):
-        raise AssertionError("the model was loaded before the command's outputs and flags were checked")
-
-    monkeypatch.setattr("linlm.infer.generate.load_for_generation", load)
+    forbid(monkeypatch, "linlm.infer.generate.load_for_generation",
+           why="the model was loaded before the command's outputs and flags were checked")
 
 
 def _command(name: str, model_dir: Path, data_dir: Path, inputs: Path) -> list[str]:

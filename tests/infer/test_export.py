@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from output_asserts import one_line_error, snapshot
+from output_asserts import forbid, one_line_error, snapshot
 
 from linlm import create_model
 from linlm.cli import main
@@ -146,12 +146,8 @@ def test_onnx_without_its_packages_is_a_clear_error(tmp_path, monkeypatch):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading the model (or tracing it) fails the test: every refusal below must come before either."""
-
-    def fail(*args, **kwargs):
-        raise AssertionError("the model was loaded or traced before --out was checked")
-
-    monkeypatch.setattr("linlm.infer.generate.load_model", fail)
-    monkeypatch.setattr("linlm.infer.export.export_programs", fail)
+    forbid(monkeypatch, "linlm.infer.generate.load_model", "linlm.infer.export.export_programs",
+           why="the model was loaded or traced before --out was checked")
 
 
 @pytest.mark.parametrize("where, reason", [

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from output_asserts import assert_png, one_line_error, snapshot
+from output_asserts import assert_png, forbid, one_line_error, snapshot
 
 from linlm.cli import main
 from linlm.errors import ConfigError
@@ -80,11 +80,7 @@ def test_profile_times_the_exported_steps_beside_eager(tmp_path, capsys):
 def test_profile_outputs_are_checked_before_anything_is_profiled(flag, where, reason, tmp_path, capsys, monkeypatch):
     """A user's results.json used to be replaced; --plot FILE/p.png and --json DIR ended in tracebacks after the
     whole profile. Now: one line, exit 2, nothing written, no model built."""
-
-    def fail(*args, **kwargs):
-        raise AssertionError("a model was built before the outputs were checked")
-
-    monkeypatch.setattr("linlm.infer.profile.build", fail)
+    forbid(monkeypatch, "linlm.infer.profile.build", why="a model was built before the outputs were checked")
     (tmp_path / "results.json").write_text('{"my": "own results"}')
     (tmp_path / "afile").write_text("a file")
     (tmp_path / "adir").mkdir()

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from output_asserts import assert_png, one_line_error, snapshot
+from output_asserts import assert_png, forbid, one_line_error, snapshot
 from scaling_helpers import ALPHA, arch_beta, write_run
 
 from linlm.cli import main
@@ -138,10 +138,7 @@ def test_report_out_is_checked_before_the_fits(case, reason, sweep, tmp_path, ca
     line, exit 2, nothing written, and no fit made."""
     from linlm import outputs
 
-    def fail(*args, **kwargs):
-        raise AssertionError("the fits ran before --out was checked")
-
-    monkeypatch.setattr("linlm.scaling.analysis.analyze", fail)
+    forbid(monkeypatch, "linlm.scaling.analysis.analyze", why="the fits ran before --out was checked")
     (tmp_path / "afile").write_text("a file")
     (tmp_path / "users").mkdir()
     (tmp_path / "users" / "notes.txt").write_text("mine")
