@@ -152,7 +152,8 @@ def no_model_load(monkeypatch):
 
 @pytest.mark.parametrize("where, reason", [
     ("afile/x", "is a file and not a directory"),
-    ("adir", "is a directory, and the export's output is a file stem"),
+    ("adir", "names a directory, and the export's output is a file stem"),
+    ("new/", "names a directory, and the export's output is a file stem"),
     ("user", "user.step.pt2: exists and linlm did not write it"),
 ])
 @pytest.mark.parametrize("overwrite", [False, True])
@@ -164,7 +165,8 @@ def test_export_out_is_checked_before_the_model_loads(where, reason, overwrite, 
     (tmp_path / "adir").mkdir()
     (tmp_path / "user.step.pt2").write_text("the user's own program")
     before = snapshot(tmp_path)
-    args = ["export", "--model", str(model_dir), "--out", str(tmp_path / where)] + ["--overwrite"] * overwrite
+    out = str(tmp_path / where) + ("/" if where.endswith("/") else "")
+    args = ["export", "--model", str(model_dir), "--out", out] + ["--overwrite"] * overwrite
     assert main(args) == 2
     one_line_error(capsys.readouterr().err, "--out", reason)
     assert snapshot(tmp_path) == before

@@ -7,7 +7,7 @@ import math
 
 import pytest
 from output_asserts import assert_png, forbid, one_line_error, snapshot
-from scaling_helpers import ALPHA, arch_beta, write_run
+from scaling_helpers import ALPHA, arch_beta, synthetic_sweep, write_run
 
 from linlm.cli import main
 from linlm.errors import DataError
@@ -189,7 +189,7 @@ def test_flops_per_s_zero_is_refused_not_read_as_unset(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
-def test_plots_leave_pyplot_and_the_backend_alone(sweep, tmp_path):
+def test_plots_leave_pyplot_and_the_backend_alone(tmp_path):
     """Every plot of linlm (the scaling report's, the NIAH heatmap, the profile) is a Figure of its own: pyplot is
     never imported, so no figure registry or backend of the calling program is touched."""
     import os
@@ -197,6 +197,7 @@ def test_plots_leave_pyplot_and_the_backend_alone(sweep, tmp_path):
     import sys
     from pathlib import Path
 
+    sweep = synthetic_sweep(tmp_path / "sweep", archs=("tnl",), sizes=4)  # small: the plots, not the fits, matter
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]), MPLBACKEND="")
     code = f"""

@@ -113,7 +113,8 @@ def paths_for(out: str | Path, fmt: str) -> list[Path]:
 def check_outputs(out: str | Path, fmt: str, overwrite: bool = False, what: Optional[str] = None) -> list[Path]:
     """:func:`paths_for`, each checked before any work (nothing is written here):
 
-    - ``out`` names a file stem, so an existing directory there is refused (a name inside it is what was meant);
+    - ``out`` names a file stem, so an existing directory there, or a name ending in ``/``, is refused (a name
+      inside it is what was meant);
     - each file must be free or one linlm wrote and nobody changed (:func:`linlm.outputs.check_file`: a user's
       file, a path under a file or an unwritable place is refused in one line);
     - files linlm wrote are replaced only with ``overwrite``.
@@ -121,9 +122,9 @@ def check_outputs(out: str | Path, fmt: str, overwrite: bool = False, what: Opti
     from linlm import outputs
 
     named = f"{what} {out}" if what else str(out)
-    if Path(out).expanduser().is_dir():
+    if Path(out).expanduser().is_dir() or str(out).endswith("/"):
         stem = Path(out) / "model"
-        raise OutputError(f"{named}: is a directory, and the export's output is a file stem; give a name inside it, "
+        raise OutputError(f"{named}: names a directory, and the export's output is a file stem; give a name inside it, "
                           f"e.g. {stem} (writes {stem}.prefill.{fmt}, {stem}.step.{fmt} and {stem}.json)")
     paths = paths_for(out, fmt)
     for path in paths:
