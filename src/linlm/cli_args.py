@@ -62,3 +62,29 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def check_numbers(*checks: tuple[str, Optional[float], float, bool]) -> None:
+    """Refuse numeric flags out of range, before any work, in one line (a ConfigError naming the flag).
+
+    Each check is ``(flag, value, bound, strict)``: the value must be ``> bound`` when ``strict``, else ``>=
+    bound``. None (the flag not given) passes, because no flag's default is spelled 0: a 0 the user typed is a
+    value like any other, and never silently "the default"."""
+    from linlm.errors import ConfigError
+
+    for flag, value, bound, strict in checks:
+        if value is not None and not (value > bound if strict else value >= bound):
+            raise ConfigError(f"{flag}: must be {'>' if strict else '>='} {bound:g}, got {value:g}; leave the flag "
+                              "out to take its default")
+
+
+def check_output_files(args: argparse.Namespace, *flags: str) -> None:
+    """Refuse, before any work, each single-file output flag given (``--json``, ``--plot``) whose path linlm may
+    not write (:func:`linlm.outputs.check_file`: a user's file, a directory, a path under a file, an unwritable
+    place), in one line; nothing is written."""
+    from linlm import outputs
+
+    for flag in flags:
+        path = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if path is not None:
+            outputs.check_file(path, flag)

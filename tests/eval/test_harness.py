@@ -3,6 +3,7 @@ acc and acc_norm through lm-eval as through linlm's own evaluator."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,59 @@ def test_hook_file_rules(tmp_path, capsys):
     out = _python_with_site(tmp_path, "print(len(sys.meta_path))")
     base = _python_with_site(tmp_path / "nowhere", "print(len(sys.meta_path))")
     assert out.returncode == 0 and out.stderr == "" and out.stdout == base.stdout
+
+
+def _entry_point_runs(cases: list[list[str]], env: dict) -> list[tuple[int, str]]:
+    """Run the installed console script ``linlm-lm-eval`` (its entry point, loaded as the script loads it) on each
+    argument list, in one fresh interpreter (lm-eval's start-up is the slow part); (exit status, stderr) each."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from importlib.metadata import entry_points; "
+            "(ep,) = entry_points(group='console_scripts', name='linlm-lm-eval'); main = ep.load(); "
+            "sys.argv[0] = 'linlm-lm-eval'; codes = []\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    sys.argv[1:] = argv; codes.append(main()); print('=== case end', file=sys.stderr, flush=True)\n"
+            "print(json.dumps(codes))")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return list(zip(json.loads(run.stdout.splitlines()[-1]), run.stderr.split("=== case end\n")))
+
+
+def test_linlm_lm_eval_prints_linlms_errors_in_one_line(offline, tmp_path, tokenizer):
+    """A missing pretrained= path and a corrupt checkpoint: one `linlm-lm-eval: error:` line, no traceback, exit 2
+    (lm-eval's own log lines may come before it)."""
+    import os
+
+    from linlm import create_model
+    from output_asserts import one_line_error
+
+    corrupt = tmp_path / "corrupt"
+    create_model("tnl", preset="tiny", vocab_size=320).save(corrupt)
+    tokenizer.save(corrupt)
+    weights = corrupt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    cases = [["--model", "linlm", "--model_args", f"pretrained={tmp_path / 'missing'}", "--tasks", "piqa"],
+             ["--model", "linlm", "--model_args", f"pretrained={corrupt}", "--tasks", "piqa"]]
+    (rc_missing, err_missing), (rc_corrupt, err_corrupt) = _entry_point_runs(cases, env)
+    assert rc_missing == 2 and rc_corrupt == 2
+    for err, named in ((err_missing, f"{tmp_path / 'missing'}: does not exist"),
+                       (err_corrupt, "model.safetensors: checksum mismatch")):
+        lines = err.strip().splitlines()
+        assert sum("error:" in line for line in lines) == 1, err
+        one_line_error(lines[-1], named, prog="linlm-lm-eval")  # lm-eval's INFO log lines come before it
+        assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("args, match", [(dict(max_length=0), "max_length=0"), (dict(batch_size=0), "batch_size=0"),
+                                         (dict(batch_size="x"), "batch_size='x'")])
+def test_model_args_counts_are_whole_numbers_never_zero(args, match, model_dir):
+    """max_length=0 used to mean "the model's own limit"; a 0 (or a word) is now refused in one line."""
+    from linlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        LinlmLM(pretrained=str(model_dir), **args)
+    assert LinlmLM(pretrained=str(model_dir), batch_size="auto", max_length=None).batch_size == 16

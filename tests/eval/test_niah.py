@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from output_asserts import assert_png
 
 from linlm import create_model
 from linlm.errors import ConfigError, DataError
@@ -77,7 +78,11 @@ def test_niah_cli(model_dir, tmp_path):
                  "--mode", "easy", "--json", str(out), "--plot", str(png)]) == 0
     res = json.loads(out.read_text())
     assert res["lengths"] == [120, 200] and len(res["accuracy"]) == 3 and 0 <= res["weighted"] <= 1
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_png(png, (600, 480))  # 5 x 4 inches at 120 dpi, drawn
+    # A second run replaces linlm's own files (a user's file there is refused: tests/eval/test_eval_cli.py).
+    assert main(["niah", "--model", str(model_dir), "--haystack", str(hay), "--lengths", "120", "--depths", "50",
+                 "--json", str(out), "--plot", str(png)]) == 0
+    assert json.loads(out.read_text())["lengths"] == [120]
 
 
 def test_a_length_at_the_window_leaves_no_room_for_the_answer_and_is_skipped(tokenizer):
@@ -98,3 +103,15 @@ def test_a_length_too_short_for_the_needle_and_question_is_skipped(tokenizer):
     assert res["lengths"] == [120] and res["skipped_lengths"] == [20] and len(res["accuracy"][0]) == 1
     with pytest.raises(ConfigError, match="every context length is too short for the needle and the question"):
         run_niah(model, tokenizer, HAY, NIAHConfig(lengths=[20], depths=[0], trials=1))
+
+
+def test_the_heatmap_is_a_figure_of_its_own(tmp_path):
+    """A matplotlib Figure (no pyplot; tests/scaling checks that no plot touches pyplot), drawn into a PNG."""
+    from matplotlib.figure import Figure
+
+    from linlm.eval.niah import heatmap_figure, plot_heatmap
+
+    res = {"mode": "easy", "lengths": [100, 200, 400], "depths": [0.0, 50.0, 100.0], "mean": 0.5, "weighted": 0.6,
+           "accuracy": [[1, 0, 1], [0, 1, 0], [1, 1, 0]]}
+    assert isinstance(heatmap_figure(res), Figure)
+    assert_png(plot_heatmap(res, tmp_path / "h.png"), (600, 480))

@@ -94,3 +94,13 @@ def test_perplexity_cli(model_dir, tmp_path, capsys):
     assert res["nll"] == pytest.approx(direct.nll, rel=1e-6)
     assert main(["perplexity", "--model", str(model_dir), "--source", str(tmp_path / "nope.txt")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw", [dict(window=0), dict(stride=0), dict(window=8, stride=0), dict(max_docs=0),
+                                dict(max_tokens=0)])
+def test_zero_is_refused_never_read_as_the_default(kw, tokenizer):
+    """None takes a default (max_seq_len, window / 2, no limit); a 0 is a value, and an impossible one."""
+    llama = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=16).eval()
+    name = next(iter(kw)) if len(kw) == 1 else "stride"
+    with pytest.raises(ConfigError, match=f"{name}: must be >= 1, got 0"):
+        perplexity(llama, tokenizer, DOCS, mode="sliding", **kw)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from output_asserts import forbid, one_line_error, snapshot
 
 from linlm import create_model
 from linlm.cli import main
@@ -28,9 +29,22 @@ def test_exported_prefill_and_steps_match_eager(tmp_path, capsys):
             want, state = model.step(t, state)
             got, *flat = step(t, torch.tensor(12 + i), *flat)
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
-    # Never over what exists.
+    # Never over what exists, unless --overwrite; and never over a file linlm did not write, even then.
     assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "e")]) == 2
     assert "already exist" in capsys.readouterr().err
+    (tmp_path / "e.json").write_text("my notes on the export")
+    before = snapshot(tmp_path)
+    assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "e"), "--overwrite"]) == 2
+    one_line_error(capsys.readouterr().err, "e.json: exists and linlm did not write it")
+    assert snapshot(tmp_path) == before
+    (tmp_path / "e.json").unlink()
+    assert main(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "e"), "--overwrite",
+                 "--prefill-len", "12"]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["prefill"]["inputs"]["input_ids"] == [1, 12]
+    from linlm import outputs
+
+    assert all(outputs.owns_file(tmp_path / f"e.{part}") for part in ("prefill.pt2", "step.pt2", "json"))
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 # Exported graphs are checked to 1e-5, ten times tighter than the issue's 1e-4: both sides compute in float32 and
@@ -127,3 +141,40 @@ def test_onnx_without_its_packages_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"onnxscript not installed; pip install 'linlm\[export\]'"):
         export(create_model("tnl", preset="tiny"), tmp_path / "x", "onnx")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading the model (or tracing it) fails the test: every refusal below must come before either."""
+    forbid(monkeypatch, "linlm.infer.generate.load_model", "linlm.infer.export.export_programs",
+           why="the model was loaded or traced before --out was checked")
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("afile/x", "is a file and not a directory"),
+    ("adir", "names a directory, and the export's output is a file stem"),
+    ("new/", "names a directory, and the export's output is a file stem"),
+    ("user", "user.step.pt2: exists and linlm did not write it"),
+])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_out_is_checked_before_the_model_loads(where, reason, overwrite, tmp_path, model_dir, capsys,
+                                                       no_model_load):
+    """`--out FILE/x` (it used to fail with a traceback after tracing), an existing directory (--out is a file stem)
+    and a user's file among the outputs: one line, exit 2, nothing written, with or without --overwrite."""
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "user.step.pt2").write_text("the user's own program")
+    before = snapshot(tmp_path)
+    out = str(tmp_path / where) + ("/" if where.endswith("/") else "")
+    args = ["export", "--model", str(model_dir), "--out", out] + ["--overwrite"] * overwrite
+    assert main(args) == 2
+    one_line_error(capsys.readouterr().err, "--out", reason)
+    assert snapshot(tmp_path) == before
+
+
+def test_export_help_says_out_is_a_file_stem(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--out STEM" in text and "file stem of the outputs, not a directory" in text
+    assert "STEM.prefill.FMT, STEM.step.FMT and STEM.json" in text

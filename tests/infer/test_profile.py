@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from output_asserts import assert_png, forbid, one_line_error, snapshot
 
 from linlm.cli import main
 from linlm.errors import ConfigError
@@ -30,7 +31,7 @@ def test_cli_profile_writes_json_and_plot(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert [(r["arch"], r["context"]) for r in data["rows"]] == [("tnl", 8), ("tnl", 32), ("mamba", 8), ("mamba", 32)]
     assert data["environment"]["torch_num_threads"] == 1
-    assert png.stat().st_size > 1000
+    assert_png(png, (1320, 480))  # 11 x 4 inches at 120 dpi, drawn
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -68,3 +69,35 @@ def test_profile_times_the_exported_steps_beside_eager(tmp_path, capsys):
         if r["backend"] != "eager":  # prefilled by the eager model: no prefill numbers of its own
             assert r["prefill_tokens_per_s"] is None and r["peak_memory_bytes"] is None
     assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("flag, where, reason", [
+    ("--json", "results.json", "results.json: exists and linlm did not write it"),
+    ("--json", "adir", "is a directory"),
+    ("--plot", "afile/p.png", "is a file and not a directory"),
+    ("--plot", "results.json", "linlm did not write it"),
+])
+def test_profile_outputs_are_checked_before_anything_is_profiled(flag, where, reason, tmp_path, capsys, monkeypatch):
+    """A user's results.json used to be replaced; --plot FILE/p.png and --json DIR ended in tracebacks after the
+    whole profile. Now: one line, exit 2, nothing written, no model built."""
+    forbid(monkeypatch, "linlm.infer.profile.build", why="a model was built before the outputs were checked")
+    (tmp_path / "results.json").write_text('{"my": "own results"}')
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "adir").mkdir()
+    before = snapshot(tmp_path)
+    assert main(["profile", "--archs", "tnl", "--preset", "tiny", "--contexts", "8", "--decode-tokens", "1",
+                 flag, str(tmp_path / where)]) == 2
+    one_line_error(capsys.readouterr().err, flag, reason)
+    assert snapshot(tmp_path) == before
+
+
+def test_the_profile_plot_is_a_figure_of_its_own(tmp_path):
+    from matplotlib.figure import Figure
+
+    from linlm.infer.profile import ProfileRow, plot, plot_figure
+
+    rows = [ProfileRow(arch, n, "cpu", "float32", decode_ms_per_token=0.1 * n * (k + 1),
+                       memory_before_bytes=2**20, peak_memory_bytes=2**20 * (n + 1))
+            for k, arch in enumerate(("tnl", "llama")) for n in (8, 32, 128)]
+    assert isinstance(plot_figure(rows), Figure)
+    assert_png(plot(rows, tmp_path / "p.png", title="t"), (1320, 480))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 DATA_ENV = "LINLM_EVAL_DATA"
+OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
 
 
 def _add_model(p) -> None:
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
     p.add_argument("--max-length", type=int, default=None,
                    help="truncate longer inputs from the left (default: the model's limit; none for linear models)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
+    p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
     register_perplexity(subparsers)
@@ -43,10 +44,10 @@ def register(subparsers) -> None:
 
 def _write_json(args, obj: dict, fmt: str) -> int:
     """Write the results to --json OUT when given (never over a file linlm did not write); exit status 0."""
-    if args.json:
+    if args.json is not None:
         from linlm.eval.evaluator import write_json
 
-        print(f"results: {write_json(args.json, obj, fmt)}")
+        print(f"results: {write_json(args.json, obj, fmt, '--json')}")
     return 0
 
 
@@ -59,15 +60,21 @@ def _load(args):
 
 
 def cmd_eval(args) -> int:
+    from linlm.cli_args import check_numbers, check_output_files
     from linlm.errors import ConfigError
-    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
+    from linlm.eval.evaluator import RESULTS_HEADERS, check_data_dir, evaluate, results_rows
     from linlm.eval.tasks import resolve_tasks
     from linlm.infer.report import print_table
 
-    resolve_tasks(args.tasks)  # an unknown task fails before the model loads
+    # Every check that can refuse runs before the model loads: a mistake costs nothing.
+    resolve_tasks(args.tasks)
+    check_numbers(("--limit", args.limit, 1, False), ("--batch-size", args.batch_size, 1, False),
+                  ("--max-length", args.max_length, 1, False))
     if not args.data_dir:
         raise ConfigError(f"--data-dir: not given and ${DATA_ENV} is not set; pass the directory holding the task "
                           "JSON Lines files (see docs/evaluation.md for their formats)")
+    check_data_dir(args.data_dir)
+    check_output_files(args, "--json")
     model, tok = _load(args)
     results = evaluate(model, tok, args.tasks, args.data_dir, limit=args.limit, batch_size=args.batch_size,
                        skip_bad=args.skip_bad_lines, shared=not args.naive,
@@ -119,21 +126,27 @@ def register_perplexity(subparsers) -> None:
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="stateful: whole documents through the recurrent state; sliding: windows; auto: stateful "
                         "unless the model has a position limit (LLaMA)")
-    p.add_argument("--window", type=int, default=None, help="sliding window length (default: max_seq_len or 2048)")
-    p.add_argument("--stride", type=int, default=None, help="sliding window stride (default: window / 2)")
+    p.add_argument("--window", type=int, default=None,
+                   help="sliding window length, >= 1 (default: max_seq_len or 2048)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="sliding window stride, 1 to --window (default: window / 2)")
     p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
     p.add_argument("--batch-size", type=int, default=4, help="documents (stateful) or windows (sliding) per pass")
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the result as JSON")
+    p.add_argument("--json", default=None, metavar="OUT", help=f"also write the result as JSON to OUT ({OUTPUT_RULE})")
     p.set_defaults(func=cmd_perplexity)
 
 
 def cmd_perplexity(args) -> int:
+    from linlm.cli_args import check_numbers, check_output_files
     from linlm.data.sources import open_source
     from linlm.eval.perplexity import perplexity
     from linlm.infer.report import print_table
 
+    check_numbers(*((flag, getattr(args, flag[2:].replace("-", "_")), 1, False)
+                    for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))
+    check_output_files(args, "--json")
     source = open_source(args.source, text_field=args.text_field)
     model, tok = _load(args)
     res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
@@ -163,18 +176,21 @@ def register_niah(subparsers) -> None:
     p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
     p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--json", default=None, metavar="OUT")
-    p.add_argument("--plot", default=None, metavar="PNG", help="heatmap of the grid")
+    p.add_argument("--json", default=None, metavar="OUT", help=f"write the grid and the scores as JSON ({OUTPUT_RULE})")
+    p.add_argument("--plot", default=None, metavar="PNG", help=f"a heatmap of the grid as a PNG file ({OUTPUT_RULE})")
     p.set_defaults(func=cmd_niah)
 
 
 def cmd_niah(args) -> int:
+    from linlm.cli_args import check_numbers, check_output_files
     from linlm.data.sources import open_source
     from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
                      depths=parse_grid(args.depths, "depths"), mode=args.mode, trials=args.trials, seed=args.seed,
                      length_ratio=args.length_ratio, depth_ratio=args.depth_ratio).validate()
+    check_numbers(("--batch-size", args.batch_size, 1, False))
+    check_output_files(args, "--json", "--plot")
     source = open_source(args.haystack, text_field=args.text_field)
     model, tok = _load(args)
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
@@ -183,9 +199,8 @@ def cmd_niah(args) -> int:
           f"{len(res['lengths'])} lengths x {len(res['depths'])} depths")
     if res["skipped_lengths"]:
         print(f"skipped lengths beyond the model's limit: {res['skipped_lengths']}")
-    if args.plot:
-        plot_heatmap(res, args.plot)
-        print(f"heatmap: {args.plot}")
+    if args.plot is not None:
+        print(f"heatmap: {plot_heatmap(res, args.plot, what='--plot')}")
     return _write_json(args, res, "linlm-niah")
 
 

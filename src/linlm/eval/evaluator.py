@@ -2,12 +2,11 @@
 
 The results hold, per task, the metrics with standard errors (see :mod:`linlm.eval.tasks`), the number of
 documents, the requests whose context was truncated from the left and the malformed lines skipped; plus the
-commonsense average when all 7 of its tasks were run. :func:`write_results` writes them as JSON.
+commonsense average when all 7 of its tasks were run. :func:`write_json` writes them as JSON.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -34,9 +33,7 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1, got {limit}")
     tokenizer.ensure_fits(model.config.vocab_size)
-    data_dir = Path(data_dir).expanduser()
-    if not data_dir.is_dir():
-        raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")
+    data_dir = check_data_dir(data_dir)
     results: dict[str, Any] = {}
     for name in names:
         spec = TASKS[name]
@@ -87,6 +84,15 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
     return out
 
 
+def check_data_dir(data_dir: str | Path) -> Path:
+    """The task directory (``~`` expanded), refused in one line unless it is a directory (the CLI checks it before
+    the model loads)."""
+    data_dir = Path(data_dir).expanduser()
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")
+    return data_dir
+
+
 def _progress(name: str, total: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -118,20 +124,9 @@ def results_rows(results: dict[str, Any]) -> list[list[str]]:
 RESULTS_HEADERS = ["task", "metric", "score (%)", "acc (%)", "acc_norm (%)", "perplexity", "n"]
 
 
-def write_json(path: str | Path, obj: dict[str, Any], fmt: str = RESULTS_FORMAT) -> Path:
-    """Write ``obj`` (with ``"format": fmt``) atomically; refuse to replace a file that linlm did not write."""
-    from linlm.io_utils import atomic_write_bytes
+def write_json(path: str | Path, obj: dict[str, Any], fmt: str = RESULTS_FORMAT, what: Optional[str] = None) -> Path:
+    """Write ``obj`` with ``"format": fmt`` through :func:`linlm.outputs.write_json` (atomic; a file linlm did not
+    write is refused, never replaced). ``what`` names the flag in a refusal, e.g. ``--json``."""
+    from linlm import outputs
 
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"--json {path}: is a directory; give a file name such as results.json")
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError):
-            old = None
-        if not (isinstance(old, dict) and old.get("format") == fmt):
-            raise ConfigError(f"--json {path}: exists and was not written by linlm; choose another path or remove it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (json.dumps({**obj, "format": fmt}, indent=2, default=str) + "\n").encode())
-    return path
+    return outputs.write_json(path, {**obj, "format": fmt}, what, indent=2)

@@ -66,8 +66,9 @@ class LinlmLM(LM):
                 device = "cpu"  # lm_eval's command line asks for cuda by default
             self.model, self.tok = load_for_generation(pretrained, tokenizer=tokenizer, device=device)
         self.model.eval()
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" -> 16
-        self.max_length = int(max_length) if max_length else model_max_length(self.model)
+        self.batch_size = 16 if str(batch_size).startswith("auto") else _count("batch_size", batch_size)
+        # None takes the model's own limit; a 0 is refused, never read as "no setting".
+        self.max_length = model_max_length(self.model) if max_length is None else _count("max_length", max_length)
 
     @property
     def eot_token_id(self) -> int:
@@ -136,16 +137,44 @@ class LinlmLM(LM):
         return out
 
 
-def main(argv=None) -> None:
-    """The ``lm_eval`` command with the ``linlm`` model registered (same arguments)."""
+def _count(name: str, value) -> int:
+    """A model_args count (an int, or the string lm-eval passes): a whole number >= 1, else a one-line error."""
+    from linlm.errors import ConfigError
+
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(n) != str(value).strip():
+        raise ConfigError(f"model_args: {name}={value!r}; expected a whole number >= 1"
+                          + (" or 'auto'" if name == "batch_size" else ""))
+    return n
+
+
+def main(argv=None) -> int:
+    """The ``lm_eval`` command with the ``linlm`` model registered (same arguments). linlm's own errors (a missing
+    ``pretrained=`` path, a corrupt checkpoint, a bad model_arg) print one line, ``linlm-lm-eval: error: ...``, and
+    exit 2, as ``linlm`` does; lm-eval's own errors are left as lm-eval reports them."""
     import sys
 
     from lm_eval.__main__ import cli_evaluate
 
+    from linlm.errors import LinlmError
+
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except LinlmError as e:
+        print(f"linlm-lm-eval: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("linlm-lm-eval: interrupted", file=sys.stderr)
+        return 130
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    sys.exit(main())

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Iterable, Optional
 
 from linlm.errors import ConfigError, DataError
@@ -78,15 +79,22 @@ class NIAHConfig:
 
 
 def parse_grid(spec: str, kind: str) -> list[float]:
-    """``"1000,2000,4000"`` or ``"LO:HI:N"`` (geometric for lengths, linear for depths)."""
+    """``"1000,2000,4000"`` or ``"LO:HI:N"`` (geometric for lengths, linear for depths); N is at least 1, and so
+    is a geometric grid's LO (a count of 0 is refused, never read as one point)."""
     try:
         if ":" in spec:
             lo, hi, n = spec.split(":")
+            k = int(n)
+            if k < 1 or (kind == "lengths" and int(lo) < 1):
+                raise ConfigError(f"--{kind} {spec!r}: LO:HI:N needs N >= 1" + (" and LO >= 1" if kind == "lengths"
+                                                                               else ""))
             if kind == "lengths":
-                return geometric_lengths(int(lo), int(hi), int(n))
-            lo_f, hi_f, k = float(lo), float(hi), int(n)
+                return geometric_lengths(int(lo), int(hi), k)
+            lo_f, hi_f = float(lo), float(hi)
             return [lo_f + (hi_f - lo_f) * i / (k - 1) for i in range(k)] if k > 1 else [lo_f]
         return [float(x) if kind == "depths" else int(x) for x in spec.split(",") if x.strip()]
+    except ConfigError:
+        raise
     except ValueError:
         raise ConfigError(f"--{kind} {spec!r}: expected a comma-separated list or LO:HI:N") from None
 
@@ -188,14 +196,14 @@ def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] =
             "trials": cfg.trials, "seed": cfg.seed, "skipped_lengths": skipped}
 
 
-def plot_heatmap(result: dict, path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def heatmap_figure(result: dict, title: str = ""):
+    """The grid of :func:`run_niah`'s result as a heatmap: a matplotlib Figure of its own (no pyplot, so no global
+    backend or figure registry is touched, and nothing is left open)."""
+    from matplotlib.figure import Figure
 
     acc = result["accuracy"]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.3 * len(result["lengths"]) + 2), max(4.0, 0.25 * len(acc) + 1.5)))
+    fig = Figure(figsize=(max(5.0, 0.3 * len(result["lengths"]) + 2), max(4.0, 0.25 * len(acc) + 1.5)))
+    ax = fig.subplots()
     im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
     ax.set_xticks(range(len(result["lengths"])))
     ax.set_xticklabels([str(L) for L in result["lengths"]], rotation=90, fontsize=7)
@@ -206,5 +214,12 @@ def plot_heatmap(result: dict, path, title: str = "") -> None:
     ax.set_title(title or f"NIAH ({result['mode']}): mean {result['mean']:.3f}, weighted {result['weighted']:.3f}")
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot_heatmap(result: dict, path, title: str = "", what: Optional[str] = None) -> Path:
+    """Write :func:`heatmap_figure` as a PNG through linlm.outputs (atomic; a file linlm did not write is refused);
+    ``what`` names the flag in a refusal, e.g. ``--plot``."""
+    from linlm import outputs
+
+    return outputs.save_figure(heatmap_figure(result, title), path, what)

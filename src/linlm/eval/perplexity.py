@@ -128,18 +128,22 @@ def perplexity(model, tokenizer, texts: Iterable[str], *, mode: str = "auto", wi
     """Score the documents of ``texts`` (strings, e.g. ``linlm.data.sources.iter_texts(spec)``).
 
     ``max_docs``/``max_tokens`` stop after that many documents / once that many tokens were scored (whole
-    documents). ``progress(tokens)`` is called after each batch.
+    documents). ``window`` and ``stride`` of the sliding mode default (None) to the model's max_seq_len (else 2048)
+    and to half the window. Every count given must be >= 1: a 0 is refused, never read as "the default".
+    ``progress(tokens)`` is called after each batch.
     """
     if mode not in MODES:
         raise ConfigError(f"mode: unknown perplexity mode {mode!r}; valid choices are {', '.join(MODES)}")
-    if batch_size < 1 or chunk < 1:
-        raise ConfigError(f"batch_size and chunk must be >= 1, got {batch_size} and {chunk}")
+    for name, value in (("window", window), ("stride", stride), ("chunk", chunk), ("batch_size", batch_size),
+                        ("max_docs", max_docs), ("max_tokens", max_tokens)):
+        if value is not None and value < 1:  # None takes the default; 0 is a value, and an impossible one
+            raise ConfigError(f"{name}: must be >= 1, got {value}")
     limit = model_max_length(model)
     if mode == "auto":
         mode = "sliding" if limit is not None else "stateful"
     if mode == "sliding":
-        window = window or limit or 2048
-        stride = stride or max(1, window // 2)
+        window = window if window is not None else limit or 2048
+        stride = stride if stride is not None else max(1, window // 2)
         if limit is not None and window > limit:
             raise ConfigError(f"window={window} is longer than this {model.config.arch} model's max_seq_len={limit}; "
                               f"use --window {limit} or less")

@@ -45,8 +45,10 @@ def register(subparsers) -> None:
                         "or both; CPU only")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the rows as JSON to OUT")
-    p.add_argument("--plot", default=None, metavar="OUT.png", help="plot latency and memory against context")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="write the rows as JSON to the file OUT (a new file, or one linlm wrote)")
+    p.add_argument("--plot", default=None, metavar="OUT.png",
+                   help="plot latency and memory against context into the PNG file OUT.png")
     p.set_defaults(func=cmd_profile)
 
     p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
@@ -55,10 +57,14 @@ def register(subparsers) -> None:
                                           "docs/inference.md.")
     p.add_argument("--model", required=True, metavar="DIR", help="saved model, checkpoint or run directory")
     p.add_argument("--format", default="pt2", choices=["pt2", "onnx"])
-    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--out", required=True, metavar="STEM",
+                   help="file stem of the outputs, not a directory: writes STEM.prefill.FMT, STEM.step.FMT and "
+                        "STEM.json (a trailing .pt2, .onnx or .json is dropped), e.g. --out exports/tnl")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prefill-len", type=int, default=16, help="prompt length of the exported prefill")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the files of an earlier export that linlm wrote (a file it did not write is never "
+                        "replaced)")
     p.add_argument("--check", type=int, default=0, metavar="STEPS",
                    help="then run the written files (onnxruntime for onnx) against the eager model for the prefill "
                         "and STEPS decoding steps; fail if logits or state differ by more than --tolerance")
@@ -116,31 +122,35 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def cmd_profile(args) -> int:
-    import json
+    from linlm.cli_args import check_numbers, check_output_files
 
+    # Every check that can refuse runs before any model is built or timed.
+    check_numbers(("--threads", args.threads, 1, False), ("--decode-tokens", args.decode_tokens, 1, False))
+    _int_list(args.contexts, "--contexts")
+    check_output_files(args, "--json", "--plot")
+    if args.threads is None:
+        return _profile(args)
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _profile(args)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _profile(args) -> int:
+    """`linlm profile` once its flags are checked (and its threads set): profile, print, write."""
+    from linlm import outputs
     from linlm.config import parse_overrides
     from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
     from linlm.infer.report import print_table
-    from linlm.io_utils import atomic_write_bytes
 
     archs = [a.strip() for a in args.archs.split(",") if a.strip()]
     if not args.no_hf and "llama" in archs and HF_LLAMA not in archs:
         archs.append(HF_LLAMA)
     contexts = _int_list(args.contexts, "--contexts")
-    if args.threads is not None:
-        if args.threads < 1:
-            from linlm.errors import ConfigError
-
-            raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
-        import torch
-
-        previous = torch.get_num_threads()
-        torch.set_num_threads(args.threads)
-        try:
-            args.threads = None
-            return cmd_profile(args)
-        finally:
-            torch.set_num_threads(previous)
 
     def fmt(value, spec, scale=1.0):
         return "-" if value is None else format(value / scale, spec)
@@ -167,26 +177,27 @@ def cmd_profile(args) -> int:
                     fmt(r.peak_memory_bytes, ".0f", 2**20), f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
                 title=f"{args.preset} on {args.device}, {args.dtype}, batch 1"
                       + (" (an exported step's prompt is prefilled eagerly)" if exported else ""))
-    if args.json:
+    if args.json is not None:
         payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),
                    "rows": rows_to_dicts(rows)}
-        atomic_write_bytes(args.json, (json.dumps(payload, indent=1) + "\n").encode())
-        print(f"wrote {args.json}")
-    if args.plot:
-        print(f"wrote {plot(rows, args.plot, title=f'{args.preset}, {args.device}, {args.dtype}')}")
+        print(f"wrote {outputs.write_json(args.json, payload, '--json')}")
+    if args.plot is not None:
+        print(f"wrote {plot(rows, args.plot, title=f'{args.preset}, {args.device}, {args.dtype}', what='--plot')}")
     return 0
 
 
 def cmd_export(args) -> int:
-    from linlm.errors import ConfigError
-    from linlm.infer.export import check, export
+    from linlm.cli_args import check_numbers
+    from linlm.infer.export import check, check_outputs, export
     from linlm.infer.generate import load_model
 
-    if args.check < 0 or not args.tolerance > 0:
-        raise ConfigError(f"--check ({args.check}) must be >= 0 and --tolerance ({args.tolerance}) > 0")
+    # Checked before the model loads or is traced: a refusal costs nothing and writes nothing.
+    check_numbers(("--check", args.check, 0, False), ("--tolerance", args.tolerance, 0, True),
+                  ("--batch", args.batch, 1, False), ("--prefill-len", args.prefill_len, 1, False))
+    check_outputs(args.out, args.format, args.overwrite, "--out")
     model, _ = load_model(args.model)
     paths = export(model, args.out, args.format, batch=args.batch, prefill_len=args.prefill_len,
-                   overwrite=args.overwrite)
+                   overwrite=args.overwrite, what="--out")
     for written in paths:
         print(f"wrote {written}")
     if not args.check:

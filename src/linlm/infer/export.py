@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from linlm.errors import ConfigError
+from linlm.errors import ConfigError, OutputError
 from linlm.layers.state import ModelState
 
 FORMATS = ("pt2", "onnx")
@@ -101,11 +102,38 @@ def _require_onnx(run: bool = False) -> None:
 
 
 def paths_for(out: str | Path, fmt: str) -> list[Path]:
-    """[prefill file, step file, json] that ``export(model, out, fmt)`` writes."""
-    out = Path(out)
+    """[prefill file, step file, json] that ``export(model, out, fmt)`` writes: ``out`` is a file stem (a
+    trailing .pt2, .onnx or .json is dropped)."""
+    out = Path(out).expanduser()
     stem = out.with_suffix("") if out.suffix in (".pt2", ".onnx", ".json") else out
     return [stem.with_name(f"{stem.name}.prefill.{fmt}"), stem.with_name(f"{stem.name}.step.{fmt}"),
             stem.with_name(stem.name + ".json")]
+
+
+def check_outputs(out: str | Path, fmt: str, overwrite: bool = False, what: Optional[str] = None) -> list[Path]:
+    """:func:`paths_for`, each checked before any work (nothing is written here):
+
+    - ``out`` names a file stem, so an existing directory there, or a name ending in ``/``, is refused (a name
+      inside it is what was meant);
+    - each file must be free or one linlm wrote and nobody changed (:func:`linlm.outputs.check_file`: a user's
+      file, a path under a file or an unwritable place is refused in one line);
+    - files linlm wrote are replaced only with ``overwrite``.
+    ``what`` names the flag in a refusal, e.g. ``--out``."""
+    from linlm import outputs
+
+    named = f"{what} {out}" if what else str(out)
+    if Path(out).expanduser().is_dir() or str(out).endswith("/"):
+        stem = Path(out) / "model"
+        raise OutputError(f"{named}: names a directory, and the export's output is a file stem; give a name inside it, "
+                          f"e.g. {stem} (writes {stem}.prefill.{fmt}, {stem}.step.{fmt} and {stem}.json)")
+    paths = paths_for(out, fmt)
+    for path in paths:
+        outputs.check_file(path, what)
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not overwrite:
+        raise OutputError(f"{named}: {', '.join(existing)} already exist (written by linlm); pass --overwrite to "
+                          "replace them, or choose another stem (nothing was written)")
+    return paths
 
 
 def io_names(names: list[str], fmt: str) -> tuple[list[str], list[str], list[str]]:
@@ -132,12 +160,22 @@ def _write_onnx(program, path: Path, input_names: list[str], output_names: list[
         quiet.setLevel(level)
 
 
-def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len: int = 16,
-           overwrite: bool = False) -> list[Path]:
-    """Write the prefill and step programs of ``model`` beside ``out`` (see the module docstring).
+def _write_pt2(program, path: Path) -> None:
+    """torch.export.save into an open file: given a path, it warns unless the name ends in .pt2, and linlm's
+    temporary name (beside the target, renamed into place once written) does not."""
+    with open(path, "wb") as f:
+        torch.export.save(program, f)
 
-    Existing files are refused unless ``overwrite``; each file is written to a temporary name, then renamed."""
-    import os
+
+def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len: int = 16,
+           overwrite: bool = False, what: Optional[str] = None) -> list[Path]:
+    """Write the prefill and step programs of ``model`` and their description: ``OUT.prefill.FMT``,
+    ``OUT.step.FMT``, ``OUT.json`` for the file stem ``out`` (see the module docstring).
+
+    Every output is checked before tracing (:func:`check_outputs`): linlm's own earlier files are replaced only
+    with ``overwrite``, a user's file never. Each file is written through linlm.outputs (a temporary file beside
+    it, fsynced, renamed into place, recorded as linlm's)."""
+    from linlm import outputs
 
     if fmt not in FORMATS:
         raise ConfigError(f"format: {fmt!r} is not supported; valid choices are {', '.join(map(repr, FORMATS))}")
@@ -152,10 +190,7 @@ def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len
         if nbytes > ONNX_MAX_BYTES:
             raise ConfigError(f"format 'onnx': the weights take {nbytes / 2**30:.2f} GiB, over one ONNX file's 2 GiB "
                               f"limit; export with --format pt2")
-    paths = paths_for(out, fmt)
-    existing = [str(p) for p in paths if p.exists()]
-    if existing and not overwrite:
-        raise ConfigError(f"export: {', '.join(existing)} already exist; choose another --out or pass --overwrite")
+    paths = check_outputs(out, fmt, overwrite, what)
     prefill, step, names = export_programs(model, batch=batch, prefill_len=prefill_len)
     prefill_out, step_in, step_out = io_names(names, fmt)
     meta = {
@@ -168,16 +203,10 @@ def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len
         writers = (lambda p: _write_onnx(prefill, p, ["input_ids"], prefill_out),
                    lambda p: _write_onnx(step, p, step_in, step_out))
     else:
-        writers = (lambda p: torch.export.save(prefill, p), lambda p: torch.export.save(step, p))
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    for path, write in ((paths[0], writers[0]), (paths[1], writers[1]),
-                        (paths[2], lambda p: Path(p).write_text(json.dumps(meta, indent=1) + "\n"))):
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        writers = (lambda p: _write_pt2(prefill, p), lambda p: _write_pt2(step, p))
+    outputs.write_via(paths[0], writers[0], what)
+    outputs.write_via(paths[1], writers[1], what)
+    outputs.write_json(paths[2], meta, what)
     return paths
 
 

@@ -282,22 +282,22 @@ def rows_to_dicts(rows: Sequence[ProfileRow]) -> list[dict]:
     return [asdict(r) for r in rows]
 
 
-def plot(rows: Sequence[ProfileRow], path: str | Path, title: str = "") -> Path:
+def plot_figure(rows: Sequence[ProfileRow], title: str = ""):
     """Decode latency and the prefill's memory (peak minus the resident set before it) against context length,
-    one colour per architecture (an exported step's latency dashed, in its architecture's colour)."""
+    one colour per architecture (an exported step's latency dashed, in its architecture's colour): a matplotlib
+    Figure of its own (no pyplot: no global backend or figure registry is touched)."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     def needed(r):  # what the prefill took on top of what the process held before it
         if r.peak_memory_bytes is None or r.memory_before_bytes is None:
             return math.nan
         return (r.peak_memory_bytes - r.memory_before_bytes) / 2**20
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     archs = list(dict.fromkeys(r.arch for r in rows))
-    colors = plt.get_cmap("tab10" if len(archs) <= 10 else "tab20").colors
+    colors = matplotlib.colormaps["tab10" if len(archs) <= 10 else "tab20"].colors
     for arch, backend in dict.fromkeys((r.arch, getattr(r, "backend", "eager")) for r in rows):
         ok = [r for r in rows if r.arch == arch and getattr(r, "backend", "eager") == backend and r.error is None]
         xs = [r.context for r in ok]
@@ -317,8 +317,12 @@ def plot(rows: Sequence[ProfileRow], path: str | Path, title: str = "") -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def plot(rows: Sequence[ProfileRow], path: str | Path, title: str = "", what: Optional[str] = None) -> Path:
+    """Write :func:`plot_figure` as a PNG through linlm.outputs (atomic; a file linlm did not write is refused);
+    ``what`` names the flag in a refusal, e.g. ``--plot``."""
+    from linlm import outputs
+
+    return outputs.save_figure(plot_figure(rows, title), path, what)

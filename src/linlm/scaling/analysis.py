@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -11,7 +12,7 @@ from linlm.errors import DataError
 from linlm.scaling.fits import (PFLOPS_DAY, Crossover, Envelope, EnvelopeFit, IsoFlopFit, ParametricFit,
                                 crossover_between, envelope, fit_envelope, fit_parametric, isoflop, parametric_points)
 from linlm.scaling.paper import PAPER_TABLE3
-from linlm.scaling.runs import Loaded, load_runs
+from linlm.scaling.runs import META_FILE, METRICS, Loaded, load_runs
 
 
 @dataclass
@@ -114,11 +115,36 @@ def analyze(root: str | Path, *, strict: bool = False, include_unfinished: bool 
         return _analyze(root, strict, include_unfinished, options or FitOptions())
 
 
+def check_runs(loaded: Loaded, root: str | Path) -> None:
+    """Refuse, naming the file, a run no fit can take (DataError, whatever ``strict`` says):
+
+    - N or the FLOPs per token not a positive number: the laws are lines in log N and log C, and log 0 does not
+      exist (numpy's least squares would fail with a LinAlgError that names nothing);
+    - a loss of 0 or less: a cross-entropy is positive, so such a log is damaged or is not a training log, and
+      the fits would silently leave those points out.
+    Unlike a NaN loss (a run that diverged, skipped and named), these say the files themselves are wrong."""
+    for r in loaded.runs:
+        c = r.curve
+        described = r.path / (META_FILE if (r.path / META_FILE).is_file() else "config.yaml")
+        for key, value in (("params", c.params), ("flops_per_token", c.flops_per_token)):
+            if not (math.isfinite(value) and value > 0):
+                raise DataError(f"{described}: {key} is {value:g}, and it must be a positive number (run {r.name}); "
+                                f"fix that file, or move the run out of {root}")
+        bad = [i for i, v in enumerate(c.loss.tolist()) if v <= 0]
+        if bad:
+            i = bad[0]
+            raise DataError(f"{r.path / METRICS}: loss {c.loss[i]:g} at {c.tokens[i]:,.0f} tokens"
+                            + (f" and {len(bad) - 1} more record(s) of 0 or less" if len(bad) > 1 else "")
+                            + f"; a training loss is positive, so this log is damaged (run {r.name}). Fix the file, "
+                              f"or move the run out of {root}")
+
+
 def _analyze(root: str | Path, strict: bool, include_unfinished: bool, opt: FitOptions) -> Analysis:
     loaded = load_runs(root, strict=strict, include_unfinished=include_unfinished)
     if not loaded.runs:
         why = "; ".join(f"{n}: {w}" for n, w in loaded.skipped[:4])
         raise DataError(f"{root}: no usable runs ({why})")
+    check_runs(loaded, root)
     by_arch: dict[str, list] = {}
     for r in loaded.runs:
         by_arch.setdefault(r.curve.arch, []).append(r.curve)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -41,7 +40,9 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("report", help="write a Markdown and a self-contained HTML report with plots")
     _fit_args(p)
-    p.add_argument("--out", required=True, help="the report directory")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the report directory: new, empty, or one linlm wrote a report into (a file there that "
+                        "linlm did not write is never replaced)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("ladders", help="list the built-in ladders")
@@ -80,9 +81,9 @@ def cmd_fit(args) -> int:
     a = _analyze(args)
     _say_skipped(a)
     if args.json:
-        from linlm.scaling.report import _json_default
+        from linlm import outputs
 
-        print(json.dumps(a.to_dict(), indent=1, default=_json_default))
+        print(outputs.dumps(a.to_dict()), end="")
         return 0
     from linlm.infer.report import print_table
     from linlm.scaling.report import _law_row
@@ -109,11 +110,14 @@ def cmd_fit(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from linlm.scaling.report import write_report
+    from linlm import outputs
+    from linlm.scaling.report import REPORT_FILES, write_report
 
+    # The report directory is checked before the fits run (they take a while): a refusal costs nothing.
+    outputs.check_dir(args.out, "--out", names=REPORT_FILES)
     a = _analyze(args)
     _say_skipped(a)
-    files = write_report(a, args.out)
+    files = write_report(a, args.out, "--out")
     print(f"report: {files['report.md']} and {files['report.html']}")
     return 0
 
@@ -137,6 +141,9 @@ def cmd_run(args) -> int:
     from linlm.scaling.ladder import load_ladder, plan_runs
     from linlm.scaling.runner import emit_torchrun, estimate, plan_rows, print_plan, run_grid
 
+    from linlm.cli_args import check_numbers
+
+    check_numbers(("--flops-per-s", args.flops_per_s, 0, True))
     ladder = load_ladder(args.ladder)
     if args.jobs is not None:
         if args.jobs < 1:

@@ -2,23 +2,26 @@
 
 One list of blocks (headings, paragraphs, tables, images) is rendered twice, so the two pages say the same.
 Written into OUT: ``report.md``, ``report.html``, ``loss_vs_compute.png``, ``optimal_allocation.png``,
-``isoflop.png`` and ``fit.json`` (what ``linlm scaling fit --json`` prints). Each file is written atomically;
-nothing else in OUT is touched.
+``isoflop.png`` and ``fit.json`` (what ``linlm scaling fit --json`` prints). OUT is checked before anything is
+plotted (:func:`linlm.outputs.check_dir`): it must be new, empty, or a directory linlm has written into, and each
+of those six names that exists there must be a file linlm wrote. Each file is written through linlm.outputs
+(atomically, recorded as linlm's); nothing else in OUT is touched.
+
+The plots are matplotlib Figures of their own (no pyplot: no global backend or figure registry is touched).
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
-import json
 import math
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from linlm.io_utils import atomic_write_bytes
+from linlm import outputs
+from linlm.outputs import json_default
 from linlm.scaling.analysis import Analysis
 from linlm.scaling.fits import PFLOPS_DAY, PowerLaw
 from linlm.scaling.paper import PAPER_TABLE3
@@ -33,20 +36,18 @@ def _color(arch: str) -> str:
     return COLORS.get(arch, "tab:gray")
 
 
-def _plt():
-    import matplotlib
+DPI = 110
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
 
-    return plt
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
 
 
 def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    return buf.getvalue()
+    """The figure as PNG bytes: written to its file and inlined in the HTML page alike."""
+    return outputs.figure_png(fig, DPI)
 
 
 def _legend(ax, size: int) -> None:
@@ -75,10 +76,10 @@ def _plain_y(ax) -> None:
 
 
 def _panels(n: int):
-    plt = _plt()
     cols = min(n, 2)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.2 * rows), squeeze=False)
+    fig = _figure(6.2 * cols, 4.2 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
     flat = axes.ravel()
     for ax in flat[n:]:
         ax.set_visible(False)
@@ -114,8 +115,8 @@ def plot_loss_vs_compute(a: Analysis) -> bytes:
 
 def plot_optimal(a: Analysis) -> bytes:
     """N_opt(C) and D_opt(C): envelope points, IsoFLOP minima and the fitted laws, every architecture."""
-    plt = _plt()
-    fig, (an, ad) = plt.subplots(1, 2, figsize=(12.4, 4.4))
+    fig = _figure(12.4, 4.4)
+    an, ad = fig.subplots(1, 2)
     for arch, f in a.archs.items():
         col = _color(arch)
         if f.envelope is not None:
@@ -140,11 +141,12 @@ def plot_optimal(a: Analysis) -> bytes:
 
 def plot_isoflop(a: Analysis) -> bytes:
     """One panel per architecture: loss against N at each compute level, with the fitted parabola."""
-    plt = _plt()
+    import matplotlib
+
     fig, axes = _panels(len(a.archs))
+    cmap = matplotlib.colormaps["viridis"]
     for ax, (arch, f) in zip(axes, a.archs.items()):
         profiles = f.isoflop.profiles if f.isoflop is not None else []
-        cmap = plt.get_cmap("viridis")
         for i, p in enumerate(profiles):
             col = cmap(i / max(1, len(profiles) - 1))
             ax.plot(p.params, p.loss, "o", color=col, markersize=4)
@@ -335,30 +337,22 @@ def render_html(blocks: list[tuple], title: str = "linlm scaling report") -> str
     return "\n".join(parts)
 
 
-def write_report(a: Analysis, out: str | Path) -> dict[str, Path]:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        from linlm.errors import ConfigError
+def write_report(a: Analysis, out: str | Path, what: Optional[str] = None) -> dict[str, Path]:
+    """Write the report's files (:data:`REPORT_FILES`) into the directory ``out``; return their paths by name.
 
-        raise ConfigError(f"--out: {out} is a file; give a directory for the report")
-    out.mkdir(parents=True, exist_ok=True)
+    ``out`` is checked first, before anything is plotted (see the module doc); ``what`` names the flag in a
+    refusal, e.g. ``--out``."""
+    out = outputs.check_dir(out, what, names=REPORT_FILES)
     images = {"loss_vs_compute.png": plot_loss_vs_compute(a), "optimal_allocation.png": plot_optimal(a),
               "isoflop.png": plot_isoflop(a)}
     blocks = build_blocks(a, images)
     files = {name: out / name for name in REPORT_FILES}
     for name, data in images.items():
-        atomic_write_bytes(files[name], data)
-    atomic_write_bytes(files["fit.json"], (json.dumps(a.to_dict(), indent=1, default=_json_default) + "\n").encode())
-    atomic_write_bytes(files["report.md"], render_markdown(blocks).encode())
-    atomic_write_bytes(files["report.html"], render_html(blocks).encode())
+        outputs.write_bytes(files[name], data, what)
+    outputs.write_json(files["fit.json"], a.to_dict(), what)
+    outputs.write_text(files["report.md"], render_markdown(blocks), what)
+    outputs.write_text(files["report.html"], render_html(blocks), what)
     return files
 
 
-def _json_default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+_json_default = json_default  # the name linlm.reproduce reads fit results with

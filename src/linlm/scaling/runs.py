@@ -134,12 +134,17 @@ def load_runs(root: str | Path, *, strict: bool = False, include_unfinished: boo
         if len(loss) == 0:
             skip(name, "no losses logged (empty metrics.jsonl)")
             continue
-        finished = run_finished(path, int(meta.get("steps", 0)))
+        try:
+            curve = Curve(name, meta["arch"], float(meta["params"]), float(meta["flops_per_token"]), tokens, loss)
+            steps = int(meta.get("steps", 0))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:  # no arch, params, FLOPs per token, steps
+            skip(name, f"unreadable run description ({path / META_FILE}: {type(e).__name__} {e})")
+            continue
+        finished = run_finished(path, steps)
         if not finished and not include_unfinished:
             skip(name, f"unfinished ({len(loss)} of {meta.get('steps', '?')} steps logged); resume it with "
                        "`linlm scaling run` or pass --include-unfinished")
             continue
-        curve = Curve(name, meta["arch"], float(meta["params"]), float(meta["flops_per_token"]), tokens, loss)
         loaded.runs.append(RunRecord(name, path, meta, curve, finished))
     groups: dict[str, list[str]] = {}
     for r in loaded.runs:
