@@ -295,7 +295,7 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
     (["--threads", "0"], "--threads 0"), (["--num-queries", "0"], "--num-queries 0"),
     (["--head-dim", "0"], "--head-dim 0"), (["--test-sequences", "0"], "--test-sequences 0"),
     (["--experts", "-1"], "--experts -1"), (["--lr", "nan"], "--lr nan"), (["--widths", "12"], "head_dim 8"),
-    (["--widths", "16,16"], "given twice"),
+    (["--widths", "16,16"], "given twice"), (["--archs", ""], "no runs"),
 ])
 def test_numbers_are_checked_and_zero_is_no_default(tmp_path, capsys, flags, expected):
     out = tmp_path / "mqar"

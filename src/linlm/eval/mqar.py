@@ -345,6 +345,8 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     cfg = cfg.validate()
     out_dir = Path(out_dir).expanduser()
     names = [r.name() for r in runs]
+    if not names:
+        raise ConfigError("mqar: no runs to train; give at least one architecture (or MossNet experts)")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"mqar: runs {', '.join(twice)} are given twice (a width or architecture repeated?); "
