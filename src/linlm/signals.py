@@ -47,7 +47,7 @@ class Stopped(KeyboardInterrupt):
 
     @property
     def exit_code(self) -> int:
-        return 128 + int(getattr(signal, self.signal, signal.SIGINT))
+        return 128 + int(signal.Signals.__members__.get(self.signal, signal.SIGINT))  # "signal": a peer's stop
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -190,6 +190,13 @@ def test_test_set_runs_and_task_settings_mean_what_they_say():
     assert [r.name() for r in default_runs((16,), 0, ("tnl",))] == ["tnl-d16"]
 
 
+def test_a_stop_is_a_keyboard_interrupt_with_the_shell_code_of_its_signal():
+    from linlm.signals import Stopped
+
+    assert isinstance(Stopped("SIGINT", "x"), KeyboardInterrupt)
+    assert [Stopped(name, "x").exit_code for name in ("SIGINT", "SIGTERM", "signal")] == [130, 143, 130]
+
+
 # ---- linlm mqar -------------------------------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +227,7 @@ def torch_threads():
     torch.set_num_threads(threads)
 
 
-def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, capsys, torch_threads):
+def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, caplog, torch_threads):
     """One SIGINT to `linlm mqar` during its first run: that run is neither measured nor recorded, the second is
     not trained, the exit code is 130 and the message gives the command that continues. That command resumes the
     stopped run from its checkpoint to the row an uninterrupted run gives, then trains the rest; once more, it
@@ -250,9 +257,9 @@ def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, c
     words = shlex.split(err.split("run the same command again: ")[1].strip())
     assert words[:2] == ["linlm", "mqar"]
 
-    capsys.readouterr()
+    caplog.set_level(logging.INFO, logger="linlm")  # the log, whichever stream linlm's handler writes to
     assert main(words[1:]) == 0
-    assert f"tnl-d16: resuming at step {stopped} of {steps}" in capsys.readouterr().err
+    assert f"tnl-d16: resuming at step {stopped} of {steps}" in caplog.text
     rows = json.loads((out / "results.json").read_text())["runs"]
     assert [(r["name"], r["steps"]) for r in rows] == [("tnl-d16", steps), ("hgrn2-d16", steps)]
     # The resumed run ends where an uninterrupted one does (the same weights: the same loss and accuracy).
@@ -263,8 +270,9 @@ def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, c
 
     # Once more: both results are read back, nothing in the run directories changes.
     before = snapshot(out / "tnl-d16")
+    caplog.clear()
     assert main(words[1:]) == 0
-    assert capsys.readouterr().err.count("finished earlier") == 2
+    assert caplog.text.count("finished earlier") == 2
     assert snapshot(out / "tnl-d16") == before
 
 
