@@ -116,6 +116,12 @@ def test_check_dir(tmp_path):
     assert outputs.check_dir(tmp_path / "empty", "--out") == tmp_path / "empty"
     assert outputs.check_dir(tmp_path / "new" / "deeper", "--out") == tmp_path / "new" / "deeper"
     assert not (tmp_path / "new").exists()
+    # A user's empty folder in which linlm made directories (and wrote no file of its own yet) is linlm's to use.
+    outputs.write_json(tmp_path / "empty" / "run-a" / "a.json", {})
+    assert outputs.check_dir(tmp_path / "empty", "--out") == tmp_path / "empty"
+    (tmp_path / "empty" / "mine").mkdir()
+    with pytest.raises(OutputError, match="mine/"):
+        outputs.check_dir(tmp_path / "empty", "--out")
     out = tree(tmp_path)
     (out / "notes.txt").write_text("mine")  # a user's file in linlm's directory, at a name linlm does not write
     outputs.check_dir(out, "--out", names=["a.json", "plots/x.png", "report.md"])

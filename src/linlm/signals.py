@@ -1,4 +1,5 @@
-"""A clean stop on SIGINT / SIGTERM: the handlers the Trainer and the sweep runner's worker pool share."""
+"""A clean stop on SIGINT / SIGTERM: the handlers the Trainer and the sweep runner's worker pool share, and the
+exception a job raises once it has stopped on one."""
 
 from __future__ import annotations
 
@@ -33,3 +34,20 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+class Stopped(KeyboardInterrupt):
+    """A long job stopped cleanly on SIGINT / SIGTERM: its state is saved and nothing unfinished was recorded as a
+    result. A KeyboardInterrupt, so that every caller that stops on Ctrl-C stops on it too (``linlm`` exits 130);
+    ``signal`` names the signal, ``exit_code`` is the shell's code for it (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, signal_name: str, message: str):
+        super().__init__(message)
+        self.signal = signal_name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(signal.Signals.__members__.get(self.signal, signal.SIGINT))  # "signal": a peer's stop
+
+    def __str__(self) -> str:
+        return str(self.args[0])

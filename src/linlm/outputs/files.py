@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from linlm.errors import OutputError, StorageError
 from linlm.io_utils import atomic_write_bytes, fsync_path
-from linlm.outputs.ledger import (HEAD_BYTES, PROBE, bookkeeping, has_ledger, owns_dir, owns_file, record,
-                                  sha256_bytes, update_ledger)
+from linlm.outputs.ledger import (HEAD_BYTES, PROBE, bookkeeping, foreign_entries, has_ledger, owns_dir, owns_file,
+                                  record, sha256_bytes, update_ledger)
 
 
 def label(what: Optional[str], path: Path) -> str:
@@ -87,9 +87,10 @@ def check_file(path: str | Path, what: Optional[str] = None) -> Path:
 def check_dir(path: str | Path, what: Optional[str] = None, names: Iterable[str] = ()) -> Path:
     """Refuse, before any work, an output directory linlm may not write into; return it (``~`` expanded).
 
-    Free: nothing there (creatable), or an empty directory. Linlm's: a directory it has written into before; then
-    every path of ``names`` (relative, e.g. ``report.md`` or ``plots/a.png``) that exists there must be linlm's.
-    A directory holding anything else, a file, or a place that cannot be written is refused in one line."""
+    Free: nothing there (creatable), or an empty directory. Linlm's: a directory it has written into before (a
+    file in its ledger, or only directories linlm made: a user's empty folder that linlm made run directories in);
+    then every path of ``names`` (relative, e.g. ``report.md`` or ``plots/a.png``) that exists there must be
+    linlm's. A directory holding anything else, a file, or a place that cannot be written is refused in one line."""
     path = Path(path).expanduser()
     if os.path.lexists(path) and not path.is_dir():
         raise StorageError(f"{label(what, path)}: is a file, not a directory; choose a directory (nothing was "
@@ -98,7 +99,7 @@ def check_dir(path: str | Path, what: Optional[str] = None, names: Iterable[str]
         _check_creatable(path, what, path)
         return path
     if not has_ledger(path):
-        foreign = [n for n in sorted(p.name for p in path.iterdir()) if not bookkeeping(n)]
+        foreign = foreign_entries(path)  # a directory linlm made in it counts as linlm's writing
         if foreign:
             raise OutputError(f"{label(what, path)}: holds files linlm did not write ({shown(foreign)}); choose a "
                               "new or empty directory (nothing was written)")

@@ -163,29 +163,18 @@ def niah(models: dict[str, dict], settings: dict, plots: Path, tick: Tick) -> di
 
 
 def mqar(settings: dict, out: Path, plots: Path, tick: Tick) -> dict:
-    """The MQAR experiment, one run at a time so that a rerun keeps the finished ones (results/NAME.json)."""
+    """The MQAR experiment in ``out`` (a directory per run, :func:`linlm.eval.mqar.run_experiment`): a rerun reads
+    the finished runs' results back and resumes a stopped run from its checkpoint. A run stopped by Ctrl-C or
+    SIGTERM is not recorded; the stop (a KeyboardInterrupt) goes up to the job, which exits 130."""
     from linlm.eval.mqar import MQARConfig, default_runs, plot_experiment, run_experiment
-    from linlm.io_utils import atomic_write_bytes
 
     task = MQARConfig(**settings.get("task", {})).validate()
     kw = {"archs": tuple(settings["archs"])} if settings.get("archs") else {}
     runs = default_runs(tuple(settings.get("widths", (32, 64))), settings.get("experts", 4), **kw)
     train = {k: settings[k] for k in ("steps", "batch_size", "lr", "n_layers", "head_dim", "test_sequences")
              if k in settings}
-    done_dir = out / "results"
-    done_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i, run in enumerate(runs):
-        path = done_dir / f"{run.name()}.json"
-        if path.is_file():
-            rows.append(json.loads(path.read_text(encoding="utf-8")))
-        else:
-            # An interrupted run starts again: each is a minute or two, and its directory is linlm's own.
-            row = run_experiment([run], task, out / "runs", threads=1, overwrite=True, **train)[0]
-            atomic_write_bytes(path, (json.dumps(row, indent=1) + "\n").encode())
-            rows.append(row)
-        tick((i + 1) / len(runs))
-    plot_experiment(rows, plots / "mqar.png")
+    rows = run_experiment(runs, task, out, threads=1, what="--out", on_fraction=tick, **train)
+    plot_experiment(rows, plots / "mqar.png", "--out")
     chance = 1.0 / max(1, task.vocab_size - 1 - task.num_keys)
     return {"task": asdict(task), "chance": chance, "settings": settings, "rows": rows, "plot": "mqar.png"}
 

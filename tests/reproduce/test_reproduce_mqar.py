@@ -1,0 +1,91 @@
+"""linlm reproduce's MQAR section under a real Ctrl-C: the stopped run is never saved as a result, the stop goes up
+to the job (exit 130), and the next run of the section resumes the stopped run from its checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from linlm.reproduce.job import Job
+from linlm.reproduce.presets import load_preset
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 100
+SETTINGS = {"task": {"vocab_size": 32, "num_kv": 3}, "widths": [16], "experts": 0, "archs": ["llama", "tnl"],
+            "steps": STEPS, "batch_size": 4, "lr": 3e-3, "n_layers": 1, "head_dim": 8, "test_sequences": 64}
+# The job's section in a process of its own, stopped as `linlm reproduce` stops (KeyboardInterrupt: exit 130).
+SCRIPT = """
+import dataclasses, json, sys
+from pathlib import Path
+from linlm.reproduce.job import Job
+from linlm.reproduce.presets import load_preset
+from linlm.train.cli import setup_logging
+
+setup_logging()
+job = Job(dataclasses.replace(load_preset("smoke"), mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
+try:
+    job.run_section("mqar", lambda fraction: None)
+except KeyboardInterrupt as e:
+    print(f"interrupted: {e}", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def recorded_rows(root: Path) -> dict[str, dict]:
+    """Every MQAR result row stored as JSON anywhere under root, by run name, whatever the layout."""
+    rows = {}
+    for path in root.rglob("*.json"):
+        data = json.loads(path.read_text())
+        for row in (data, data.get("result")) if isinstance(data, dict) else ():
+            if isinstance(row, dict) and "accuracy" in row and "name" in row:
+                rows[row["name"]] = row
+    return rows
+
+
+def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path, caplog):
+    from linlm.train.metrics import read_metrics
+
+    out = tmp_path / "job"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), json.dumps(SETTINGS)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "mqar" / "llama-d16" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not read_metrics(metrics):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    stopped = len(read_metrics(metrics))
+    assert stopped < STEPS, "the run finished before the signal came; the test tested nothing"
+    assert f"interrupted: stopped by SIGINT: llama-d16 at step {stopped} of {STEPS}" in err
+    assert recorded_rows(out) == {}  # the stopped run is saved nowhere, and no later run was trained
+    assert not (out / "mqar" / "tnl-d16" / "config.yaml").exists() and not (out / "plots" / "mqar.png").exists()
+
+    # The job runs the section again (here, in this process): the stopped run resumes from its checkpoint.
+    job = Job(dataclasses.replace(load_preset("smoke"), mqar=SETTINGS), out)
+    threads = torch.get_num_threads()
+    caplog.set_level(logging.INFO, logger="linlm")
+    try:
+        result = job.run_section("mqar", lambda fraction: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert f"llama-d16: resuming at step {stopped} of {STEPS}" in caplog.text
+    assert [(r["name"], r["steps"]) for r in result["rows"]] == [("llama-d16", STEPS), ("tnl-d16", STEPS)]
+    first = read_metrics(metrics)
+    assert [r["step"] for r in first] == list(range(1, STEPS + 1))
+    assert sorted(p.name for p in (out / "mqar" / "llama-d16" / "checkpoints").iterdir()
+                  if p.name.startswith("step_")) == [f"step_{STEPS:08d}"]
+    assert recorded_rows(out) == {r["name"]: r for r in result["rows"]}
+    assert (out / "plots" / "mqar.png").stat().st_size > 1000
