@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import hold_lock, snapshot, task_dir
+from reproduce_helpers import hold_lock, snapshot, task_dir
 
 from linlm import outputs
 from linlm.cli import main

@@ -70,7 +70,7 @@ def test_sigint_during_the_sweep_stops_the_job_as_interrupted(tmp_path, text_fil
     import subprocess
     import sys
 
-    from conftest import cli_env
+    from reproduce_helpers import cli_env
 
     out = tmp_path / "job"
     proc = subprocess.Popen([sys.executable, "-m", "linlm", "reproduce", "--preset", "smoke", "--out", str(out),
