@@ -323,7 +323,7 @@ def test_the_paper_preset_trains_nothing_here(tmp_path, fakes, capsys):
     assert fakes.calls.count("mqar") == 1 and not fakes.trained
 
 
-def test_an_overwrite_cut_short_is_finished_by_the_next_overwrite(job, capsys, monkeypatch):
+def test_an_overwrite_cut_short_is_finished_by_the_next_overwrite(job, capsys):
     """Killed while it removes the old job's files, --overwrite leaves the marker saying so: a plain rerun is
     refused (it would continue a half-removed job) and the next --overwrite finishes the work."""
     real = outputs.remove_tree
@@ -332,9 +332,9 @@ def test_an_overwrite_cut_short_is_finished_by_the_next_overwrite(job, capsys, m
         real(*args, **kwargs)
         raise KeyboardInterrupt  # the removal is done, the new job not yet started
 
-    monkeypatch.setattr(outputs, "remove_tree", killed_after)
-    assert reproduce(capsys, "--out", job, "--overwrite")[0] == 130
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:  # its own: undoing it leaves the stand-in sections in place
+        mp.setattr(outputs, "remove_tree", killed_after)
+        assert reproduce(capsys, "--out", job, "--overwrite")[0] == 130
     assert _marker(job)["replacing"] and not (job / "sections" / "scaling.json").exists()
     before = snapshot(job)
     rc, _, err = reproduce(capsys, "--out", job)
