@@ -232,3 +232,36 @@ def test_a_directory_that_is_replaced_keeps_the_users_files(tmp_path):
     assert (target / "w.bin").read_bytes() == b"two" and not (target / "mine.txt").exists()
     (old,) = [p for p in tmp_path.iterdir() if p.name.endswith(".old")]
     assert (old / "mine.txt").read_text() == "user" and not (old / "w.bin").exists()
+
+
+def test_the_checks_before_a_removal_change_nothing_not_even_a_lock_file(tmp_path):
+    """check_removal (and remove_tree, which runs it first) probes every lock of the tree without writing one: a
+    stale lock of a dead process is not rewritten with this PID when another directory of the tree is held."""
+    out = tree(tmp_path)
+    (out / ".lock").write_text("999999 elsewhere\n")  # left by a process that has died; walked first
+    holder = _hold_lock(out / "deep")
+    try:
+        before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+        with pytest.raises(LockedError, match=f"PID {holder.pid}"):
+            outputs.remove_tree(out, "--overwrite")
+        assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
+        with pytest.raises(LockedError, match=f"PID {holder.pid}"):
+            outputs.check_removal(out, "--overwrite")
+        from linlm.locking import check_unlocked
+
+        check_unlocked(out, "out")  # stale: free, and still not rewritten
+        check_unlocked(out / "nowhere", "x")  # no lock file: free, and none is created
+        assert (out / ".lock").read_text() == "999999 elsewhere\n" and not (out / "nowhere").exists()
+        plan = outputs.check_removal(out, "--overwrite", held=[out / "deep"])  # a lock this process holds
+        assert out / "a.json" in plan.files
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_remove_tree_spares_what_the_caller_rewrites_next(tmp_path):
+    out = tree(tmp_path)
+    kept = outputs.remove_tree(out, spare=lambda rel: rel in ("a.json", "deep/er/c.txt"))
+    assert kept == []
+    assert outputs.owns_file(out / "a.json") and outputs.owns_file(out / "deep" / "er" / "c.txt")
+    assert not (out / "plots").exists() and not (out / "log.txt").exists()

@@ -35,6 +35,34 @@ def holder_of(lock_path: Path) -> str:
     return f"PID {text[0]}" + (f" on {host}" if host and host != socket.gethostname() else "")
 
 
+def in_use(what: str, directory: Path, lock_path: Path) -> LockedError:
+    return LockedError(f"{what} {directory} is in use by {holder_of(lock_path)}; wait for it to finish (or stop it), "
+                       "or choose another directory")
+
+
+def check_unlocked(directory: str | Path, what: str) -> None:
+    """Raise LockedError when another live process holds the lock of ``directory``; else do nothing.
+
+    The lock file is neither created nor written, so a command can run this among its checks before any work
+    and a refusal leaves the directory byte for byte as it was (taking the lock writes the holder's PID into the
+    file). A lock this process holds through another descriptor counts as held: skip the directories you hold."""
+    import fcntl
+
+    directory = Path(directory)
+    path = directory / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file, or one nobody can open: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise in_use(what, directory, path) from None
+    finally:
+        os.close(fd)  # closing drops the probe's lock at once
+
+
 class DirLock:
     """An exclusive lock on ``directory`` (which must exist) for the life of this object or ``with`` block."""
 
@@ -70,8 +98,7 @@ class DirLock:
                     raise LinlmError(f"{self.what} {self.directory}: cannot lock {self.path} ({e.strerror})") from None
                 if not wait:
                     os.close(fd)
-                    raise LockedError(f"{self.what} {self.directory} is in use by {holder_of(self.path)}; wait for "
-                                      "it to finish (or stop it), or choose another directory") from None
+                    raise in_use(self.what, self.directory, self.path) from None
                 if not said:
                     log.info("%s %s is in use by %s; waiting for it", self.what, self.directory, holder_of(self.path))
                     said = True

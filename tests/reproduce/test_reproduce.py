@@ -11,7 +11,8 @@ import pytest
 from linlm.cli import main
 from linlm.errors import ConfigError
 from linlm.reproduce import claims as C
-from linlm.reproduce.job import FORMAT, MARKER, check_directory, clear_owned, run
+from linlm import outputs
+from linlm.reproduce.job import FORMAT, MARKER, check_directory, run
 from linlm.reproduce.presets import load_preset, preset_names
 
 VERDICTS = {"supported", "partly supported", "not supported", "not supported at this scale", "not measured"}
@@ -21,8 +22,7 @@ def test_smoke_preset_end_to_end_then_resumed(tmp_path, text_file):
     out = tmp_path / "job"
     said: list[str] = []
     t0 = time.perf_counter()
-    result = run("smoke", out, overrides={"data": {"source": str(text_file)}}, data_dir=str(tmp_path / "no-tasks"),
-                 say=said.append)
+    result = run("smoke", out, overrides={"data": {"source": str(text_file)}}, say=said.append)
     first = time.perf_counter() - t0
     assert not result["pending"] and not result["failed"], (result["pending"], result["failed"])
     md = (out / "report.md").read_text()
@@ -36,7 +36,12 @@ def test_smoke_preset_end_to_end_then_resumed(tmp_path, text_file):
     for name in ("scaling", "compare", "fits", "quality", "compare_quality", "niah", "mqar", "decode"):
         assert (out / "sections" / f"{name}.json").is_file(), name
     assert not (out / "sections" / "zeroshot.json").exists()  # skipped sections run again next time
-    assert "Skipped: --data-dir" in md and "is not a directory" in md
+    assert "Skipped: no --data-dir was given" in md
+    # What the job and its sweep wrote is linlm's by the ledgers (what --overwrite may remove, and nothing else).
+    for rel in (MARKER, "report.md", "report.html", "results.json", "sections/fits.json",
+                "plots/loss_vs_compute.png", "scaling/plan.json", "scaling/runs/tnl-s/scaling.json"):
+        assert outputs.owns_file(out / rel), rel
+    assert outputs.owns_dir(out / "scaling" / "runs" / "tnl-s") and outputs.owns_dir(out / "sections")
     for png in ("loss_vs_compute.png", "mqar.png", "decode.png"):
         assert (out / "plots" / png).stat().st_size > 1000
         assert f"plots/{png}" in md
@@ -58,6 +63,32 @@ def test_smoke_preset_end_to_end_then_resumed(tmp_path, text_file):
     assert [c.verdict for c in again["claims"]] == [c.verdict for c in result["claims"]]
 
 
+def test_sigint_during_the_sweep_stops_the_job_as_interrupted(tmp_path, text_file):
+    """One SIGINT to a real `linlm reproduce` while its scaling sweep trains: exit 130, said so, and neither the
+    section nor a report that would read as done is saved; the rerun continues the sweep."""
+    import signal
+    import subprocess
+    import sys
+
+    from reproduce_helpers import cli_env
+
+    out = tmp_path / "job"
+    proc = subprocess.Popen([sys.executable, "-m", "linlm", "reproduce", "--preset", "smoke", "--out", str(out),
+                             "--set", f"data.source={text_file}"], env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = out / "scaling" / "runs" / "llama-xs" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.is_file() and metrics.stat().st_size > 0):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, text
+    assert "interrupted" in text and "Traceback" not in text
+    assert not (out / "sections" / "scaling.json").exists() and not (out / "report.md").exists()
+    assert (out / MARKER).is_file()
+
+
 def test_unknown_preset_lists_the_valid_ones(tmp_path, capsys):
     assert main(["reproduce", "--preset", "laptop", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
@@ -75,24 +106,23 @@ def test_directory_rules(tmp_path):
             check_directory(foreign, smoke, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
     assert (foreign / "thesis.tex").read_text() == "mine"
 
-    other = tmp_path / "other"
-    (other / "sections").mkdir(parents=True)
-    (other / "sections" / "mqar.json").write_text("{}")
-    (other / "notes.txt").write_text("keep me")
     import linlm
 
-    (other / MARKER).write_text(json.dumps({"format": FORMAT, "preset": "cpu", "version": linlm.__version__}))
+    other = tmp_path / "other"
+    outputs.write_json(other / MARKER, {"format": FORMAT, "preset": "cpu", "version": linlm.__version__})
     with pytest.raises(ConfigError, match="preset 'cpu'.*--resume.*--overwrite"):
         check_directory(other, smoke, resume=False, overwrite=False)
     preset, marker = check_directory(other, smoke, resume=True, overwrite=False)
     assert preset.name == "cpu" and marker["preset"] == "cpu"  # --resume continues the directory's own job
     preset, _ = check_directory(other, smoke, resume=False, overwrite=True)
     assert preset.name == "smoke"
-    clear_owned(other)
-    assert not (other / "sections").exists() and not (other / MARKER).exists()
-    assert (other / "notes.txt").read_text() == "keep me"
-    with pytest.raises(ConfigError, match="nothing to resume|no reproduce job"):
+    with pytest.raises(ConfigError, match="no reproduce job to resume"):
         check_directory(tmp_path / "empty", smoke, resume=True, overwrite=False)
+    # A marker the user wrote (or edited) is not a job of linlm's.
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / MARKER).write_text(json.dumps({"format": FORMAT, "preset": "smoke"}))
+    with pytest.raises(ConfigError, match="did not write|not written by linlm"):
+        check_directory(tmp_path / "fake", smoke, resume=True, overwrite=False)
 
 
 def test_paper_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
@@ -191,7 +221,7 @@ def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
     z = {"data_dir": "d", "limit": 10, "missing_tasks": [], "not_scored": {"piqa": "a continuation is too long"},
          "models": {"a": {"tasks": tasks, "commonsense_avg": commonsense_average(tasks)},
                     "b": {"tasks": partial, "commonsense_avg": commonsense_average(partial)}}}
-    blocks = zeroshot_blocks(SimpleNamespace(results={"zeroshot": z}, failures={}), [])
+    blocks = zeroshot_blocks(SimpleNamespace(results={"zeroshot": z}, failures={}, waiting={}), [])
     table = next(b for b in blocks if b[0] == "table")
     assert table[2][0][-1] == "0.500" and table[2][1][-1] == "-"
     assert any(b[0] == "p" and "piqa was not scored" in b[1] for b in blocks)

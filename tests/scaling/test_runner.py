@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from linlm import outputs
 from linlm.cli import main
-from linlm.errors import ConfigError, LockedError
+from linlm.errors import ConfigError, LockedError, OutputError, StorageError
 from linlm.locking import DirLock
 from linlm.scaling.ladder import builtin_ladders, load_ladder, plan_runs
 from linlm.scaling.runner import run_grid
@@ -20,8 +21,11 @@ def test_smoke_ladder_end_to_end_then_report(tmp_path, text_file, capsys):
     args = ["scaling", "run", "--ladder", "smoke", "--out", str(out), "--set", f"data.source={text_file}"]
     assert main(args) == 0
     assert "12 run(s) trained, 0 already finished" in capsys.readouterr().out
-    runs = sorted(p.name for p in (out / "runs").iterdir())
+    runs = sorted(p.name for p in (out / "runs").iterdir() if p.is_dir())
     assert len(runs) == 12 and "cosformer2-m" in runs and "hgrn2-xs" in runs
+    # What the runner wrote is linlm's by the ledgers: the plan, each run's directory and scaling.json.
+    assert outputs.owns_file(out / "plan.json") and outputs.owns_dir(out / "runs" / "tnl-s")
+    assert outputs.owns_file(out / "runs" / "tnl-s" / "scaling.json")
     meta = json.loads((out / "runs" / "tnl-s" / "scaling.json").read_text())
     assert 0 < meta["data"]["epochs"] <= 4 and meta["compute_flops"] == pytest.approx(
         meta["flops_per_token"] * meta["tokens"])
@@ -45,7 +49,9 @@ def test_interrupted_run_resumes_and_log_reads_as_one_run(tmp_path, text_file):
     out = tmp_path / "sweep"
     (first, *_) = plan_runs(ladder, ["llama"], out, over)
     partial = first.config
-    partial.steps = first.config.steps // 2  # a run stopped half way, with its checkpoint
+    partial.steps = first.config.steps // 2  # a run of this sweep stopped half way, with its checkpoint
+    outputs.write_json(out / "plan.json", {"ladder": ladder.name, "archs": ["llama"], "runs": [first.name]})
+    outputs.make_dir(partial.out_dir)
     train(partial, verbose=False, live=False)
     lines = []
     result = run_grid(ladder, ["llama"], out, overrides=over, say=lines.append)
@@ -93,6 +99,11 @@ def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
     assert cfg.steps * 480 * 8192 >= 300e9 and cfg.model.preset == "paper-1b"
     meta = json.loads((out / "runs" / "llama-70m" / "scaling.json").read_text())
     assert meta["flops_per_token"] * 480 * 8192 / 1e15 == pytest.approx(1.6, abs=0.05)  # the paper's 1.6 PFLOPs
+    # The configs, the metas and the plan (which marks the directory as this ladder's sweep) are linlm's.
+    assert outputs.owns_file(out / "configs" / "tnl-1b.yaml") and outputs.owns_file(out / "plan.json")
+    assert json.loads((out / "plan.json").read_text())["ladder"] == "paper"
+    assert main(["scaling", "run", "--ladder", "smoke", "--out", str(out), "--emit", "torchrun"]) == 2
+    assert "holds a sweep of ladder 'paper', not 'smoke'" in capsys.readouterr().err
 
 
 def write_ladder(path: Path, **rung) -> Path:
@@ -130,7 +141,7 @@ def test_unknown_ladder_arch_and_another_ladders_directory(tmp_path, text_file, 
     assert "unknown ladder 'nope'" in capsys.readouterr().err
     assert main(["scaling", "run", "--ladder", "smoke", "--archs", "llama,gpt", "--out", str(tmp_path)]) == 2
     assert "unknown architecture 'gpt'" in capsys.readouterr().err
-    (tmp_path / "plan.json").write_text(json.dumps({"ladder": "cpu"}))
+    outputs.write_json(tmp_path / "plan.json", {"ladder": "cpu"})
     with pytest.raises(ConfigError, match="holds a sweep of ladder 'cpu'"):
         run_grid(load_ladder("smoke"), ["llama"], tmp_path, overrides={"data": {"source": str(text_file)}})
 
@@ -152,3 +163,55 @@ def test_cpu_ladder_shape():
     for arch in ladder.archs:
         mine = [r for r in runs if r.arch == arch]
         assert mine[-1].compute >= mine[-2].compute  # the top rung brackets the one below over its whole range
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_directory_that_is_no_sweep_of_the_ladder_is_refused_unchanged(tmp_path, text_file):
+    ladder = load_ladder("smoke")
+    over = {"data": {"source": str(text_file)}}
+    user_run = tmp_path / "my_run"  # what `linlm train` leaves: no plan.json
+    user_run.mkdir()
+    (user_run / "config.yaml").write_text("steps: 10\n")
+    (user_run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    handwritten = tmp_path / "hand"  # a plan.json of the user's is no sweep of linlm's
+    handwritten.mkdir()
+    (handwritten / "plan.json").write_text(json.dumps({"ladder": "smoke"}))
+    outputs.write_json(handwritten / "other.json", {})
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [(user_run, OutputError, "did not write"), (handwritten, ConfigError, "plan.json there was not written"),
+             (a_file, StorageError, "is a file"), (a_file / "sub", StorageError, "is a file")]
+    before = _snapshot(tmp_path)
+    for path, error, match in cases:
+        with pytest.raises(error, match=match):
+            run_grid(ladder, ["llama"], path, overrides=over, say=lambda s: None)
+    from linlm.scaling.runner import check_sweep_dir
+
+    with pytest.raises(ConfigError, match="--scaling-dir .*typo: does not exist"):
+        check_sweep_dir(tmp_path / "typo", ladder, "--scaling-dir", must_exist=True)
+    assert _snapshot(tmp_path) == before
+    outputs.write_json(user_run / "summary.json", {"step": 10})  # a ledger now, but still no sweep
+    with pytest.raises(ConfigError, match="is no sweep of `linlm scaling run`"):
+        check_sweep_dir(user_run, ladder, "--scaling-dir")
+
+
+def test_runs_started_with_other_settings_refuse_the_sweep_before_anything_is_written(tmp_path, text_file, capsys):
+    """A finished run trained with another learning rate would be skipped as done and fitted beside runs trained
+    with this one; the runner refuses before it writes anything (the lock file included)."""
+    ladder = load_ladder("smoke")
+    out = tmp_path / "sweep"
+    old = plan_runs(ladder, ["llama"], out, {"data": {"source": str(text_file)}, "optim": {"lr": 0.02}})
+    outputs.write_json(out / "plan.json", {"ladder": "smoke", "archs": ["llama"], "runs": [r.name for r in old]})
+    outputs.write_text(out / "runs" / old[0].name / "config.yaml", old[0].config.to_yaml())
+    outputs.write_json(out / "runs" / old[0].name / "summary.json", {"step": old[0].config.steps})
+    before = _snapshot(out)
+    args = ["scaling", "run", "--ladder", "smoke", "--archs", "llama", "--out", str(out), "--set",
+            f"data.source={text_file}", "--set", "optim.lr=0.03"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "run llama-xs there was started with a different optim.lr" in err and "Traceback" not in err
+    assert _snapshot(out) == before

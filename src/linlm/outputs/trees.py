@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional
 
 from linlm.errors import ConfigError, OutputError, StorageError
 from linlm.io_utils import fsync_path
-from linlm.locking import LOCK_FILE, DirLock
+from linlm.locking import LOCK_FILE, DirLock, check_unlocked
 from linlm.outputs.files import label, make_dir, shown
 from linlm.outputs.ledger import LEDGER, bookkeeping, owns_dir, owns_file, read_ledger, seal, update_ledger
 
@@ -74,19 +74,15 @@ def plan_removal(root: str | Path) -> Removal:
     return plan
 
 
-def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[str | Path] = (),
-                blocks: Optional[Callable[[str], bool]] = None, refuse_edited: bool = False,
-                keep_root: bool = True) -> list[Path]:
-    """Remove what linlm wrote under ``root``; return the paths kept (the user's).
+def check_removal(root: str | Path, what: Optional[str] = None, *, held: Iterable[str | Path] = (),
+                  blocks: Optional[Callable[[str], bool]] = None, refuse_edited: bool = False) -> Removal:
+    """Every check :func:`remove_tree` makes, made without changing anything; returns its plan.
 
-    Before anything is removed:
-    - ``blocks(rel)`` says whether a kept path (relative to root, with ``/``) is in the way of what the caller
-      writes next, and ``refuse_edited`` counts every file linlm wrote and the user changed since as in the way;
-      any such path refuses the removal (OutputError);
-    - every directory of the tree that holds a lock file is locked here (``held``: those this process holds
-      already), so a directory another live process holds is never cleared (LockedError).
-    Either way nothing has been removed. ``keep_root``: leave ``root`` itself (else it goes too when linlm made it
-    and nothing of the user's is in it)."""
+    A command that will replace a tree calls this among its checks before any work (before it takes a lock of its
+    own), so that a refusal leaves the tree byte for byte as it was, lock files included:
+    - a kept path in the way (``blocks``, ``refuse_edited``: see :func:`remove_tree`) refuses (OutputError);
+    - a directory of the tree that another live process holds refuses (LockedError); ``held``: the directories
+      whose lock this process holds."""
     root = Path(root).expanduser()
     plan = plan_removal(root)
     in_way = [p for p in plan.kept if (blocks is not None and blocks(p.relative_to(root).as_posix()))
@@ -96,10 +92,39 @@ def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[
                           "changed since linlm wrote it) and is where this command writes; move it out of "
                           f"{root}, then run the command again (nothing was removed)")
     held_paths = {Path(p).resolve() for p in held}
+    for d in plan.locked:
+        if d.resolve() not in held_paths:
+            check_unlocked(d, what or "directory")
+    return plan
+
+
+def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[str | Path] = (),
+                blocks: Optional[Callable[[str], bool]] = None, refuse_edited: bool = False,
+                keep_root: bool = True, spare: Optional[Callable[[str], bool]] = None) -> list[Path]:
+    """Remove what linlm wrote under ``root``; return the paths kept (the user's).
+
+    Before anything is removed:
+    - ``blocks(rel)`` says whether a kept path (relative to root, with ``/``) is in the way of what the caller
+      writes next, and ``refuse_edited`` counts every file linlm wrote and the user changed since as in the way;
+      any such path refuses the removal (OutputError);
+    - every directory of the tree that holds a lock file is locked here (``held``: those this process holds
+      already), so a directory another live process holds is never cleared (LockedError).
+    Either way nothing has been removed (and no lock file written: :func:`check_removal` runs first). ``keep_root``:
+    leave ``root`` itself (else it goes too when linlm made it and nothing of the user's is in it). ``spare(rel)``:
+    files of linlm's to leave in place, with the directories above them (a marker the caller rewrites next, so
+    that a removal cut short still says what the directory is)."""
+    root = Path(root).expanduser()
+    held = [Path(p).resolve() for p in held]
+    plan = check_removal(root, what, held=held, blocks=blocks, refuse_edited=refuse_edited)
+    if spare is not None:
+        spared = [f for f in plan.files if spare(f.relative_to(root).as_posix())]
+        plan.files = [f for f in plan.files if f not in spared]
+        above = {d for f in spared for d in f.parents}
+        plan.dirs = [d for d in plan.dirs if d not in above]
     locks: list[DirLock] = []
     try:
         for d in plan.locked:
-            if d.resolve() not in held_paths:
+            if d.resolve() not in held:
                 locks.append(DirLock(d, what or "directory").acquire())
         removed: dict[Path, list[str]] = {}
         for f in plan.files:

@@ -12,23 +12,33 @@ def register(subparsers) -> None:
         "reproduce", help="both studies end to end (scaling laws, MossNet vs baselines, evaluation, retrieval, "
                           "decoding) with a report; resumable",
         description="Run a preset of both studies into --out and write OUT/report.md and OUT/report.html. Run the "
-                    "same command again to continue an interrupted job. See docs/reproduce.md.")
+                    "same command again to continue an interrupted job. Everything given is checked before any "
+                    "work; a refused command changes nothing. A job that has not finished takes a corrected "
+                    "--set, --scaling-dir or --data-dir (given again, it replaces the job's) as long as none of "
+                    "the sections it changes has finished; otherwise it is refused, naming them. Not given, each "
+                    "keeps the job's. See docs/reproduce.md.")
     p.add_argument("--preset", default="smoke",
                    help=f"the job's size: {', '.join(preset_names())} (default: smoke)")
-    p.add_argument("--out", required=True, help="the job directory")
+    p.add_argument("--out", required=True, help="the job directory (new, empty, or a reproduce job's)")
     p.add_argument("--data-dir", default=None,
                    help="a directory of zero-shot task files (JSON Lines, see docs/evaluation.md); without it the "
                         "zero-shot section is skipped and the report says so")
     p.add_argument("--resume", action="store_true",
                    help="continue the job in --out even if it was started with another preset or linlm version")
     p.add_argument("--overwrite", action="store_true",
-                   help="start over in --out, removing what an earlier reproduce job wrote there (nothing else)")
+                   help="start over in --out: remove the files linlm wrote there (its ledgers list them) and "
+                        "nothing else; refused, removing nothing, when a file of yours is where the new job "
+                        "writes or another process is using a directory there. A --scaling-dir is never removed")
     p.add_argument("--scaling-dir", default=None,
                    help="take the scaling sweep from this `linlm scaling run --ladder L` directory (L: the preset's "
-                        "ladder) instead of OUT/scaling; unfinished runs there are trained")
+                        "ladder; an empty directory starts one there) instead of OUT/scaling; unfinished runs "
+                        "there are trained")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a training config key for every training run, e.g. --set data.source=corpus.txt "
-                        "(repeatable; a continued job keeps the ones it started with)")
+                        "(repeatable; checked against the training config before any work)")
+    p.add_argument("--train-here", action="store_true",
+                   help="torchrun presets (paper): also train MQAR's models in this process, on a GPU node; "
+                        "without it MQAR waits and the report says how to run it")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, compute in PFLOP/s-days, GPU-hours for cluster presets) and run nothing")
     p.set_defaults(func=cmd_reproduce)
@@ -51,7 +61,8 @@ def cmd_reproduce(args) -> int:
     say = lambda text: print(f"linlm reproduce: {text}", file=sys.stderr)  # noqa: E731
     try:
         result = run(args.preset, args.out, data_dir=args.data_dir, resume=args.resume, overwrite=args.overwrite,
-                     overrides=overrides, scaling_dir=args.scaling_dir, live=use_live_display(), say=say)
+                     overrides=overrides, scaling_dir=args.scaling_dir, train_here=args.train_here,
+                     live=use_live_display(), say=say)
     except KeyboardInterrupt:
         print("linlm reproduce: interrupted; run the same command again to continue from where it stopped",
               file=sys.stderr)
@@ -59,8 +70,11 @@ def cmd_reproduce(args) -> int:
     print(f"\nclaims ({args.preset}):")
     for c in result["claims"]:
         print(f"  {c.verdict:<30} {c.claim}")
-    if result["pending"]:
-        print(f"not finished: {', '.join(result['pending'])}; run the same command again")
+    for name, why in result["waiting"].items():
+        print(f"{name}: not run yet: {why}")
+    rest = [n for n in result["pending"] if n not in result["waiting"]]
+    if rest:
+        print(f"not finished: {', '.join(rest)}; run the same command again")
     if result["failed"]:
         print(f"failed sections: {', '.join(result['failed'])} (see errors.log beside the report)")
     print(f"report: {result['report']}\n        {result['report'].html}")

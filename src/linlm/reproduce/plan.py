@@ -62,7 +62,8 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
         totals["gpu_hours"] = hours
         print(f"GPU-hours: {hours:,.0f} on {gpu['name']} (peak {gpu['peak_flops']:.3g} FLOP/s at {gpu['mfu']:.0%} MFU"
               f"), i.e. {hours / 8 / 24:,.1f} days on 8 GPUs; `linlm reproduce --preset {p.name} --out {out}` "
-              "writes OUT/torchrun.sh with one command per run", file=file)
+              "writes OUT/torchrun.sh with one command per run and trains nothing here (MQAR's models train "
+              "where --train-here is given: a GPU node)", file=file)
     return totals
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from linlm.io_utils import atomic_write_bytes
+from linlm import outputs
 from linlm.reproduce.claims import Claim, judge
 
 
@@ -37,6 +37,8 @@ def _img(job, name: str) -> Optional[tuple]:
 def _missing(job, name: str, pending: list[str]) -> Optional[str]:
     if name in job.failures:
         return f"This section failed: {job.failures[name]} (details in errors.log; run the command again to retry)."
+    if name in job.waiting:
+        return f"Not run yet: {job.waiting[name]}."
     if name in pending or name not in job.results:
         return "Not run yet: its training runs have not finished (run the same command again)."
     return None
@@ -180,6 +182,14 @@ def decode_blocks(job, pending: list[str]) -> list[tuple]:
     return b
 
 
+def _data_dir_used(job, marker: dict) -> str:
+    """The directory the zero-shot section read, once it has run; before, the one it will read."""
+    used = (job.results.get("zeroshot") or {}).get("data_dir")
+    if used:
+        return used
+    return f"{marker.get('data_dir') or 'none given'} (the section has not run)"
+
+
 def provenance_blocks(job, marker: dict) -> list[tuple]:
     v = marker["versions"]
     return [("h2", "Configuration and versions"),
@@ -187,7 +197,7 @@ def provenance_blocks(job, marker: dict) -> list[tuple]:
                                            ["git revision", v.get("git") or "not a git checkout"],
                                            ["torch", v["torch"]], ["numpy", v["numpy"]], ["python", v["python"]],
                                            ["platform", v["platform"]], ["started", marker["created"]],
-                                           ["data dir (zero-shot)", str(marker.get("data_dir"))],
+                                           ["data dir (zero-shot)", _data_dir_used(job, marker)],
                                            ["scaling sweep", marker.get("scaling_dir") or "scaling/"],
                                            ["--set (every training run)", json.dumps(marker.get("overrides") or {})]]),
             ("p", "The preset, exactly as run (linlm/reproduce/presets/" + job.preset.name + ".yaml, with the ladder "
@@ -212,13 +222,15 @@ def write(job, pending: list[str], marker: dict) -> Written:
                               pending),
               *zeroshot_blocks(job, pending), *retrieval_blocks(job, pending), *decode_blocks(job, pending),
               *provenance_blocks(job, marker)]
-    for blk in blocks:
-        if blk[0] == "img":
-            atomic_write_bytes(job.out / blk[1], blk[2])
+    for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/
+        target = job.out / blk[1] if blk[0] == "img" else None
+        if target is not None and not (target.is_file() and target.read_bytes() == blk[2]):
+            outputs.write_bytes(target, blk[2], "--out")
     md, html = job.out / "report.md", job.out / "report.html"
-    atomic_write_bytes(md, render_markdown(blocks).encode())
-    atomic_write_bytes(html, render_html(blocks, title=title).encode())
+    outputs.write_text(md, render_markdown(blocks), "--out")
+    outputs.write_text(html, render_html(blocks, title=title), "--out")
     results = {"preset": job.preset.name, "sections": job.results, "failed": job.failures, "pending": pending,
-               "claims": [c.to_dict() for c in claims], "versions": marker["versions"]}
-    atomic_write_bytes(job.out / "results.json", (json.dumps(results, indent=1, default=str) + "\n").encode())
+               "waiting": job.waiting, "claims": [c.to_dict() for c in claims], "versions": marker["versions"],
+               "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir")}}
+    outputs.write_json(job.out / "results.json", results, "--out")
     return Written(md, html, claims)

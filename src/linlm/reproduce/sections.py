@@ -1,6 +1,10 @@
 """The sections of ``linlm reproduce``: each one computes its numbers from the job directory and returns a dict
 that is saved as ``DIR/sections/<name>.json`` (so a rerun skips it) and read back by the claims and the report.
 
+A section returns only when it has numbers to show; one that measured nothing (every zero-shot task failed,
+every decode context failed) raises instead, so that it is reported as failed, is not saved, and runs again next
+time with the settings given then.
+
 Training sections (``scaling``, ``compare``) go through :func:`linlm.scaling.runner.run_grid`, which skips
 finished runs and resumes interrupted ones; the evaluation sections read the trained checkpoints.
 """
@@ -13,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-from linlm.errors import DataError
+from linlm.errors import ConfigError, DataError
 
 log = logging.getLogger("linlm.reproduce")
 
@@ -68,10 +72,11 @@ def validation_text(data_dir: str | Path, tokenizer, max_tokens: int) -> str:
 # ---- training ------------------------------------------------------------------------------------------------
 
 
-def train_sweep(ladder, out: Path, tick: Tick, say: Callable[[str], None], overrides: dict) -> dict:
+def train_sweep(ladder, out: Path, tick: Tick, say: Callable[[str], None], overrides: dict,
+                what: str = "--out") -> dict:
     from linlm.scaling.runner import run_grid
 
-    return run_grid(ladder, None, out, overrides=overrides, say=say, on_fraction=tick)
+    return run_grid(ladder, None, out, overrides=overrides, say=say, on_fraction=tick, what=what)
 
 
 # ---- quality: validation loss and bits per byte ----------------------------------------------------------------
@@ -97,22 +102,35 @@ def quality(models: dict[str, dict], max_tokens: int, tick: Tick) -> dict:
 # ---- zero-shot tasks -----------------------------------------------------------------------------------------
 
 
-def zeroshot(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Optional[int], tick: Tick) -> dict:
-    from linlm.eval.evaluator import evaluate
+def check_task_dir(data_dir: str | Path, tasks, what: str = "--data-dir") -> tuple[Path, list[str], list[str]]:
+    """(the directory, the tasks whose files it holds, those it lacks); refuses (ConfigError, changing nothing) a
+    path that is not a directory or holds none of the task files, so a mistyped --data-dir is caught before any
+    work."""
     from linlm.eval.tasks import TASKS, resolve_tasks
+
+    root = Path(data_dir).expanduser()
+    names = resolve_tasks(tasks or "commonsense")
+    if not root.is_dir():
+        raise ConfigError(f"{what} {root}: is not a directory; give the directory of the zero-shot task files "
+                          "(JSON Lines, see docs/evaluation.md) (nothing was changed)")
+    present = [n for n in names if (root / TASKS[n].filename).is_file()]
+    if not present:
+        raise ConfigError(f"{what} {root}: holds none of the task files "
+                          f"({', '.join(TASKS[n].filename for n in names)}); give the directory that holds them "
+                          "(nothing was changed)")
+    return root, present, [n for n in names if n not in present]
+
+
+def zeroshot(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Optional[int], tick: Tick) -> dict:
+    """Each model on the preset's tasks from ``data_dir``. A task one model cannot take is named (``not_scored``)
+    and the others go on; when no model scored any task, the section failed (DataError), not finished."""
+    from linlm.eval.evaluator import evaluate
     from linlm.infer.generate import load_for_generation
 
     if not data_dir:
         return {"not_run": "no --data-dir was given: the zero-shot tasks need their JSON Lines files "
                            "(see docs/evaluation.md)"}
-    root = Path(data_dir).expanduser()
-    if not root.is_dir():
-        return {"not_run": f"--data-dir {root} is not a directory"}
-    names = resolve_tasks(tasks or "commonsense")
-    present = [n for n in names if (root / TASKS[n].filename).is_file()]
-    missing = [n for n in names if n not in present]
-    if not present:
-        return {"not_run": f"--data-dir {root} holds none of the task files ({', '.join(TASKS[n].filename for n in names)})"}
+    root, present, missing = check_task_dir(data_dir, tasks)
     from linlm.errors import LinlmError
     from linlm.eval.scoring import config_max_length
     from linlm.eval.tasks import commonsense_average
@@ -138,6 +156,10 @@ def zeroshot(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Opt
         out["models"][label] = {"arch": m["arch"], "params": m["params"], "tasks": tasks,
                                 "commonsense_avg": commonsense_average(tasks)}
         tick((i + 1) / len(models))
+    if not any(t.get("n", 0) > 0 for m in out["models"].values() for t in m["tasks"].values()):
+        why = "; ".join(f"{name}: {e}" for name, e in out["not_scored"].items()) or "no task had items to score"
+        raise DataError(f"zero-shot: no task was scored for any model from --data-dir {root} ({why}); fix the task "
+                        "files, or give a corrected --data-dir, and run the command again")
     return out
 
 
@@ -195,9 +217,12 @@ def decode(settings: dict, archs: list[str], plots: Path, tick: Tick) -> dict:
                         dtype=settings.get("dtype", "float32"), decode_tokens=settings.get("decode_tokens", 16),
                         overrides=overrides)
         tick((i + 1) / len(archs))
+    measured = rows_to_dicts(rows)
+    if not any(r.get("error") is None for r in measured):
+        why = "; ".join(sorted({str(r.get("error")) for r in measured})) or "no context was profiled"
+        raise DataError(f"decode: no context could be profiled ({why}); the section runs again next time")
     plot(rows, plots / "decode.png", title="decode latency and memory against context")
-    return {"rows": rows_to_dicts(rows), "environment": environment(), "plot": "decode.png",
-            "settings": settings}
+    return {"rows": measured, "environment": environment(), "plot": "decode.png", "settings": settings}
 
 
 def state_growth(rows: list[dict], arch: str) -> Optional[dict]:

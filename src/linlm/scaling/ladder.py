@@ -101,6 +101,24 @@ def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
     return ladder
 
 
+_COUNTED: dict[str, dict] = {}
+
+
+def _count(model_cfg, batch: int, seq_len: int) -> dict:
+    """:func:`linlm.models.counting.count`, once per model shape in a process: planning the paper ladder builds
+    27 models of up to 7B parameters on the meta device (about 0.3 s each here), and a command plans its runs
+    several times (its checks before any work, then the work)."""
+    import dataclasses
+    import json
+
+    from linlm.models.counting import count
+
+    key = json.dumps([dataclasses.asdict(model_cfg), batch, seq_len], sort_keys=True, default=str)
+    if key not in _COUNTED:
+        _COUNTED[key] = count(model_cfg, batch=batch, seq_len=seq_len)
+    return dict(_COUNTED[key])
+
+
 @dataclass
 class PlannedRun:
     """One (architecture, rung) of a ladder, ready to train."""
@@ -124,7 +142,6 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
               overrides: Optional[dict] = None) -> list[PlannedRun]:
     """Every (arch, rung) of ``ladder`` as a validated run under ``out_dir/runs``; ``overrides`` (a nested dict
     of TrainConfig keys) apply to every run, after the ladder's own settings."""
-    from linlm.models.counting import count
     from linlm.models.registry import ARCHITECTURES
     from linlm.train.config import build_config
 
@@ -152,8 +169,8 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
                 tokens_per_step = seq_len * batch
                 cfg.steps = max(1, math.ceil(rung.tokens / tokens_per_step))
                 # vocab_size does not change non-embedding counts; 256 stands in until the tokenizer is known.
-                counted = count(cfg.model_config(vocab_size=cfg.model.overrides.get("vocab_size", 256)),
-                                batch=batch, seq_len=seq_len)
+                counted = _count(cfg.model_config(vocab_size=cfg.model.overrides.get("vocab_size", 256)), batch,
+                                 seq_len)
             except LinlmError as e:
                 raise type(e)(f"{where}: {e}") from None
             runs.append(PlannedRun(

@@ -5,30 +5,39 @@ training run directory each, plus ``scaling.json``: see :mod:`linlm.scaling.runs
 ``configs/<name>.yaml``. A finished run is skipped; an interrupted one resumes from its newest checkpoint (the
 Trainer restores the data order and RNG); the directory is locked against a second runner.
 
+Everything the runner writes goes through :mod:`linlm.outputs`, so the directories and files are recorded as
+linlm's. Before any work, and changing nothing, a directory is refused that is not a sweep of this ladder (another
+ladder's, a user's training run, a user's files: :func:`check_sweep_dir`), that another live process trains in,
+or that holds a run started with settings that change what it computes (:func:`check_started_runs`: a finished
+run trained otherwise would be mixed into the fits without a word).
+
 Loss is logged every optimizer step, i.e. at a fixed interval of ``batch_size x seq_len`` tokens; compute is
 the library's count (:func:`linlm.models.counting.count`, the paper's convention) times the tokens seen.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shlex
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
+from linlm import outputs
 from linlm.errors import ConfigError, DataError
-from linlm.locking import DirLock
-from linlm.io_utils import atomic_write_bytes
+from linlm.locking import DirLock, check_unlocked
 from linlm.scaling.fits import PFLOPS_DAY
 from linlm.scaling.ladder import Ladder, PlannedRun, plan_runs
 from linlm.scaling.runs import META_FILE, run_finished
 from linlm.scaling.workers import run_pool, train_run
 
 PLAN_FILE = "plan.json"
+SWEEP_LOCK = "scaling directory"
 MEASURE_MAX_PARAMS = 50_000_000  # above this, --dry-run does not time steps on this machine
 
 
@@ -217,26 +226,110 @@ def _status(run: PlannedRun) -> str:
     return "todo"
 
 
-def _check_plan(out: Path, ladder: Ladder, archs: list[str]) -> None:
-    path = out / PLAN_FILE
-    if not path.is_file():
-        return
+# ---- the sweep directory -------------------------------------------------------------------------------------
+
+
+def _read_plan(path: Path, what: str) -> dict:
+    out = path.parent
+    if not outputs.owns_file(path):
+        raise ConfigError(f"{what} {out}: {path.name} there was not written by linlm (or was changed since), so this "
+                          "is no sweep of `linlm scaling run`; choose another directory (nothing was written)")
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        raise ConfigError(f"{path}: unreadable; it was not written by linlm scaling run, or is damaged") from None
-    if old.get("ladder") != ladder.name:
-        raise ConfigError(f"--out: {out} holds a sweep of ladder {old.get('ladder')!r}, not {ladder.name!r}; choose "
-                          "another --out directory")
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        plan = None
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{what} {out}: {path} is unreadable (damaged); choose another directory (nothing was "
+                          "written)")
+    return plan
 
 
-def _write_plan(out: Path, ladder: Ladder, archs: list[str], runs: list[PlannedRun]) -> None:
+def check_sweep_dir(out: str | Path, ladder: Ladder, what: str = "--out", *, must_exist: bool = False,
+                    probe_lock: bool = True) -> Path:
+    """Refuse, before any work and changing nothing, a directory ``ladder``'s sweep may not train in; return it.
+
+    Accepted: a new path (unless ``must_exist``: a directory given to be read must be there, so a mistyped one is
+    refused instead of trained into), an empty directory, or a sweep of this ladder (its plan.json written by
+    linlm). Refused: a file, a place that cannot be written, a directory of someone else's files, a directory
+    that is no sweep (a training run of `linlm train`, say), another ladder's sweep, and (``probe_lock``) a sweep
+    that another live process is training in."""
+    out = outputs.check_dir(out, what)
+    if not out.exists():
+        if must_exist:
+            raise ConfigError(f"{what} {out}: does not exist; give the --out directory of `linlm scaling run "
+                              f"--ladder {ladder.name}`, or make an empty directory to start the sweep there "
+                              "(nothing was written)")
+        return out
+    plan = out / PLAN_FILE
+    if os.path.lexists(plan):
+        old = _read_plan(plan, what)
+        if old.get("ladder") != ladder.name:
+            raise ConfigError(f"{what} {out}: holds a sweep of ladder {old.get('ladder')!r}, not {ladder.name!r}; "
+                              "choose another directory (nothing was written)")
+    else:
+        other = [p.name for p in sorted(out.iterdir()) if not outputs.bookkeeping(p.name)]
+        if other:
+            raise ConfigError(f"{what} {out}: is no sweep of `linlm scaling run` (it has no plan.json, and holds "
+                              f"{outputs.shown(other)}); give a sweep directory of ladder {ladder.name!r}, or a new "
+                              "or empty directory (nothing was written)")
+    if probe_lock:
+        check_unlocked(out, f"{what} {SWEEP_LOCK}")
+    return out
+
+
+def in_the_way(parts: list[str]) -> bool:
+    """Whether a path that is not linlm's, at ``parts`` relative to a sweep directory, is where a sweep writes:
+    plan.json, or anything under runs/ or configs/ (a run directory belongs to its run alone, and whatever sits
+    under runs/ is read as a run by the fits)."""
+    return bool(parts) and parts[0] in (PLAN_FILE, "runs", "configs")
+
+
+def check_started_runs(runs: list[PlannedRun], what: str = "--out") -> None:
+    """Refuse a plan whose settings differ from those a run of it was started with, in a key that changes what
+    the run computes (the Trainer's own rule for resuming). Without this a finished run trained with other
+    settings would be skipped as done and mixed into the fits, and an unfinished one would fail half way
+    through the grid. Changes nothing."""
+    import yaml
+
+    from linlm.train.config import config_diff, is_resumable_change
+    from linlm.train.rundir import CONFIG_FILE
+
+    for r in runs:
+        path = Path(r.config.out_dir) / CONFIG_FILE
+        try:
+            saved = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError):
+            saved = None  # unreadable: the Trainer refuses it with the reason when the run resumes
+        if not isinstance(saved, dict):
+            continue
+        differ = [k for k in config_diff(saved, r.config.to_dict()) if not is_resumable_change(k)]
+        if differ:
+            raise ConfigError(f"{what}: run {r.name} there was started with a different {', '.join(differ[:4])} "
+                              f"(see {path}); these change what it computes. Give the settings the sweep was "
+                              "started with (--set), or another directory (nothing was written)")
+
+
+@contextlib.contextmanager
+def locked_sweep(out: Path, ladder: Ladder, what: str) -> Iterator[None]:
+    """Create ``out`` (as linlm's) and hold its lock; the directory is checked again under the lock (another
+    runner may have written its plan in between). A directory made here for nothing is removed again."""
+    created = outputs.make_dir(out, what)
+    lock = DirLock(out, SWEEP_LOCK)
+    try:
+        lock.acquire()
+        check_sweep_dir(out, ladder, what, probe_lock=False)
+        yield
+    finally:
+        lock.release()
+        outputs.remove_if_unused(created)
+
+
+def _write_plan(out: Path, ladder: Ladder, archs: list[str], runs: list[PlannedRun], what: str) -> None:
     path = out / PLAN_FILE
-    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    old = _read_plan(path, what) if path.is_file() else {}
     names = list(dict.fromkeys([*old.get("runs", []), *(r.name for r in runs)]))
     archs_all = list(dict.fromkeys([*old.get("archs", []), *archs]))
-    atomic_write_bytes(path, (json.dumps({"ladder": ladder.name, "archs": archs_all, "runs": names}, indent=1)
-                              + "\n").encode())
+    outputs.write_json(path, {"ladder": ladder.name, "archs": archs_all, "runs": names}, what)
 
 
 def fmt_seconds(s: Optional[float]) -> str:
@@ -298,24 +391,26 @@ def plan_rows(ladder: Ladder, runs: list[PlannedRun], say: Callable[[str], None]
         return prepare_rows(ladder, runs, prepare=False, say=warn)
 
 
-def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str]:
-    """Write each run's config to ``out/configs/<name>.yaml`` and its scaling.json; return one torchrun command
-    per run, grouped by rung. Each command resumes its run when run again (``--resume`` starts fresh when the
-    run directory is empty)."""
+def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: str | Path, what: str = "--out") -> list[str]:
+    """Write each run's config to ``out/configs/<name>.yaml``, its scaling.json and the sweep's plan.json; return
+    one torchrun command per run, grouped by rung. Each command resumes its run when run again (``--resume``
+    starts fresh when the run directory is empty). The directory is checked first (:func:`check_sweep_dir`)."""
+    out = Path(out).expanduser()
+    check_sweep_dir(out, ladder, what)
+    check_started_runs(runs, what)
     lines = []
     rung = None
-    for r in runs:
-        if r.rung != rung:
-            rung = r.rung
-            lines.append(f"# rung {rung}")
-        cfg_path = out / "configs" / f"{r.name}.yaml"
-        cfg_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cfg_path, r.config.to_yaml().encode())
-        run_dir = Path(r.config.out_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        meta = run_meta(r, ladder, DataInfo(None, None, None, None))
-        atomic_write_bytes(run_dir / META_FILE, (json.dumps(meta, indent=1) + "\n").encode())
-        lines.append(f"torchrun {ladder.torchrun} -m linlm train --config {shlex.quote(str(cfg_path))} --resume")
+    with locked_sweep(out, ladder, what):
+        _write_plan(out, ladder, list(dict.fromkeys(r.arch for r in runs)), runs, what)
+        for r in runs:
+            if r.rung != rung:
+                rung = r.rung
+                lines.append(f"# rung {rung}")
+            cfg_path = out / "configs" / f"{r.name}.yaml"
+            outputs.write_text(cfg_path, r.config.to_yaml(), what)
+            meta = run_meta(r, ladder, DataInfo(None, None, None, None))
+            outputs.write_json(Path(r.config.out_dir) / META_FILE, meta, what)
+            lines.append(f"torchrun {ladder.torchrun} -m linlm train --config {shlex.quote(str(cfg_path))} --resume")
     return lines
 
 
@@ -418,9 +513,8 @@ class GridProgress:
 
 
 def _begin(row: PlanRow, ladder: Ladder) -> None:
-    run_dir = Path(row.run.config.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(run_dir / META_FILE, (json.dumps(run_meta(row.run, ladder, row.data), indent=1) + "\n").encode())
+    """The run's directory (made as linlm's, with runs/) and its scaling.json, before the Trainer opens it."""
+    outputs.write_json(Path(row.run.config.out_dir) / META_FILE, run_meta(row.run, ladder, row.data))
 
 
 def _started(i: int, n: int, row: PlanRow, progress: GridProgress) -> str:
@@ -490,20 +584,23 @@ def _run_parallel(todo: list[PlanRow], jobs: int, ladder: Ladder, progress: Grid
 
 def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, overrides: Optional[dict] = None,
              live: bool = False, say: Callable[[str], None] = print,
-             on_fraction: Optional[Callable[[float], None]] = None, jobs: Optional[int] = None) -> dict:
+             on_fraction: Optional[Callable[[float], None]] = None, jobs: Optional[int] = None,
+             what: str = "--out") -> dict:
     """Train every run of the grid not yet finished; returns {"done": [...], "trained": [...], "interrupted": name}.
     ``on_fraction(f)`` hears the fraction of the grid's remaining compute done so far, after every step.
-    ``jobs`` runs train at once, each in a worker process (default: the ladder's ``jobs``, 1 = in this process)."""
-    out = Path(out)
+    ``jobs`` runs train at once, each in a worker process (default: the ladder's ``jobs``, 1 = in this process).
+    ``what`` names the directory in errors (the flag that gave it).
+
+    Every check that can refuse runs before anything is written into ``out``: the directory, the runs already
+    started there, and the data (prepared into the linlm cache, never into ``out``)."""
+    out = Path(out).expanduser()
     runs = plan_runs(ladder, archs, out, overrides)
     archs = list(dict.fromkeys(r.arch for r in runs))
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} is a file; give a directory")
-    _check_plan(out, ladder, archs)
-    out.mkdir(parents=True, exist_ok=True)
-    with DirLock(out, "scaling directory"):
-        rows = prepare_rows(ladder, runs, prepare=True)
-        _write_plan(out, ladder, archs, runs)
+    check_sweep_dir(out, ladder, what)
+    check_started_runs(runs, what)
+    rows = prepare_rows(ladder, runs, prepare=True)
+    with locked_sweep(out, ladder, what):
+        _write_plan(out, ladder, archs, runs, what)
         todo = [r for r in rows if r.status != "done"]
         say(f"{ladder.name}: {len(rows)} runs ({len(rows) - len(todo)} already finished) in {out}")
         jobs = max(1, int(jobs or ladder.jobs))

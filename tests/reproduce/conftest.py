@@ -1,0 +1,31 @@
+"""Fixtures of the reproduce tests (the helpers live in reproduce_helpers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from reproduce_helpers import MODEL, Fakes, fake_zeroshot_models
+
+
+@pytest.fixture
+def fakes(monkeypatch) -> Fakes:
+    """Every section runner replaced: training writes a finished sweep, the evaluation sections return minimal
+    results of their real shape; the zero-shot section is the real one, on stand-in models (task files whose
+    text is "bad" fail to score, any other text scores)."""
+    from linlm.reproduce import job as J
+    from linlm.reproduce import sections as S
+
+    f = Fakes()
+    monkeypatch.setattr(S, "train_sweep", f.train_sweep)
+    monkeypatch.setattr(S, "trained_models", lambda sweep, largest_only: {"llama": dict(MODEL)}
+                        if (Path(sweep) / "plan.json").is_file() else {})
+    monkeypatch.setattr(J.Job, "fits", lambda self: f.section("fits", {"runs": [], "archs": {}, "report": {}})())
+    monkeypatch.setattr(S, "quality", f.section("quality", {"models": {}, "max_tokens": 1}))
+    monkeypatch.setattr(S, "niah", f.section("niah", {"settings": {}, "models": {}}))
+    monkeypatch.setattr(S, "mqar", f.section("mqar", {"task": {"num_kv": 1, "vocab_size": 8}, "chance": 0.2,
+                                                      "rows": [], "plot": "mqar.png", "settings": {}}))
+    monkeypatch.setattr(S, "decode", f.section("decode", {"rows": [], "environment": {}, "plot": "decode.png",
+                                                          "settings": {}}))
+    fake_zeroshot_models(monkeypatch)
+    return f
