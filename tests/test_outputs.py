@@ -265,3 +265,31 @@ def test_remove_tree_spares_what_the_caller_rewrites_next(tmp_path):
     assert kept == []
     assert outputs.owns_file(out / "a.json") and outputs.owns_file(out / "deep" / "er" / "c.txt")
     assert not (out / "plots").exists() and not (out / "log.txt").exists()
+
+
+@pytest.mark.parametrize("cut", ["before_the_rename", "after_the_rename"])
+def test_a_write_cut_short_at_any_point_leaves_a_file_of_linlms(tmp_path, monkeypatch, cut):
+    """A kill between recording a new version and renaming it into place (or between the rename and the final
+    record) leaves the old or the new file, and either is linlm's: the next write may replace it."""
+    from linlm.outputs import files
+
+    path = tmp_path / "a.json"
+    outputs.write_json(path, {"v": 1})
+
+    class Killed(BaseException):
+        pass
+
+    def die(*args, **kwargs):
+        raise Killed
+
+    if cut == "before_the_rename":
+        monkeypatch.setattr(files.os, "replace", die)
+    else:
+        monkeypatch.setattr(files, "settle", die)
+    with pytest.raises(Killed):
+        outputs.write_json(path, {"v": 2})
+    monkeypatch.undo()
+    assert path.read_text() == ('{\n "v": 1\n}\n' if cut == "before_the_rename" else '{\n "v": 2\n}\n')
+    assert outputs.owns_file(path)
+    outputs.write_json(path, {"v": 3})
+    assert outputs.owns_file(path) and "next" not in outputs.read_ledger(tmp_path).entries["a.json"]

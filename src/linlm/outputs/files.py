@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from linlm.errors import OutputError, StorageError
-from linlm.io_utils import atomic_write_bytes, fsync_path
-from linlm.outputs.ledger import (HEAD_BYTES, PROBE, bookkeeping, foreign_entries, has_ledger, owns_dir, owns_file,
-                                  record, sha256_bytes, update_ledger)
+from linlm.io_utils import fsync_path
+from linlm.outputs.ledger import (HEAD_BYTES, PROBE, bookkeeping, file_entry, foreign_entries, has_ledger, owns_dir,
+                                  owns_file, record, seal, settle, sha256_bytes, stage)
 
 
 def label(what: Optional[str], path: Path) -> str:
@@ -132,11 +132,29 @@ def make_dir(path: str | Path, what: Optional[str] = None) -> list[Path]:
                            "another path (nothing was written)")
     try:
         for p in reversed(missing):
-            p.mkdir()
-            update_ledger(p, {}, created=True)
+            # Made under a temporary name with its ledger inside, then renamed: a kill at any moment leaves no
+            # directory of linlm's that does not say so.
+            tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+            tmp.mkdir()
+            seal(tmp, p.name)
+            try:
+                os.rename(tmp, p)
+            except OSError:
+                discard_dir(tmp)
+                if not p.is_dir():  # not another process making the same directory at the same moment
+                    raise
     except OSError as e:
         raise _oserror(what, path, e) from None
     return missing
+
+
+def discard_dir(tmp: Path) -> None:
+    """Remove a temporary directory this process made and did not put in place: its plain files, then itself."""
+    with contextlib.suppress(OSError):
+        for c in tmp.iterdir():
+            if c.is_file() and not c.is_symlink():
+                c.unlink()
+        tmp.rmdir()
 
 
 def remove_if_unused(created: Iterable[Path]) -> None:
@@ -159,6 +177,16 @@ def _refuse_if_foreign(path: Path, what: Optional[str]) -> None:
                           "unchanged)")
 
 
+def _install(tmp: Path, path: Path, sha256: Optional[str] = None, append: bool = False) -> None:
+    """Rename the finished (fsynced) temporary file ``tmp`` over ``path``, recorded first as its next version
+    (:func:`~linlm.outputs.ledger.stage`), so that a kill at any moment leaves a recorded file at ``path``."""
+    entry = file_entry(tmp, sha256, append=append)
+    stage(path, entry)
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+    settle(path, entry)
+
+
 def write_via(path: str | Path, writer: Callable[[Path], None], what: Optional[str] = None, *,
               sha256: Optional[str] = None) -> Path:
     """Write ``path`` by calling ``writer(tmp)`` on a temporary path beside it (for library writers: safetensors,
@@ -170,9 +198,7 @@ def write_via(path: str | Path, writer: Callable[[Path], None], what: Optional[s
     try:
         writer(tmp)
         fsync_path(tmp)
-        os.replace(tmp, path)
-        fsync_path(path.parent)
-        record(path, sha256)
+        _install(tmp, path, sha256)
     except OSError as e:
         raise _oserror(what, path, e) from None
     finally:
@@ -181,17 +207,16 @@ def write_via(path: str | Path, writer: Callable[[Path], None], what: Optional[s
     return path
 
 
+def _write_tmp(tmp: Path, data: bytes) -> None:
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_bytes(path: str | Path, data: bytes, what: Optional[str] = None) -> Path:
     """Write ``data`` to ``path`` atomically (see the module doc); refuse a file that is not linlm's."""
-    path = Path(path).expanduser()
-    _refuse_if_foreign(path, what)
-    make_dir(path.parent, what)
-    try:
-        atomic_write_bytes(path, data)
-        record(path, sha256_bytes(data))
-    except OSError as e:
-        raise _oserror(what, path, e) from None
-    return path
+    return write_via(path, lambda tmp: _write_tmp(tmp, data), what, sha256=sha256_bytes(data))
 
 
 def write_text(path: str | Path, text: str, what: Optional[str] = None) -> Path:
@@ -241,19 +266,25 @@ def copy_file(src: str | Path, dst: str | Path, what: Optional[str] = None) -> P
 
 def append_text(path: str | Path, text: str, what: Optional[str] = None) -> Path:
     """Append ``text`` to a log linlm keeps (fsynced); refuse a file that is not linlm's. A log is recorded by the
-    sha256 of its first bytes, which appending leaves as they were."""
+    sha256 of its first bytes, which appending leaves as they were; a new log is written whole, as any file."""
     path = Path(path).expanduser()
     _refuse_if_foreign(path, what)
     make_dir(path.parent, what)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
+        if not path.exists():
+            _write_tmp(tmp, text.encode("utf-8"))
+            _install(tmp, path, append=True)
+            return path
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        if path.stat().st_size <= HEAD_BYTES or not owns_file(path):
+        if path.stat().st_size <= HEAD_BYTES:  # the recorded head grows with the log up to HEAD_BYTES
             record(path, append=True)
     except OSError as e:
         raise _oserror(what, path, e) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     return path
-
-

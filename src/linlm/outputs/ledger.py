@@ -139,6 +139,20 @@ def record(path: str | Path, sha256: Optional[str] = None, *, append: bool = Fal
     update_ledger(path.parent, {path.name: file_entry(path, sha256, append=append)})
 
 
+def stage(path: str | Path, entry: dict) -> None:
+    """Record ``entry`` as the next version of ``path`` beside the one the ledger has now, before the new file is
+    renamed into place: a kill at any moment then leaves ``path`` one of two recorded versions, never an unknown
+    one. :func:`settle` keeps the new one alone once the rename is done."""
+    path = Path(path)
+    with_next = {k: v for k, v in read_ledger(path.parent).entries.get(path.name, {}).items() if k != "next"}
+    update_ledger(path.parent, {path.name: {**with_next, "next": entry}})
+
+
+def settle(path: str | Path, entry: dict) -> None:
+    path = Path(path)
+    update_ledger(path.parent, {path.name: entry})
+
+
 def forget(path: str | Path) -> None:
     """Drop ``path`` from its directory's ledger (linlm removed or moved it)."""
     path = Path(path)
@@ -160,6 +174,15 @@ def seal(directory: str | Path, name: str, digests: Optional[dict[str, str]] = N
 # ---- ownership ---------------------------------------------------------------------------------------------------
 
 
+def _matches(path: Path, st: os.stat_result, entry: dict) -> bool:
+    if "head_sha256" in entry:  # an append-only log: its beginning is what linlm wrote
+        n = int(entry.get("head_bytes", 0))
+        return st.st_size >= n and sha256_file(path, limit=n) == entry["head_sha256"]
+    if "bytes" not in entry or st.st_size != entry["bytes"]:
+        return False
+    return st.st_mtime_ns == entry.get("mtime_ns") or sha256_file(path) == entry.get("sha256")
+
+
 def owns_file(path: str | Path, ledger: Optional[Ledger] = None) -> bool:
     """True when ``path`` is a plain file that linlm wrote and nobody changed since (see the module doc)."""
     path = Path(path)
@@ -169,12 +192,7 @@ def owns_file(path: str | Path, ledger: Optional[Ledger] = None) -> bool:
     if not entry:
         return False
     st = path.stat()
-    if "head_sha256" in entry:  # an append-only log: its beginning is what linlm wrote
-        n = int(entry.get("head_bytes", 0))
-        return st.st_size >= n and sha256_file(path, limit=n) == entry["head_sha256"]
-    if st.st_size != entry.get("bytes"):
-        return False
-    return st.st_mtime_ns == entry.get("mtime_ns") or sha256_file(path) == entry.get("sha256")
+    return _matches(path, st, entry) or (isinstance(entry.get("next"), dict) and _matches(path, st, entry["next"]))
 
 
 def owns_dir(path: str | Path) -> bool:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Optional
 from linlm.errors import ConfigError, OutputError, StorageError
 from linlm.io_utils import fsync_path
 from linlm.locking import LOCK_FILE, DirLock, check_unlocked
-from linlm.outputs.files import label, make_dir, shown
+from linlm.outputs.files import discard_dir, label, make_dir, shown
 from linlm.outputs.ledger import LEDGER, bookkeeping, owns_dir, owns_file, read_ledger, seal, update_ledger
 
 log = logging.getLogger("linlm")
@@ -166,13 +166,8 @@ def discard(tmp: str | Path) -> None:
     """Remove a temporary directory this process made with :func:`temp_dir_beside` and did not commit: its plain
     files, then the directory (anything else in it stays, with the directory)."""
     tmp = Path(tmp)
-    if not tmp.is_dir() or tmp.is_symlink():
-        return
-    with contextlib.suppress(OSError):
-        for c in tmp.iterdir():
-            if c.is_file() and not c.is_symlink():
-                c.unlink()
-        tmp.rmdir()
+    if tmp.is_dir() and not tmp.is_symlink():
+        discard_dir(tmp)
 
 
 def _exchange(a: Path, b: Path) -> bool:
