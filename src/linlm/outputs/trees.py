@@ -74,6 +74,23 @@ def plan_removal(root: str | Path) -> Removal:
     return plan
 
 
+def check_removal(root: str | Path, what: Optional[str] = None, *, blocks: Optional[Callable[[str], bool]] = None,
+                  refuse_edited: bool = False) -> Removal:
+    """Refuse, as :func:`remove_tree` would, before anything is removed or any lock taken; return the plan.
+
+    A command calls this among its checks before any work (so that a refusal leaves the directory byte for byte as
+    it was, its lock file included), then :func:`remove_tree` once it holds its lock (which checks again)."""
+    root = Path(root).expanduser()
+    plan = plan_removal(root)
+    in_way = [p for p in plan.kept if (blocks is not None and blocks(p.relative_to(root).as_posix()))
+              or (refuse_edited and p in plan.edited)]
+    if in_way:
+        raise OutputError(f"{label(what, root)}: {shown([str(p) for p in in_way], 3)} is not linlm's (or was "
+                          "changed since linlm wrote it) and is where this command writes; move it out of "
+                          f"{root}, then run the command again (nothing was removed)")
+    return plan
+
+
 def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[str | Path] = (),
                 blocks: Optional[Callable[[str], bool]] = None, refuse_edited: bool = False,
                 keep_root: bool = True) -> list[Path]:
@@ -88,13 +105,7 @@ def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[
     Either way nothing has been removed. ``keep_root``: leave ``root`` itself (else it goes too when linlm made it
     and nothing of the user's is in it)."""
     root = Path(root).expanduser()
-    plan = plan_removal(root)
-    in_way = [p for p in plan.kept if (blocks is not None and blocks(p.relative_to(root).as_posix()))
-              or (refuse_edited and p in plan.edited)]
-    if in_way:
-        raise OutputError(f"{label(what, root)}: {shown([str(p) for p in in_way], 3)} is not linlm's (or was "
-                          "changed since linlm wrote it) and is where this command writes; move it out of "
-                          f"{root}, then run the command again (nothing was removed)")
+    plan = check_removal(root, what, blocks=blocks, refuse_edited=refuse_edited)
     held_paths = {Path(p).resolve() for p in held}
     locks: list[DirLock] = []
     try:
@@ -122,6 +133,29 @@ def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[
     if plan.kept:
         log.info("%s: kept what linlm did not write: %s", root, shown([str(p.relative_to(root)) for p in plan.kept]))
     return plan.kept
+
+
+def remove_file(path: str | Path, what: Optional[str] = None) -> bool:
+    """Remove one file when it is linlm's (its ledger lists it, unchanged since written) or one of linlm's
+    temporary files, and drop it from the ledger; return whether it was removed. A user's file (or a changed
+    one, a directory, a link, nothing) is left as it is. For a command that removes some of its own files and
+    keeps the rest (a resumed job dropping what it wrote after its last commit)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file() or path.name in (LEDGER, LOCK_FILE):
+        return False
+    temporary = bookkeeping(path.name)
+    if not temporary and not owns_file(path):
+        return False
+    try:
+        path.unlink()
+        if not temporary:
+            update_ledger(path.parent, {path.name: None})
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise StorageError(f"{label(what, path)}: could not remove linlm's file ({e.strerror or e}); fix the "
+                           "permissions, then run the command again") from None
+    return True
 
 
 # ---- whole directories -------------------------------------------------------------------------------------------
