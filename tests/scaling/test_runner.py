@@ -20,7 +20,7 @@ def test_smoke_ladder_end_to_end_then_report(tmp_path, text_file, capsys):
     args = ["scaling", "run", "--ladder", "smoke", "--out", str(out), "--set", f"data.source={text_file}"]
     assert main(args) == 0
     assert "12 run(s) trained, 0 already finished" in capsys.readouterr().out
-    runs = sorted(p.name for p in (out / "runs").iterdir())
+    runs = sorted(p.name for p in (out / "runs").iterdir() if p.is_dir())  # (beside them: linlm's ledger)
     assert len(runs) == 12 and "cosformer2-m" in runs and "hgrn2-xs" in runs
     meta = json.loads((out / "runs" / "tnl-s" / "scaling.json").read_text())
     assert 0 < meta["data"]["epochs"] <= 4 and meta["compute_flops"] == pytest.approx(

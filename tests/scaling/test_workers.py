@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from linlm import outputs
 from linlm.errors import CheckpointError, ConfigError
 from linlm.scaling.ladder import load_ladder, plan_runs
 from linlm.scaling.runner import run_grid, wall_seconds
@@ -33,7 +34,7 @@ def tiny_ladder(path: Path, tokens: int = 4096, jobs: int = 1, tokens_b: int = 4
 
 def losses(out: Path) -> dict:
     found = {}
-    for run in sorted((out / "runs").iterdir()):
+    for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):  # (beside them: linlm's ledger)
         recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         found[run.name] = [(r["step"], r["loss"]) for r in recs if "loss" in r]
     return found
@@ -85,8 +86,7 @@ def test_a_failing_worker_raises_its_error_and_a_killed_one_is_named(tmp_path, t
     over = {"data": {"source": str(text_file)}}
     out = tmp_path / "sweep"
     bad = out / "runs" / "tnl-a" / "checkpoints" / "step_00000004"
-    bad.mkdir(parents=True)
-    (bad / "model.pt").write_bytes(b"not a checkpoint")
+    outputs.write_bytes(bad / "model.pt", b"not a checkpoint")  # a broken checkpoint of linlm's, not a user's
     with pytest.raises(CheckpointError):
         run_grid(ladder, None, out, overrides=over, say=lambda s: None, jobs=2)
 

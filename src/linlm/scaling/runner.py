@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from linlm import outputs
 from linlm.errors import ConfigError, DataError
 from linlm.locking import DirLock
 from linlm.io_utils import atomic_write_bytes
@@ -311,10 +312,9 @@ def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: Path) -> list[str
         cfg_path = out / "configs" / f"{r.name}.yaml"
         cfg_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(cfg_path, r.config.to_yaml().encode())
-        run_dir = Path(r.config.out_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
         meta = run_meta(r, ladder, DataInfo(None, None, None, None))
-        atomic_write_bytes(run_dir / META_FILE, (json.dumps(meta, indent=1) + "\n").encode())
+        # through linlm.outputs: the run directory's ledger records it as linlm's, so the trainer writes beside it
+        outputs.write_json(Path(r.config.out_dir) / META_FILE, meta, "--out")
         lines.append(f"torchrun {ladder.torchrun} -m linlm train --config {shlex.quote(str(cfg_path))} --resume")
     return lines
 
@@ -418,9 +418,8 @@ class GridProgress:
 
 
 def _begin(row: PlanRow, ladder: Ladder) -> None:
-    run_dir = Path(row.run.config.out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(run_dir / META_FILE, (json.dumps(run_meta(row.run, ladder, row.data), indent=1) + "\n").encode())
+    # through linlm.outputs: the run directory's ledger records it as linlm's, so the trainer writes beside it
+    outputs.write_json(Path(row.run.config.out_dir) / META_FILE, run_meta(row.run, ladder, row.data), "--out")
 
 
 def _started(i: int, n: int, row: PlanRow, progress: GridProgress) -> str:

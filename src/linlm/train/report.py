@@ -1,4 +1,7 @@
-"""The end of a run: the loss curve, text samples from the final checkpoint, and summary.json."""
+"""The end of a run: the loss curve, text samples from the final checkpoint, and summary.json.
+
+Every file goes through :mod:`linlm.outputs` (RunDir.write_file, plot_loss_curve): a user's file at one of these
+names is refused, never replaced."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from linlm import outputs
 from linlm.train.metrics import METRICS_FILE, read_metrics
 from linlm.train.plot import plot_loss_curve
 from linlm.train.rundir import PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE, RunDir
@@ -49,7 +53,7 @@ def write_report(run: RunDir, result, *, title: str, tokenizer: Any, cfg, device
                "val_loss": _finite(result.val_loss), "skipped_steps": result.skipped_steps, "flops": result.flops,
                "checkpoint": str(result.checkpoint), "interrupted": result.interrupted,
                "loss_curve": str(result.plot) if result.plot else None, "precision": result.precision}
-    run.write_file(SUMMARY_FILE, (json.dumps(summary, indent=1) + "\n").encode())
+    run.write_file(SUMMARY_FILE, outputs.dumps(summary).encode())
 
 
 def read_summary(run: RunDir) -> Optional[dict]:

@@ -2,9 +2,10 @@
 
 ``Trainer(cfg, resume=..., overwrite=..., hooks=..., data=...).run()`` (or ``train(cfg, ...)``) runs a config from
 start, or from its last checkpoint, to the end. Order of work, so that a mistake costs nothing and leaves nothing
-on disk: validate the config; lock the out_dir and decide what to do with a run already there
-(:mod:`linlm.train.rundir`); open the data (:mod:`linlm.train.pipeline`); build the model and restore the
-checkpoint; only then write config.yaml and train. The end-of-run report is :mod:`linlm.train.report`.
+on disk: validate the config; decide what to do with a run already in out_dir and check every path the run
+writes there, before the directory is created or locked (:mod:`linlm.train.rundir`); lock it and decide again;
+open the data (:mod:`linlm.train.pipeline`); build the model and restore the checkpoint; only then write
+config.yaml and train. The end-of-run report is :mod:`linlm.train.report`.
 
 Determinism: the data order is a pure function of (seed, step), the learning rate a pure function of the step,
 and a checkpoint holds the weights, the optimizer state, every RNG state and the data position, so a resumed run
@@ -155,6 +156,9 @@ class Trainer:
         self.cfg.validate()
         self.info = dist_utils.init(self.cfg.device, self.cfg.distributed.backend)
         try:
+            # Every refusal out_dir can give comes before the directory is created or locked: a refused command
+            # leaves it byte for byte as it was. The decision is made again under the lock, in _run.
+            _on_main(self.info, lambda: self.run_dir.check(self.cfg, self.resume, self.overwrite))
             _on_main(self.info, lambda: self.run_dir.open() and None)
             try:
                 result = self._run()
@@ -174,7 +178,10 @@ class Trainer:
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
         started = time.perf_counter()
-        plan = _on_main(info, lambda: self.run_dir.plan(cfg, self.resume, self.overwrite))
+        plan = _on_main(info, lambda: self.run_dir.check(cfg, self.resume, self.overwrite))
+        if info.is_main:
+            for note in plan.notes:
+                log.warning("%s", note)
         if plan.finished:
             summary = _on_main(info, lambda: read_summary(self.run_dir))
             if summary is not None:
