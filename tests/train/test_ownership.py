@@ -152,6 +152,13 @@ def test_the_demo_replacing_its_run_keeps_the_users_folder_and_refuses_a_users_p
     assert "loss_curve.png" in error and state(out) == before
 
 
+@pytest.mark.parametrize("steps", ["0", "-3"])
+def test_demo_steps_zero_is_refused_not_read_as_the_default(tiny_data, tmp_path, steps):
+    out = tmp_path / "demo"
+    error = one_line_refusal(run_cli(["demo", "--steps", steps, *demo_args(tiny_data, out)], timeout=300))
+    assert "steps" in error and not out.exists()
+
+
 # ---- what the trainer writes ------------------------------------------------------------------------------------
 
 

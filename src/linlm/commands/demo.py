@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default=None, help="train this size preset instead of the demo's shape")
     p.add_argument("--out-dir", default=None, help="run directory (default: runs/demo; a demo run there is "
                                                    "replaced, any other run is refused)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from the demo config)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps, a positive number (default: from the "
+                                                           "demo config)")
     add_overrides(p)
     p.set_defaults(func=cmd_demo)
 
@@ -83,11 +84,11 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     base = load_yaml(path)
     if archs:
         base["model"]["arch"] = archs[0]
-    if preset:  # a preset replaces the demo's own shape
+    if preset is not None:  # a preset replaces the demo's own shape
         base["model"].update(preset=preset, overrides={})
-    if out_dir:
+    if out_dir is not None:
         base["out_dir"] = out_dir
-    if steps:
+    if steps is not None:  # 0 is refused by the config's validation, never read as "the default"
         base["steps"] = steps
     cfg = build_config(None, parse_overrides(list(overrides or [])), base=base)
     run = RunDir(cfg.out_dir)

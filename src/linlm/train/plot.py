@@ -8,10 +8,13 @@ from typing import Optional
 from linlm import outputs
 
 
-def smooth(values: list[float], window: int = 0) -> list[float]:
-    """Centred moving average (no lag); the window shrinks at both ends. ``window=0`` picks about n/25."""
+def smooth(values: list[float], window: Optional[int] = None) -> list[float]:
+    """Centred moving average (no lag); the window shrinks at both ends. No window: about n/25 values."""
     n = len(values)
-    window = window or max(1, n // 25)
+    if window is None:
+        window = max(1, n // 25)
+    elif window < 1:
+        raise ValueError(f"smooth: window must be a positive number of values, got {window}")
     half = window // 2
     prefix = [0.0]
     for v in values:

@@ -222,7 +222,8 @@ class Trainer:
         if cfg.precision == "auto":
             self.say(f"precision auto: {precision} on {info.device.type}")
         bf16 = precision == "bf16"
-        self.peak = cfg.peak_flops or measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32)
+        self.peak = (cfg.peak_flops if cfg.peak_flops is not None
+                     else measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32))
         self.autocast = ((lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)) if bf16
                          else contextlib.nullcontext)
 
