@@ -293,3 +293,43 @@ def test_a_write_cut_short_at_any_point_leaves_a_file_of_linlms(tmp_path, monkey
     assert outputs.owns_file(path)
     outputs.write_json(path, {"v": 3})
     assert outputs.owns_file(path) and "next" not in outputs.read_ledger(tmp_path).entries["a.json"]
+
+
+def test_check_removal_refuses_as_remove_tree_would_and_removes_nothing(tmp_path):
+    out = tree(tmp_path)
+    (out / "report.md").write_text("mine")
+    before = snapshot(out)
+    with pytest.raises(OutputError, match="report.md"):
+        outputs.check_removal(out, "--overwrite", blocks=lambda rel: rel == "report.md")
+    plan = outputs.check_removal(out, "--overwrite", blocks=lambda rel: rel == "other.md")
+    assert snapshot(out) == before  # a check, never a removal
+    assert out / "report.md" in plan.kept and out / "a.json" in plan.files
+
+
+def test_remove_file_takes_only_a_file_linlm_wrote(tmp_path):
+    out = tree(tmp_path)
+    (out / "mine.txt").write_text("user")
+    time.sleep(0.01)
+    (out / "deep" / "er" / "c.txt").write_text("edited by the user\n")
+    temporary = out / f".x.json.{'ab' * 16}.tmp"
+    temporary.write_bytes(b"left by a crash")
+    assert outputs.remove_file(out / "a.json") and not (out / "a.json").exists()
+    assert "a.json" not in outputs.read_ledger(out).entries
+    assert outputs.remove_file(temporary) and not temporary.exists()
+    for kept in (out / "mine.txt", out / "deep" / "er" / "c.txt", out / outputs.LEDGER, out / "missing.txt"):
+        assert not outputs.remove_file(kept)
+    assert (out / "mine.txt").read_text() == "user" and (out / "deep" / "er" / "c.txt").exists()
+    assert outputs.owns_file(out / "log.txt")  # the rest of the ledger is as it was
+
+
+def test_make_dir_that_fails_part_way_leaves_no_directory(tmp_path, monkeypatch):
+    import linlm.io_utils
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(linlm.io_utils.os, "fsync", full)
+    with pytest.raises(StorageError, match="No space left on device"):
+        outputs.make_dir(tmp_path / "new" / "deeper", "--out")
+    monkeypatch.undo()
+    assert not (tmp_path / "new").exists()

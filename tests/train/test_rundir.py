@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from train_helpers import cli_env, run_cli, tiny_config_dict, write_yaml
 
+from linlm import outputs
 from linlm.errors import CheckpointError, ConfigError, DataError, LockedError, StorageError
 from linlm.locking import DirLock
 from linlm.train import TrainConfig, train
@@ -191,8 +192,13 @@ def test_demo_refuses_a_run_it_did_not_make(make_config, monkeypatch):
     with pytest.raises(ConfigError, match="did not make"):
         demo.run_demo(out_dir=cfg.out_dir, steps=2)
     assert snapshot(Path(cfg.out_dir)) == before
-    # a run the demo marked as its own may be replaced
+    # a mark the user made does not make the run the demo's
     (Path(cfg.out_dir) / demo.DEMO_MARK).write_text("demo\n")
+    with pytest.raises(ConfigError, match="did not make"):
+        demo.run_demo(out_dir=cfg.out_dir, steps=2)
+    # a run the demo marked as its own (linlm wrote the mark) may be replaced
+    (Path(cfg.out_dir) / demo.DEMO_MARK).unlink()
+    outputs.write_text(Path(cfg.out_dir) / demo.DEMO_MARK, "demo\n")
     seen = {}
 
     def fake_train(cfg, **kwargs):

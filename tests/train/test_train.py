@@ -251,16 +251,18 @@ def test_mixture_of_experts_aux_loss_is_logged(make_config):
 
 def _as_written_before_the_options(run: Path, keys) -> None:
     """Rewrite a run directory as linlm wrote it before the options in ``keys`` existed: no such keys in its configs,
-    config.json in format 1 without a checksum, and manifests that match."""
+    config.json in format 1 without a checksum, and manifests that match (each file recorded in its ledger as
+    linlm's, as linlm would have)."""
     import yaml
 
+    from linlm import outputs
     from linlm.io_utils import MANIFEST, file_digests
 
     def strip_yaml(path: Path) -> None:
         data = yaml.safe_load(path.read_text())
         for k in keys:
             data["model"]["overrides"].pop(k, None)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        outputs.write_text(path, yaml.safe_dump(data, sort_keys=False))
 
     strip_yaml(run / "config.yaml")
     for ck in sorted((run / "checkpoints").glob("step_*")):
@@ -269,11 +271,12 @@ def _as_written_before_the_options(run: Path, keys) -> None:
         meta.pop("config_sha256", None)
         for k in keys:
             del meta["config"][k]
-        (ck / "config.json").write_text(json.dumps(meta))
+        outputs.write_text(ck / "config.json", json.dumps(meta))
         strip_yaml(ck / "train_config.yaml")
         manifest = json.loads((ck / MANIFEST).read_text())
-        manifest["files"] = {n: d for n, d in file_digests(ck).items() if n != MANIFEST}
-        (ck / MANIFEST).write_text(json.dumps(manifest))
+        manifest["files"] = {n: d for n, d in file_digests(ck).items()
+                             if n != MANIFEST and not outputs.bookkeeping(n)}
+        outputs.write_text(ck / MANIFEST, json.dumps(manifest))
 
 
 def test_a_run_saved_before_the_new_defaults_resumes_with_the_options_it_was_trained_with(make_config):

@@ -1,8 +1,10 @@
 """``linlm demo``: train a small model on the built-in Shakespeare corpus in a few minutes on a CPU, then print
 samples and where the loss curve and checkpoint are (configs/demo.yaml).
 
-The demo trains into ``runs/demo`` (or ``--out-dir``) and marks its runs with a ``.demo-run`` file. It replaces
-a run there only when the run carries that mark; any other run is refused and left as it is.
+The demo trains into ``runs/demo`` (or ``--out-dir``) and marks its runs with a ``.demo-run`` file, written
+through :mod:`linlm.outputs`. It replaces a run there only when linlm wrote that mark (a ``.demo-run`` the user
+made or changed does not count); any other run is refused and left as it is. Replacing a demo run is
+``linlm train --overwrite``: only what linlm wrote is removed (see :mod:`linlm.train.rundir`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
+from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.train.trainer import TrainHooks
 
@@ -26,7 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default=None, help="train this size preset instead of the demo's shape")
     p.add_argument("--out-dir", default=None, help="run directory (default: runs/demo; a demo run there is "
                                                    "replaced, any other run is refused)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from the demo config)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps, a positive number (default: from the "
+                                                           "demo config)")
     add_overrides(p)
     p.set_defaults(func=cmd_demo)
 
@@ -43,7 +47,8 @@ def cmd_demo(args) -> int:
 
 class _MarkDemoRun(TrainHooks):
     def on_start(self, info: dict) -> None:
-        (Path(info["out_dir"]) / DEMO_MARK).write_text("written by `linlm demo`; the next demo may replace this run\n")
+        outputs.write_text(Path(info["out_dir"]) / DEMO_MARK,
+                           "written by `linlm demo`; the next demo may replace this run\n", "--out-dir")
 
 
 def unigram_entropy(data_dir, split: str = "train") -> float:
@@ -79,19 +84,21 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     base = load_yaml(path)
     if archs:
         base["model"]["arch"] = archs[0]
-    if preset:  # a preset replaces the demo's own shape
+    if preset is not None:  # a preset replaces the demo's own shape
         base["model"].update(preset=preset, overrides={})
-    if out_dir:
+    if out_dir is not None:
         base["out_dir"] = out_dir
-    if steps:
+    if steps is not None:  # 0 is refused by the config's validation, never read as "the default"
         base["steps"] = steps
     cfg = build_config(None, parse_overrides(list(overrides or [])), base=base)
     run = RunDir(cfg.out_dir)
-    ours = (run.path / DEMO_MARK).is_file()
+    mark = run.path / DEMO_MARK
+    ours = outputs.owns_file(mark)
     if run.has_run() and not ours:
         raise ConfigError(f"out_dir: {run.path} holds a run that `linlm demo` did not make; nothing was changed. "
                           f"Choose another --out-dir, or continue that run with `linlm train --resume --out-dir "
                           f"{run.path}`")
+    outputs.check_file(mark, "--out-dir")  # a .demo-run of the user's is refused here, before any work
     started = time.perf_counter()
     result = train(cfg, overwrite=ours and run.has_run(), hooks=_MarkDemoRun())
     data_dir = cfg.data.dir or prepared_data_dir(cfg)
@@ -104,6 +111,7 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
           f"data is {entropy:.3f} (a model that ignores context)")
     print(f"  loss curve: {result.plot}")
     print(f"  checkpoint: {result.checkpoint}")
-    print(f"  samples:    {result.out_dir / 'samples.txt'}")
+    if result.samples:
+        print(f"  samples:    {result.out_dir / 'samples.txt'}")
     print(f"  more text:  linlm generate --checkpoint {result.out_dir} --prompt 'ROMEO:'")
     return result

@@ -129,7 +129,8 @@ class TokenDataset:
         if not (tokenizer.startswith("bpe:") or Path(tokenizer).expanduser().exists()):
             tokenizer = "TOKENIZER"  # made from a Tokenizer object, or a file that has moved
         return (f"prepare it again with `linlm data prepare --source {source} --tokenizer {tokenizer} --out "
-                f"{self.directory} --overwrite` (settings as in {META_FILE})")
+                f"{self.directory} --overwrite` (settings as in {META_FILE}; it never removes a file changed since "
+                "linlm wrote it, so move a damaged shard away first)")
 
     def num_sequences(self, seq_len: int) -> int:
         return max(0, (self.num_tokens - 1) // seq_len)

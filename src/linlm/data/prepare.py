@@ -23,8 +23,14 @@ The end-of-text id follows the last piece of a document, whichever split it land
 
 Resuming: after each completed shard the state (pieces consumed, shards written, each split's pending tail)
 is committed to ``.progress``. A re-run with the same source, tokenizer and settings skips the consumed pieces
-without tokenising them and produces byte-identical output to an uninterrupted run. Every file is written to a
-temporary name, fsynced and renamed.
+without tokenising them and produces byte-identical output to an uninterrupted run.
+
+Ownership: every file is written through :mod:`linlm.outputs` (a temporary name, fsynced, renamed, recorded in
+the directory's ledger). What is linlm's is read from the ledgers, never from a name: ``overwrite``, the cleanup
+of what a killed run left after its last commit, and the removal of ``.progress`` take only files linlm wrote
+(unchanged since) and directories it made, once empty. A user's file anywhere in the directory stays; one at a
+name prepare writes (``meta.json``, ``train/000003.bin``, ``.progress/state.json``, ...) refuses the command
+before anything is removed.
 """
 
 from __future__ import annotations
@@ -35,19 +41,19 @@ import logging
 import math
 import os
 import random
-import shutil
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from linlm import outputs
 from linlm.data.checksums import shard_checksums
 from linlm.data.sources import Source, SourceLike, open_source
 from linlm.data.tokenizer import Tokenizer, resolve_tokenizer
 from linlm.errors import ConfigError, DataError, LinlmError, StorageError
-from linlm.io_utils import atomic_write_bytes
-from linlm.locking import LOCK_FILE, DirLock
+from linlm.locking import DirLock
 
 log = logging.getLogger("linlm.data")
 
@@ -55,12 +61,17 @@ FORMAT = "linlm-tokens/1"
 META_FILE = "meta.json"
 PROGRESS_DIR = ".progress"
 STATE_FILE = "state.json"
+PROGRESS_FILE = f"{PROGRESS_DIR}/{STATE_FILE}"
 SPLITS = ("train", "val")
 DEFAULT_SHARD_TOKENS = 1 << 25  # 32 Mi tokens: 64 MiB per uint16 shard
 DEFAULT_SPLIT_CHARS = 8192
 BPE_MIN_FREQUENCY = 2
 _BATCH_CHARS = 1 << 21  # characters per encode_batch call
-_OUR_FILES = (META_FILE, "tokenizer.json", "tokenizer_config.json", "train", "val", PROGRESS_DIR)
+WHAT = "output"  # how messages name the directory (the --out of `linlm data prepare`, or a cache entry)
+# The paths prepare writes, relative to the output directory: a user's path there refuses the command.
+_OUR_NAMES = (META_FILE, "tokenizer.json", "tokenizer_config.json", *SPLITS, PROGRESS_DIR)
+_OUR_PATH = re.compile(rf"^(({'|'.join(SPLITS)})/\d{{6}}\.bin"
+                       rf"|{re.escape(PROGRESS_DIR)}/({re.escape(STATE_FILE)}|pending-.*))$")
 
 ShardHook = Callable[[str, dict], None]
 
@@ -113,7 +124,10 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError(f"val_fraction={val_fraction!r}: expected a number in [0, 1)")
-    for key, value in (("shard_tokens", shard_tokens), ("split_chars", split_chars), ("num_workers", num_workers)):
+    counts = {"shard_tokens": shard_tokens, "split_chars": split_chars, "num_workers": num_workers}
+    if bpe_train_chars is not None:  # None: all the text; 0 is not "the default", it is refused
+        counts["bpe_train_chars"] = bpe_train_chars
+    for key, value in counts.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key}={value!r}: expected a positive integer")
     out = Path(out_dir).expanduser()
@@ -127,8 +141,9 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
         "val_fraction": float(val_fraction), "seed": int(seed), "shard_tokens": shard_tokens,
         "split_chars": split_chars}
 
+    _refuse_foreign(out, overwrite)  # before the directory is locked: a refusal leaves it as it was
     created = _make_dir(out)
-    lock = DirLock(out, "output").acquire(wait=wait_for_lock)
+    lock = DirLock(out, WHAT).acquire(wait=wait_for_lock)
     fresh = False
     try:
         state = _open_out_dir(out, config, overwrite)
@@ -143,14 +158,14 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
                 tok.save(out)
             return _tokenise(out, state, config, src, tok, tokenizer_spec=spec, progress=progress,
                              on_shard=on_shard)
+    except StorageError:
+        raise  # a full disk or a lost permission: the prepared data so far is kept, and a rerun resumes it
     except LinlmError:
         if fresh or not existed:  # a mistake in the input, in a run that started from nothing: leave nothing
-            _remove_ours(out)
+            with contextlib.suppress(LinlmError):  # (the error to report is the one above)
+                outputs.remove_tree(out, WHAT, held=[out])
         if not existed:
-            (out / LOCK_FILE).unlink(missing_ok=True)
-            for path in created:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
+            outputs.remove_if_unused(created)
         raise
     except OSError as e:
         raise StorageError(f"output {out}: cannot write ({e.strerror or e}); the prepared data so far is kept and a "
@@ -164,33 +179,45 @@ def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: st
 
 
 def _make_dir(out: Path) -> list[Path]:
-    """Create ``out`` (and missing parents); returns the directories made, deepest first. One-line errors."""
+    """Create ``out`` (and missing parents, each recorded as linlm's); returns the directories made, deepest
+    first. One-line errors."""
     if out.exists() and not out.is_dir():
         raise DataError(f"output {out} is a file; choose a directory")
-    created = [p for p in (out, *out.parents) if not p.exists()]
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StorageError(f"output {out}: cannot create it ({e.strerror or e}); choose a writable directory (for the "
-                        "linlm cache, set LINLM_CACHE_DIR)") from None
-    return created
+    return outputs.make_dir(out, WHAT)
+
+
+def _refuse_foreign(out: Path, overwrite: bool) -> None:
+    """A directory holding files linlm did not write, and no data of linlm's, is refused unless ``overwrite``
+    (which then writes beside the user's files, keeping them)."""
+    if overwrite or not out.is_dir() or any(outputs.owns_file(out / rel) for rel in (META_FILE, PROGRESS_FILE)):
+        return
+    foreign = outputs.foreign_entries(out)
+    if foreign:
+        raise DataError(f"output {out} holds other files ({outputs.shown(foreign)}) and was not made by `linlm data "
+                        "prepare`; choose a new or empty directory, or pass overwrite=True / --overwrite to write "
+                        "into it (its files are kept)")
+
+
+def _blocks(rel: str) -> bool:
+    """Whether a user's path (relative to the output directory) is where prepare writes."""
+    return rel in _OUR_NAMES or bool(_OUR_PATH.match(rel))
 
 
 def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
     """None when ``out`` is complete with ``config``; else the (fresh or resumed) state."""
-    meta_path, state_path = out / META_FILE, out / PROGRESS_DIR / STATE_FILE
+    meta_path, state_path = out / META_FILE, out / PROGRESS_FILE
     previous = None
-    if meta_path.is_file():
+    if outputs.owns_file(meta_path):
         try:
             previous = json.loads(meta_path.read_text()).get("config") or {}
         except (ValueError, AttributeError):
             previous = {}
         if previous == config:
             _check_complete(out)
-            shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)  # a kill between meta.json and cleanup
+            _remove_progress(out)  # a kill between meta.json and cleanup
             log.info("%s is already complete with this source, tokenizer and settings", out)
             return None
-    elif state_path.is_file():
+    elif outputs.owns_file(state_path):
         try:
             state = json.loads(state_path.read_text())
         except ValueError as e:
@@ -198,25 +225,26 @@ def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
                             "--overwrite to start again") from e
         if state.get("config") == config:
             log.info("resuming %s from piece %d", out, state["next_piece"])
+            outputs.check_removal(out, WHAT, blocks=_blocks)
             _remove_strays(out, state)
             return state
         previous = state.get("config", {})
-    elif out.exists() and (not out.is_dir() or any(p.name != LOCK_FILE for p in out.iterdir())):
-        if not overwrite:
-            what = "is a file" if not out.is_dir() else "holds other files"
-            raise DataError(f"output {out} {what} and was not made by `linlm data prepare`; choose a new or empty "
-                            "directory, or pass overwrite=True / --overwrite to write into it")
+    else:
+        _refuse_foreign(out, overwrite)
     if previous is not None and not overwrite:
         differ = sorted(k for k in set(config) | set(previous) if previous.get(k) != config.get(k))
         raise DataError(f"output {out} holds data prepared with a different {', '.join(differ)} "
                         f"(was {_brief({k: previous.get(k) for k in differ})}, now "
                         f"{_brief({k: config.get(k) for k in differ})}); choose another directory or pass "
                         "overwrite=True / --overwrite to replace it")
-    if out.exists() and out.is_dir():
-        _remove_ours(out)
-    elif out.exists():
+    if out.exists() and not out.is_dir():
         raise DataError(f"output {out} is a file; choose a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    # What linlm wrote goes (meta.json first, so that the directory stops looking complete); a user's file at a
+    # name written below refuses the command before anything is removed.
+    outputs.check_removal(out, WHAT, blocks=_blocks, refuse_edited=True)
+    outputs.remove_file(meta_path, WHAT)
+    outputs.remove_tree(out, WHAT, held=[out], blocks=_blocks, refuse_edited=True)
+    outputs.make_dir(out, WHAT)
     state = {"config": config, "next_piece": 0, "checkpoint": 0, "tokenizer_fingerprint": None,
              "splits": {s: {"shards": [], "pieces": 0, "pending": None, "pending_tokens": 0} for s in SPLITS}}
     _commit_state(out, state)
@@ -236,26 +264,22 @@ def _brief(d: dict) -> str:
     return ", ".join(f"{k}={show(v)}" for k, v in d.items())
 
 
-def _remove_ours(out: Path) -> None:
-    (out / META_FILE).unlink(missing_ok=True)  # first, so that the directory stops looking complete
-    for name in _OUR_FILES:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+def _remove_progress(out: Path) -> None:
+    """Remove ``.progress`` once the directory is complete: what linlm wrote there (a user's file stays)."""
+    outputs.remove_tree(out / PROGRESS_DIR, WHAT, keep_root=False)
 
 
 def _remove_strays(out: Path, state: dict) -> None:
-    """Drop what a killed run wrote after its last checkpoint (temporary files, unrecorded shards)."""
+    """Drop what a killed run wrote after its last checkpoint: linlm's temporary files and the shards and tails
+    it wrote but never committed to the state. Only linlm's files go (the ledger says which); a user's stay."""
     keep = {out / sh["file"] for s in SPLITS for sh in state["splits"][s]["shards"]}
     keep |= {out / PROGRESS_DIR / state["splits"][s]["pending"] for s in SPLITS if state["splits"][s]["pending"]}
     keep.add(out / PROGRESS_DIR / STATE_FILE)
     for folder in (*SPLITS, PROGRESS_DIR):
         if (out / folder).is_dir():
-            for path in (out / folder).iterdir():
-                if path not in keep and path.is_file():
-                    path.unlink()
+            for path in sorted((out / folder).iterdir()):
+                if path not in keep:
+                    outputs.remove_file(path, WHAT)
 
 
 def _check_complete(out: Path) -> None:
@@ -266,13 +290,12 @@ def _check_complete(out: Path) -> None:
             path = out / shard["file"]
             if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
                 raise DataError(f"{path}: missing or truncated shard of a completed directory; rerun with "
-                                "overwrite=True / --overwrite")
+                                "overwrite=True / --overwrite (a shard that was changed is not linlm's any more: "
+                                "move it away first)")
 
 
 def _commit_state(out: Path, state: dict) -> None:
-    progress = out / PROGRESS_DIR
-    progress.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(progress / STATE_FILE, json.dumps(state, indent=1).encode())
+    outputs.write_bytes(out / PROGRESS_DIR / STATE_FILE, json.dumps(state, indent=1).encode(), WHAT)
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -339,7 +362,7 @@ class _SplitWriter:
                 raise DataError(f"{path}: holds {len(tail)} tokens, the progress state expects "
                                 f"{record['pending_tokens']}; rerun with overwrite=True / --overwrite")
             self.chunks, self.count = [tail], len(tail)
-        (out / split).mkdir(exist_ok=True)
+        outputs.make_dir(out / split, WHAT)
 
     def add(self, ids: np.ndarray) -> list[dict]:
         self.chunks.append(ids)
@@ -364,7 +387,7 @@ class _SplitWriter:
     def _write(self, tokens: np.ndarray) -> dict:
         name = f"{self.split}/{len(self.record['shards']):06d}.bin"
         blob = tokens.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
-        atomic_write_bytes(self.out / name, blob)
+        outputs.write_bytes(self.out / name, blob, WHAT)
         shard = {"file": name, "tokens": len(tokens), **shard_checksums(blob)}
         self.record["shards"].append(shard)
         return shard
@@ -375,7 +398,8 @@ class _SplitWriter:
         if name:
             data = np.concatenate(self.chunks)
             self.chunks = [data]
-            atomic_write_bytes(self.out / PROGRESS_DIR / name, data.astype(self.dtype.newbyteorder("<")).tobytes())
+            outputs.write_bytes(self.out / PROGRESS_DIR / name, data.astype(self.dtype.newbyteorder("<")).tobytes(),
+                                WHAT)
         self.record["pending"], self.record["pending_tokens"] = name, self.count
         return old
 
@@ -448,8 +472,8 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
                    "utf8_replacements": src.stats.replacements},
         "config": config, "splits": splits,
     }
-    atomic_write_bytes(out / META_FILE, json.dumps(meta, indent=1).encode())
-    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    outputs.write_bytes(out / META_FILE, json.dumps(meta, indent=1).encode(), WHAT)
+    _remove_progress(out)
     return meta
 
 
@@ -459,7 +483,7 @@ def _checkpoint(out: Path, state: dict, writers: dict[str, _SplitWriter]) -> Non
     _commit_state(out, state)
     for name in old:
         if name:
-            (out / PROGRESS_DIR / name).unlink(missing_ok=True)
+            outputs.remove_file(out / PROGRESS_DIR / name, WHAT)
 
 
 @contextlib.contextmanager

@@ -19,8 +19,8 @@ import logging
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from linlm import outputs
 from linlm.errors import TokenizerError
-from linlm.io_utils import atomic_write_bytes
 
 log = logging.getLogger("linlm.data")
 
@@ -136,13 +136,18 @@ class Tokenizer:
         return self._fingerprint
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``tokenizer.json`` and ``tokenizer_config.json`` (readable by transformers) into ``directory``."""
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` (readable by transformers) into ``directory``.
+
+        Both go through :mod:`linlm.outputs`, and both are checked first: a file of the user's at either name is
+        refused (OutputError) before anything is written, never replaced."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eos_token,
                   "clean_up_tokenization_spaces": False}
-        atomic_write_bytes(directory / TOKENIZER_FILE, self.to_str().encode())
-        atomic_write_bytes(directory / CONFIG_FILE, json.dumps(config, indent=1).encode())
+        files = {TOKENIZER_FILE: self.to_str(), CONFIG_FILE: json.dumps(config, indent=1)}
+        for name in files:
+            outputs.check_file(directory / name, "tokenizer")
+        for name, text in files.items():
+            outputs.write_text(directory / name, text, "tokenizer")
         return directory / TOKENIZER_FILE
 
     def ensure_fits(self, model_vocab_size: int) -> None:

@@ -20,11 +20,12 @@ under a lock on the ledger itself (several processes may write into one director
 again, so a user's file that appeared since the first check is refused, never replaced. An OSError (disk full,
 read-only, a path under a file) is a one-line :class:`~linlm.errors.StorageError`; the old file stays whole.
 
-**Removing** (:func:`remove_tree`): only the files the ledgers list, and the directories linlm made once they are
-empty. A user's file or folder anywhere in the tree is kept. Before anything is removed, every directory of the
-tree that holds a lock is locked here (another live process holding one refuses the removal), and the kept paths
-are checked against what the new run will write (``blocks``): one that is in the way refuses the command.
-:func:`check_removal` makes those checks alone, changing nothing, for a command's checks before any work.
+**Removing** (:func:`remove_tree`, :func:`remove_file`): only the files the ledgers list, and the directories
+linlm made once they are empty. A user's file or folder anywhere in the tree is kept. Before anything is removed,
+every directory of the tree that holds a lock is locked here (another live process holding one refuses the
+removal), and the kept paths are checked against what the new run will write (``blocks``): one that is in the way
+refuses the command. :func:`check_removal` makes those checks alone, changing nothing (no lock file written),
+for a command's checks before any work.
 """
 
 from linlm.errors import OutputError
@@ -33,10 +34,11 @@ from linlm.outputs.files import (append_text, check_dir, check_file, copy_file, 
                                  write_via)
 from linlm.outputs.ledger import (LEDGER, bookkeeping, file_entry, foreign_entries, forget, has_ledger, owns_dir, owns_file,
                                   read_ledger, record, seal, update_ledger)
-from linlm.outputs.trees import Removal, check_removal, commit_dir, discard, plan_removal, remove_tree, temp_dir_beside
+from linlm.outputs.trees import (Removal, check_removal, commit_dir, discard, plan_removal, remove_file,
+                                 remove_tree, temp_dir_beside)
 
-__all__ = ["LEDGER", "OutputError", "Removal", "append_text", "bookkeeping", "check_dir", "check_removal", "check_file",
-           "commit_dir", "copy_file", "discard", "dumps", "figure_png", "file_entry", "foreign_entries", "forget", "has_ledger", "json_default",
-           "make_dir", "owns_dir", "owns_file", "plan_removal", "read_ledger", "record", "remove_if_unused",
-           "remove_tree", "save_figure", "seal", "shown", "temp_dir_beside", "update_ledger", "write_bytes",
-           "write_json", "write_text", "write_via"]
+__all__ = ["LEDGER", "OutputError", "Removal", "append_text", "bookkeeping", "check_dir", "check_file",
+           "check_removal", "commit_dir", "copy_file", "discard", "dumps", "figure_png", "file_entry",
+           "foreign_entries", "forget", "has_ledger", "json_default", "make_dir", "owns_dir", "owns_file",
+           "plan_removal", "read_ledger", "record", "remove_if_unused", "remove_file", "remove_tree", "save_figure",
+           "seal", "shown", "temp_dir_beside", "update_ledger", "write_bytes", "write_json", "write_text", "write_via"]

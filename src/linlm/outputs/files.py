@@ -120,7 +120,8 @@ def check_dir(path: str | Path, what: Optional[str] = None, names: Iterable[str]
 
 def make_dir(path: str | Path, what: Optional[str] = None) -> list[Path]:
     """Create ``path`` and its missing parents, each recorded as made by linlm; return those made, deepest
-    first. An existing directory is fine (whoever made it); a file in the way is a one-line StorageError."""
+    first. An existing directory is fine (whoever made it); a file in the way is a one-line StorageError. A failure
+    part way (a full disk while writing a ledger) removes the directories made so far: nothing is left behind."""
     path = Path(path).expanduser()
     missing = []
     p = path
@@ -130,20 +131,23 @@ def make_dir(path: str | Path, what: Optional[str] = None) -> list[Path]:
     if not p.is_dir():
         raise StorageError(f"{label(what, path)}: cannot be written, {p} is a file and not a directory; choose "
                            "another path (nothing was written)")
+    made: list[Path] = []
     try:
         for p in reversed(missing):
             # Made under a temporary name with its ledger inside, then renamed: a kill at any moment leaves no
             # directory of linlm's that does not say so.
             tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
             tmp.mkdir()
-            seal(tmp, p.name)
             try:
+                seal(tmp, p.name)
                 os.rename(tmp, p)
+                made.insert(0, p)
             except OSError:
                 discard_dir(tmp)
                 if not p.is_dir():  # not another process making the same directory at the same moment
                     raise
     except OSError as e:
+        remove_if_unused(made)
         raise _oserror(what, path, e) from None
     return missing
 

@@ -149,6 +149,29 @@ def remove_tree(root: str | Path, what: Optional[str] = None, *, held: Iterable[
     return plan.kept
 
 
+def remove_file(path: str | Path, what: Optional[str] = None) -> bool:
+    """Remove one file when it is linlm's (its ledger lists it, unchanged since written) or one of linlm's
+    temporary files, and drop it from the ledger; return whether it was removed. A user's file (or a changed
+    one, a directory, a link, nothing) is left as it is. For a command that removes some of its own files and
+    keeps the rest (a resumed job dropping what it wrote after its last commit)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file() or path.name in (LEDGER, LOCK_FILE):
+        return False
+    temporary = bookkeeping(path.name)
+    if not temporary and not owns_file(path):
+        return False
+    try:
+        path.unlink()
+        if not temporary:
+            update_ledger(path.parent, {path.name: None})
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise StorageError(f"{label(what, path)}: could not remove linlm's file ({e.strerror or e}); fix the "
+                           "permissions, then run the command again") from None
+    return True
+
+
 # ---- whole directories -------------------------------------------------------------------------------------------
 
 

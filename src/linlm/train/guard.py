@@ -8,7 +8,25 @@ An update that *blows up the weights* stops the run at once: their global norm b
 than ``WEIGHT_JUMP`` times in one step (with lr=1e3 and no clipping, AdamW moves every weight by about 1e3 in the
 first step, and the loss then sits at ln(vocab) with a zero gradient). Such weights are never checkpointed.
 
-Every checkpoint records the loss of its step, so the checkpoint named "last good" is one whose loss was finite.
+A *slow divergence* keeps every number finite and every update small, and the loss climbs anyway (the demo at
+lr=3 went from 7.65 to 275 nats/token in 60 steps). :class:`LossWatch` stops it in two ways:
+
+- **Far above a uniform guess.** A model that gives every one of its V tokens the same probability has a loss of
+  ln V; a fresh model starts there (the demo's first step: 7.65 against ln 2048 = 7.62) and training only lowers
+  it. A loss above ``2 ln V`` (and at least ``ln V + MIN_MARGIN``, for small vocabularies) means the right token
+  gets, on the geometric mean, less than 1/V of the uniform probability: the model is confidently wrong, which
+  only weights gone bad produce. The demo at lr=3 passes it at step 4 (17.9 > 15.2).
+- **Still rising.** The losses of good steps are averaged in blocks of ``RISE_BLOCK`` steps (ten steps smooth
+  out the step-to-step noise: about 0.1 nats on the demo's plateau). The run has diverged when the last
+  ``RISE_BLOCKS`` block means rose one after the other and the newest is ``RISE_NATS`` (a factor e in perplexity)
+  above the lowest block mean of the run. The first steps and warmup cannot trip it: there the loss falls from
+  ln V, and a healthy run's bumps (a loss that rises for a few steps as the learning rate grows) are a fraction
+  of a nat and do not last thirty steps.
+
+The watch's state goes into every checkpoint, so a resumed run stops where the uninterrupted one would have.
+
+Every checkpoint records the loss of its step, so the checkpoint named "last good" is one whose loss was finite
+and, for the watch, within ``RISE_NATS`` of the lowest block mean seen.
 """
 
 from __future__ import annotations
@@ -21,6 +39,10 @@ from typing import Optional
 from linlm.train import checkpoint as ckpt
 
 WEIGHT_JUMP = 10.0
+MIN_MARGIN = 3.0  # nats: the least a loss may exceed ln V by before it counts as far above a uniform guess
+RISE_BLOCK = 10  # steps averaged into one block mean
+RISE_BLOCKS = 3  # consecutive block means that must rise
+RISE_NATS = 1.0  # how far the newest block mean must be above the lowest one
 
 
 def bad_step(loss: float, grad_norm: float) -> Optional[str]:
@@ -43,16 +65,66 @@ def exploded(before: float, after: float) -> Optional[str]:
     return None
 
 
-def last_good_checkpoint(root: Path) -> Optional[Path]:
-    """The newest verified checkpoint under ``root`` whose step had a finite loss."""
+def loss_ceiling(vocab_size: int) -> float:
+    """The loss above which a model is far worse than a uniform guess: 2 ln V, at least ln V + MIN_MARGIN."""
+    uniform = math.log(vocab_size)
+    return uniform + max(uniform, MIN_MARGIN)
+
+
+class LossWatch:
+    """Watches the loss of the good steps for a slow divergence (see the module doc); deterministic, so every
+    process of a distributed run, given the same all-reduced losses, decides alike."""
+
+    def __init__(self, vocab_size: int, state: Optional[dict] = None):
+        self.uniform = math.log(vocab_size)
+        self.ceiling = loss_ceiling(vocab_size)
+        state = state or {}
+        self.blocks: list[float] = [float(m) for m in state.get("blocks", [])][-RISE_BLOCKS:]  # newest last
+        self.filling: list[float] = [float(x) for x in state.get("filling", [])]  # the block being filled
+        self.lowest: Optional[float] = state.get("lowest")
+
+    def state_dict(self) -> dict:
+        return {"blocks": self.blocks, "filling": self.filling, "lowest": self.lowest}
+
+    def check(self, loss: float) -> Optional[str]:
+        """Record the (finite) loss of a good step; return why the run has diverged, or None."""
+        if loss > self.ceiling:
+            return (f"the loss {loss:.4g} nats/token passed {self.ceiling:.3g}, far above the {self.uniform:.3g} of "
+                    "a uniform guess over the vocabulary")
+        self.filling.append(loss)
+        if len(self.filling) < RISE_BLOCK:
+            return None
+        mean = sum(self.filling) / len(self.filling)
+        self.filling = []
+        self.blocks = (self.blocks + [mean])[-RISE_BLOCKS:]
+        lowest = mean if self.lowest is None else min(self.lowest, mean)
+        self.lowest = lowest
+        rising = len(self.blocks) == RISE_BLOCKS and all(a < b for a, b in zip(self.blocks, self.blocks[1:]))
+        if rising and mean >= lowest + RISE_NATS:
+            means = ", ".join(f"{m:.3g}" for m in self.blocks)
+            return (f"the loss kept rising for {RISE_BLOCK * RISE_BLOCKS} steps, to {mean - lowest:.2g} nats above "
+                    f"its lowest: means of {RISE_BLOCK} steps {means} after {lowest:.3g}")
+        return None
+
+    def good_loss(self) -> float:
+        """The highest loss a checkpoint's step may have had for the checkpoint to count as good."""
+        return (self.lowest if self.lowest is not None else self.uniform) + RISE_NATS
+
+
+def last_good_checkpoint(root: Path, max_loss: Optional[float] = None) -> Optional[Path]:
+    """The newest verified checkpoint under ``root`` whose step had a finite loss (at most ``max_loss``)."""
     for _, path in reversed(ckpt.list_checkpoints(root)):
         state = ckpt.read_state(path)
-        if state.get("sane", True) and (state.get("loss") is None or math.isfinite(state["loss"])):
-            try:
-                ckpt.verify(path)
-            except Exception:  # noqa: BLE001 - a corrupt one is simply not good
-                continue
-            return path
+        loss = state.get("loss")
+        if not state.get("sane", True) or (loss is not None and not math.isfinite(loss)):
+            continue
+        if max_loss is not None and loss is not None and loss > max_loss:
+            continue
+        try:
+            ckpt.verify(path)
+        except Exception:  # noqa: BLE001 - a corrupt one is simply not good
+            continue
+        return path
     return None
 
 

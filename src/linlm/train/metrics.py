@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import torch
 
+from linlm import outputs
 from linlm.errors import StorageError
-from linlm.io_utils import atomic_write_bytes
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -49,15 +49,21 @@ def read_metrics(path: str | Path) -> list[dict]:
 class MetricsLog:
     """Appends records to metrics.jsonl, one line per step, flushed as written.
 
-    A failed write (disk full, ...) raises StorageError once; the log is then closed without a second attempt."""
+    The log is linlm's output like any other (:mod:`linlm.outputs`): a file at its path that linlm did not write
+    is refused, never appended to. linlm keeps it open itself, so it records it in the ledger as an append-only
+    log (known by the sha256 of its first bytes) once it holds a line: after the rewrite that drops the lines past
+    a resumed checkpoint, and after the first line of a new log. A failed write (disk full, ...) raises
+    StorageError once; the log is then closed without a second attempt."""
 
     def __init__(self, path: str | Path, *, truncate_after: Optional[int] = None):
-        self.path = Path(path)
+        self.path = outputs.check_file(path, "out_dir")
         self._broken = False
         try:
-            if truncate_after is not None:
+            if truncate_after is not None and self.path.exists():
                 keep = [r for r in read_metrics(self.path) if r["step"] <= truncate_after]
-                atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in keep).encode())
+                outputs.write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep), "out_dir")
+                outputs.record(self.path, append=True)
+            self._recorded = self.path.exists() and self.path.stat().st_size > 0
             self._f = open(self.path, "a", encoding="utf-8")
         except OSError as e:
             raise StorageError(f"{self.path}: cannot write the metrics log ({e.strerror or e}); free disk space or "
@@ -68,6 +74,9 @@ class MetricsLog:
         try:
             self._f.write(json.dumps(clean) + "\n")
             self._f.flush()
+            if not self._recorded:
+                outputs.record(self.path, append=True)
+                self._recorded = True
         except OSError as e:
             self._broken = True
             raise StorageError(f"{self.path}: cannot append step {record.get('step')} to the metrics log "

@@ -41,6 +41,7 @@ class TrainData:
 
 
 DataFactory = Callable[[Any, int, int], TrainData]
+CACHE_FORMAT = "prepared/2"
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -68,7 +69,9 @@ def prepared_data_dir(cfg) -> Path:
     tok = cfg.data.tokenizer
     if not tok.startswith("bpe:") and Path(tok).expanduser().exists():
         tok = str(Path(tok).expanduser().resolve())
-    key = hashlib.sha256(json.dumps([source, tok, cfg.data.val_fraction]).encode()).hexdigest()[:16]
+    # CACHE_FORMAT names the layout of an entry: entries of an earlier layout (prepared before linlm kept a ledger of
+    # its files, so none of their files count as linlm's) are left alone, not refused or overwritten.
+    key = hashlib.sha256(json.dumps([CACHE_FORMAT, source, tok, cfg.data.val_fraction]).encode()).hexdigest()[:16]
     slug = "".join(c if c.isalnum() else "-" for c in Path(cfg.data.source).name)[:32].strip("-") or "data"
     return cache_dir() / "prepared" / f"{slug}-{key}"
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Optional
 
+from linlm import outputs
 
-def smooth(values: list[float], window: int = 0) -> list[float]:
-    """Centred moving average (no lag); the window shrinks at both ends. ``window=0`` picks about n/25."""
+
+def smooth(values: list[float], window: Optional[int] = None) -> list[float]:
+    """Centred moving average (no lag); the window shrinks at both ends. No window: about n/25 values."""
     n = len(values)
-    window = window or max(1, n // 25)
+    if window is None:
+        window = max(1, n // 25)
+    elif window < 1:
+        raise ValueError(f"smooth: window must be a positive number of values, got {window}")
     half = window // 2
     prefix = [0.0]
     for v in values:
@@ -24,14 +27,22 @@ def smooth(values: list[float], window: int = 0) -> list[float]:
 
 
 def plot_loss_curve(records: list[dict], path: str | Path, title: Optional[str] = None) -> Optional[Path]:
-    """Write a PNG of the loss curve (atomically); returns its path, or None when there is nothing to plot."""
+    """Write a PNG of the loss curve through linlm.outputs (atomically; a user's file at ``path`` is refused,
+    never replaced); returns its path, or None when there is nothing to plot."""
+    fig = loss_figure(records, title)
+    if fig is None:
+        return None
+    return outputs.save_figure(fig, path, "out_dir")
+
+
+def loss_figure(records: list[dict], title: Optional[str] = None):
+    """The matplotlib Figure of the loss curve, or None when the records hold no loss."""
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry is touched
 
     train = [(r["tokens"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
     if not train and not val:
         return None
-    path = Path(path)
     fig = Figure(figsize=(7, 4.2), dpi=120)
     ax = fig.subplots()
     if train:
@@ -47,11 +58,4 @@ def plot_loss_curve(records: list[dict], path: str | Path, title: Optional[str] 
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.png")
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return fig

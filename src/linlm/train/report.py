@@ -1,4 +1,8 @@
-"""The end of a run: the loss curve, text samples from the final checkpoint, and summary.json."""
+"""The end of a run: the loss curve, text samples from the final checkpoint, and summary.json.
+
+Every file goes through :mod:`linlm.outputs` (RunDir.write_file, plot_loss_curve): a user's file at one of these
+names is refused, never replaced. summary.json says ``finished: true`` only for a run that reached its steps; a
+run stopped by a signal says which, and one the divergence guard stopped says why (``diverged``)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from linlm import outputs
 from linlm.train.metrics import METRICS_FILE, read_metrics
 from linlm.train.plot import plot_loss_curve
 from linlm.train.rundir import PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE, RunDir
@@ -39,17 +44,17 @@ def write_report(run: RunDir, result, *, title: str, tokenizer: Any, cfg, device
         result.val_loss = next((r["val_loss"] for r in reversed(records) if r.get("val_loss") is not None), None)
     result.plot = plot_loss_curve(records, run.path / PLOT_FILE, title=title)
     s = cfg.samples
-    if (result.interrupted is None and result.checkpoint is not None and tokenizer is not None and s.prompts
-            and s.max_new_tokens):
+    if (result.interrupted is None and result.diverged is None and result.checkpoint is not None
+            and tokenizer is not None and s.prompts and s.max_new_tokens):
         result.samples = sample_texts(result.checkpoint, tokenizer, s, cfg.seed, device)
         for prompt, text in result.samples:
             say(f"--- sample: {prompt!r}\n{prompt}{text}")
         run.write_file(SAMPLES_FILE, "".join(f"=== {p!r}\n{p}{t}\n\n" for p, t in result.samples).encode())
     summary = {"step": result.step, "finished": result.finished, "loss": _finite(result.loss),
                "val_loss": _finite(result.val_loss), "skipped_steps": result.skipped_steps, "flops": result.flops,
-               "checkpoint": str(result.checkpoint), "interrupted": result.interrupted,
+               "checkpoint": str(result.checkpoint), "interrupted": result.interrupted, "diverged": result.diverged,
                "loss_curve": str(result.plot) if result.plot else None, "precision": result.precision}
-    run.write_file(SUMMARY_FILE, (json.dumps(summary, indent=1) + "\n").encode())
+    run.write_file(SUMMARY_FILE, outputs.dumps(summary).encode())
 
 
 def read_summary(run: RunDir) -> Optional[dict]:

@@ -2,9 +2,11 @@
 
 ``Trainer(cfg, resume=..., overwrite=..., hooks=..., data=...).run()`` (or ``train(cfg, ...)``) runs a config from
 start, or from its last checkpoint, to the end. Order of work, so that a mistake costs nothing and leaves nothing
-on disk: validate the config; lock the out_dir and decide what to do with a run already there
-(:mod:`linlm.train.rundir`); open the data (:mod:`linlm.train.pipeline`); build the model and restore the
-checkpoint; only then write config.yaml and train. The end-of-run report is :mod:`linlm.train.report`.
+on disk: validate the config; decide what to do with a run already in out_dir and check every path the run
+writes there, before the directory is created or locked (:mod:`linlm.train.rundir`); lock it and decide again;
+open the data (:mod:`linlm.train.pipeline`); build the model and restore the checkpoint; only then write
+config.yaml and train. The end-of-run report is :mod:`linlm.train.report`; a run the divergence guard stops
+(:mod:`linlm.train.guard`) gets one too, recorded as not finished, before TrainingDiverged is raised.
 
 Determinism: the data order is a pure function of (seed, step), the learning rate a pure function of the step,
 and a checkpoint holds the weights, the optimizer state, every RNG state and the data position, so a resumed run
@@ -60,6 +62,7 @@ class TrainResult:
     plot: Optional[Path] = None
     seconds: float = 0.0
     finished: bool = False  # the run has reached cfg.steps
+    diverged: Optional[str] = None  # why the divergence guard stopped the run (TrainingDiverged follows)
     flops: float = 0.0  # model FLOPs of the steps done so far (linlm.models.counting), all processes together
     precision: str = "fp32"  # the precision the steps ran in (config's precision, auto resolved)
 
@@ -155,6 +158,9 @@ class Trainer:
         self.cfg.validate()
         self.info = dist_utils.init(self.cfg.device, self.cfg.distributed.backend)
         try:
+            # Every refusal out_dir can give comes before the directory is created or locked: a refused command
+            # leaves it byte for byte as it was. The decision is made again under the lock, in _run.
+            _on_main(self.info, lambda: self.run_dir.check(self.cfg, self.resume, self.overwrite))
             _on_main(self.info, lambda: self.run_dir.open() and None)
             try:
                 result = self._run()
@@ -174,7 +180,10 @@ class Trainer:
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
         started = time.perf_counter()
-        plan = _on_main(info, lambda: self.run_dir.plan(cfg, self.resume, self.overwrite))
+        plan = _on_main(info, lambda: self.run_dir.check(cfg, self.resume, self.overwrite))
+        if info.is_main:
+            for note in plan.notes:
+                log.warning("%s", note)
         if plan.finished:
             summary = _on_main(info, lambda: read_summary(self.run_dir))
             if summary is not None:
@@ -190,6 +199,7 @@ class Trainer:
             self.model_config = as_saved(self.model_config, Path(plan.checkpoint), cfg.model.overrides)
         if self.data.tokenizer is not None and hasattr(self.data.tokenizer, "ensure_fits"):
             self.data.tokenizer.ensure_fits(self.model_config.vocab_size)
+        self.watch = guard.LossWatch(self.model_config.vocab_size)
         self._build(init_from=cfg.init_from if plan.checkpoint is None else None)
         start_step, self.skipped, last_val = 0, 0, None
         if plan.checkpoint is not None:
@@ -212,22 +222,26 @@ class Trainer:
         if cfg.precision == "auto":
             self.say(f"precision auto: {precision} on {info.device.type}")
         bf16 = precision == "bf16"
-        self.peak = cfg.peak_flops or measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32)
+        self.peak = (cfg.peak_flops if cfg.peak_flops is not None
+                     else measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32))
         self.autocast = ((lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)) if bf16
                          else contextlib.nullcontext)
 
         result = TrainResult(self.out, start_step, val_loss=last_val, skipped_steps=self.skipped, precision=precision)
         self.metrics = None
         _on_main(info, lambda: self._open_metrics(start_step))
+        diverged: Optional[TrainingDiverged] = None
         try:
             # SIGINT / SIGTERM set stop.name; the loop writes a checkpoint after the current step and stops.
             with StopSignals(lambda name: log.warning("%s received: finishing this step, writing a checkpoint, "
                                                       "then stopping", name)) as stop:
                 self._loop(start_step, stop, result)
+        except TrainingDiverged as e:
+            diverged, result.diverged = e, str(e)
         finally:
             if self.metrics is not None:
                 self.metrics.close()
-        result.finished = result.step >= cfg.steps and result.interrupted is None
+        result.finished = result.step >= cfg.steps and result.interrupted is None and diverged is None
         result.flops = float(self.flops_per_token * self.tokens_per_step * result.step)
         if start_step >= cfg.steps and info.is_main:
             result.checkpoint = plan.checkpoint
@@ -235,6 +249,8 @@ class Trainer:
         if info.is_main:
             write_report(self.run_dir, result, title=f"{self.model_config.arch}: {self.out.name}",
                          tokenizer=self.data.tokenizer, cfg=cfg, device=info.device, say=self.say)
+        if diverged is not None:
+            raise diverged
         result.seconds = time.perf_counter() - started
         if info.is_main:
             self.hooks.on_end(result)
@@ -311,6 +327,7 @@ class Trainer:
         self.data.train.load_state_dict(c.state["data"])
         ckpt.restore_rng(c.rng["tensors"], c.rng["rest"])
         self.skipped = int(c.state.get("skipped_steps", 0))
+        self.watch = guard.LossWatch(self.model_config.vocab_size, c.state.get("loss_watch"))
         self.say(f"resumed from {path}")
         return c.step, c.state.get("val_loss")
 
@@ -360,11 +377,11 @@ class Trainer:
                 stop_now = bool(stats[2] > 0)
                 norm = dist_utils.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, clip))
                 why = guard.bad_step(loss_value, norm)
-                blown = None
+                diverged = None  # why the run must stop now although this step was not bad
                 if why is None:
                     self.optimizer.step()
                     norm_after = weight_norm(params, info)
-                    blown = guard.exploded(norm_before, norm_after)
+                    diverged = guard.exploded(norm_before, norm_after) or self.watch.check(loss_value)
                     norm_before = norm_after
                     bad_streak = 0
                 else:
@@ -384,7 +401,7 @@ class Trainer:
                     rec["aux_loss"] = aux_value
                 if why is not None:
                     log.warning("step %d: %s; the update was skipped (%d in a row)", n, why, bad_streak)
-                if cfg.eval.every and (n % cfg.eval.every == 0 or n == cfg.steps) and blown is None:
+                if cfg.eval.every and (n % cfg.eval.every == 0 or n == cfg.steps) and diverged is None:
                     rec["val_loss"] = self._evaluate()
                     result.val_loss = rec["val_loss"]
                 if self.metrics is not None:
@@ -393,8 +410,8 @@ class Trainer:
                     self.hooks.on_step(rec)
                 progress.update(rec)
                 result.step, result.loss, result.skipped_steps = n, loss_value, self.skipped
-                if blown is not None or bad_streak >= cfg.max_bad_steps:
-                    what = (f"{blown} (lr={lr:g})" if blown else
+                if diverged is not None or bad_streak >= cfg.max_bad_steps:
+                    what = (f"{diverged} (lr={lr:g})" if diverged else
                             f"{bad_streak} steps in a row were bad ({why}; max_bad_steps={cfg.max_bad_steps})")
                     raise TrainingDiverged(f"stopped at step {n}: {what}; {self._advice()}")
                 # A bad step writes no periodic checkpoint: the newest one stays the last good state.
@@ -412,7 +429,7 @@ class Trainer:
     def _advice(self) -> str:
         if not self.info.is_main:
             return "see rank 0's message"
-        last = guard.last_good_checkpoint(self.run_dir.checkpoints)
+        last = guard.last_good_checkpoint(self.run_dir.checkpoints, self.watch.good_loss())
         if last is None and self.cfg.init_from:
             last = ckpt.resolve_checkpoint(self.cfg.init_from)
         return guard.advice(self.cfg, self.out, last)
@@ -444,7 +461,8 @@ class Trainer:
         def write() -> str:
             state = {"data": self.data.train.state_dict(), "data_fingerprint": self.data.fingerprint,
                      "skipped_steps": self.skipped, "val_loss": val_loss, "world_size": self.info.world_size,
-                     "schedule_step": step, "loss": loss if math.isfinite(loss) else None, "sane": sane}
+                     "schedule_step": step, "loss": loss if math.isfinite(loss) else None, "sane": sane,
+                     "loss_watch": self.watch.state_dict()}
             path = ckpt.save_checkpoint(
                 self.run_dir.checkpoints, step, model_state=model_sd, model_config=self.model_config.to_dict(),
                 optimizer_state=optim_sd, state=state, config_yaml=self.cfg.to_yaml(),
