@@ -235,7 +235,7 @@ def test_the_settings_of_an_unfinished_job_can_be_corrected(tmp_path, fakes, cap
     out, bad, good = tmp_path / "job", tmp_path / "missing.txt", tmp_path / "corpus.txt"
     fakes.fail_training = "early"
     rc, stdout, _ = reproduce(capsys, "--out", out, "--set", f"data.source={bad}")
-    assert rc == 0 and "failed sections: scaling, compare" in stdout
+    assert rc == 2 and "failed sections: scaling, compare" in stdout  # a job with failed sections is not done
     assert _marker(out)["overrides"] == {"data": {"source": str(bad)}}
     # A typo stored by an older linlm is refused, naming where it came from, and a corrected --set is taken.
     outputs.write_json(out / "reproduce.json", {**_marker(out), "overrides": {"optim": {"lrr": 1}}})
@@ -265,7 +265,7 @@ def test_a_corrected_scaling_dir_is_taken_while_the_sweep_has_not_finished(tmp_p
     second.mkdir()
     fakes.fail_training = "early"
     rc, _, err = reproduce(capsys, "--out", out, "--scaling-dir", first)
-    assert rc == 0, err
+    assert rc == 2, err  # the training sections failed
     fakes.fail_training = None
     rc, _, err = reproduce(capsys, "--out", out, "--scaling-dir", second)
     assert rc == 0, err
@@ -278,7 +278,7 @@ def test_a_corrected_scaling_dir_is_taken_while_the_sweep_has_not_finished(tmp_p
 def test_a_changed_set_is_refused_when_runs_of_the_sweep_started_with_the_old_one(tmp_path, fakes, capsys):
     out = tmp_path / "job"
     fakes.fail_training = "late"  # every run's config.yaml written, then a failure: runs started, none done
-    assert reproduce(capsys, "--out", out, "--set", "optim.lr=0.02")[0] == 0
+    assert reproduce(capsys, "--out", out, "--set", "optim.lr=0.02")[0] == 2  # the training sections failed
     before = snapshot(out)
     rc, _, err = reproduce(capsys, "--out", out, "--set", "optim.lr=0.03")
     assert_one_line_error(rc, err, "was started with a different optim.lr")
@@ -291,7 +291,7 @@ def test_a_changed_set_is_refused_when_runs_of_the_sweep_started_with_the_old_on
 def test_zeroshot_that_scored_nothing_failed_and_a_corrected_data_dir_runs_it(tmp_path, fakes, capsys):
     bad, good, out = task_dir(tmp_path / "bad", "bad"), task_dir(tmp_path / "good", "good"), tmp_path / "job"
     rc, stdout, err = reproduce(capsys, "--out", out, "--data-dir", bad)
-    assert rc == 0, err
+    assert rc == 2, err
     assert "failed sections: zeroshot" in stdout and not (out / "sections" / "zeroshot.json").exists()
     assert "no task was scored" in (out / "errors.log").read_text()
     assert "This section failed" in (out / "report.md").read_text()

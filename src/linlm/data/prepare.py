@@ -225,7 +225,7 @@ def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
                             "--overwrite to start again") from e
         if state.get("config") == config:
             log.info("resuming %s from piece %d", out, state["next_piece"])
-            outputs.check_removal(out, WHAT, blocks=_blocks)
+            outputs.check_removal(out, WHAT, held=[out], blocks=_blocks)
             _remove_strays(out, state)
             return state
         previous = state.get("config", {})
@@ -241,7 +241,7 @@ def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
         raise DataError(f"output {out} is a file; choose a directory")
     # What linlm wrote goes (meta.json first, so that the directory stops looking complete); a user's file at a
     # name written below refuses the command before anything is removed.
-    outputs.check_removal(out, WHAT, blocks=_blocks, refuse_edited=True)
+    outputs.check_removal(out, WHAT, held=[out], blocks=_blocks, refuse_edited=True)
     outputs.remove_file(meta_path, WHAT)
     outputs.remove_tree(out, WHAT, held=[out], blocks=_blocks, refuse_edited=True)
     outputs.make_dir(out, WHAT)

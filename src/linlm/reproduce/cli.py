@@ -75,7 +75,9 @@ def cmd_reproduce(args) -> int:
     rest = [n for n in result["pending"] if n not in result["waiting"]]
     if rest:
         print(f"not finished: {', '.join(rest)}; run the same command again")
-    if result["failed"]:
-        print(f"failed sections: {', '.join(result['failed'])} (see errors.log beside the report)")
     print(f"report: {result['report']}\n        {result['report'].html}")
+    if result["failed"]:  # the report is written, but the job is not done: say so in the exit status too
+        print(f"failed sections: {', '.join(result['failed'])} (see errors.log beside the report); fix what it "
+              "names and run the same command again to retry them")
+        return 2
     return 0

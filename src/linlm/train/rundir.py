@@ -149,7 +149,8 @@ class RunDir:
         """Refuse (OutputError, nothing changed) when a path of the user's is where this run writes; when the old
         run is replaced, also a file of linlm's the user changed since (it would be neither kept nor replaced)."""
         if self.path.is_dir():
-            outputs.check_removal(self.path, "out_dir", blocks=self.blocks(replacing), refuse_edited=replacing)
+            outputs.check_removal(self.path, "out_dir", held=[self.path] if self.lock.held else (),
+                                  blocks=self.blocks(replacing), refuse_edited=replacing)
 
     # -- policy --
 
