@@ -11,8 +11,6 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from linlm.errors import LinlmError
-
 
 def _add_model_args(p: argparse.ArgumentParser, default_arch: Optional[str] = "llama") -> None:
     from linlm.cli_args import add_overrides
@@ -100,14 +98,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from linlm.runtime import tune_allocator
 
     tune_allocator()
-    try:
-        return int(args.func(args) or 0)
-    except LinlmError as e:
-        print(f"linlm: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("linlm: interrupted", file=sys.stderr)
-        return 130
+    from linlm.cli_args import exit_status
+
+    return exit_status("linlm", lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from linlm.config import is_override
 
@@ -88,3 +88,19 @@ def check_output_files(args: argparse.Namespace, *flags: str) -> None:
         path = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if path is not None:
             outputs.check_file(path, flag)
+
+
+def exit_status(prog: str, fn: Callable[[], Any]) -> int:
+    """Run a command's body and turn the outcome into its exit status: its own return value (0 for None); a
+    mistake in the input (LinlmError) is one line ``PROG: error: ...`` on stderr and 2; Ctrl-C is 130. Anything
+    else is a bug and keeps its traceback (Python's exit status 1)."""
+    from linlm.errors import LinlmError
+
+    try:
+        return int(fn() or 0)
+    except LinlmError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

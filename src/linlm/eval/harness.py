@@ -159,19 +159,11 @@ def main(argv=None) -> int:
 
     from lm_eval.__main__ import cli_evaluate
 
-    from linlm.errors import LinlmError
+    from linlm.cli_args import exit_status
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    try:
-        cli_evaluate()
-    except LinlmError as e:
-        print(f"linlm-lm-eval: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("linlm-lm-eval: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return exit_status("linlm-lm-eval", cli_evaluate)
 
 
 if __name__ == "__main__":

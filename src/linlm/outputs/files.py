@@ -9,7 +9,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from linlm.errors import OutputError, StorageError
 from linlm.io_utils import fsync_path
@@ -191,23 +191,31 @@ def _install(tmp: Path, path: Path, sha256: Optional[str] = None, append: bool =
     settle(path, entry)
 
 
+@contextlib.contextmanager
+def _temporary(path: Path, what: Optional[str]) -> Iterator[Path]:
+    """A temporary name beside ``path`` (its directory made first), removed again on the way out; an OSError
+    inside is a one-line StorageError naming ``path``."""
+    make_dir(path.parent, what)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        yield tmp
+    except OSError as e:
+        raise _oserror(what, path, e) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 def write_via(path: str | Path, writer: Callable[[Path], None], what: Optional[str] = None, *,
               sha256: Optional[str] = None) -> Path:
     """Write ``path`` by calling ``writer(tmp)`` on a temporary path beside it (for library writers: safetensors,
     torch.export, onnx), then fsync, rename into place and record it."""
     path = Path(path).expanduser()
     _refuse_if_foreign(path, what)
-    make_dir(path.parent, what)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    with _temporary(path, what) as tmp:
         writer(tmp)
         fsync_path(tmp)
         _install(tmp, path, sha256)
-    except OSError as e:
-        raise _oserror(what, path, e) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
     return path
 
 
@@ -273,9 +281,7 @@ def append_text(path: str | Path, text: str, what: Optional[str] = None) -> Path
     sha256 of its first bytes, which appending leaves as they were; a new log is written whole, as any file."""
     path = Path(path).expanduser()
     _refuse_if_foreign(path, what)
-    make_dir(path.parent, what)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    with _temporary(path, what) as tmp:
         if not path.exists():
             _write_tmp(tmp, text.encode("utf-8"))
             _install(tmp, path, append=True)
@@ -286,9 +292,4 @@ def append_text(path: str | Path, text: str, what: Optional[str] = None) -> Path
             os.fsync(f.fileno())
         if path.stat().st_size <= HEAD_BYTES:  # the recorded head grows with the log up to HEAD_BYTES
             record(path, append=True)
-    except OSError as e:
-        raise _oserror(what, path, e) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
     return path

@@ -195,6 +195,20 @@ def owns_file(path: str | Path, ledger: Optional[Ledger] = None) -> bool:
     return _matches(path, st, entry) or (isinstance(entry.get("next"), dict) and _matches(path, st, entry["next"]))
 
 
+def read_own_json(path: str | Path) -> tuple[Optional[dict], Optional[str]]:
+    """(the JSON object in a file linlm wrote, None), or (None, why not): "not linlm's" for a file linlm did not
+    write or that was changed since, "unreadable" for one that holds no JSON object. For markers that say what a
+    directory is (a job's, a sweep's): a file of the user's at that name never makes a directory linlm's."""
+    path = Path(path)
+    if not owns_file(path):
+        return None, "not linlm's"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        data = None
+    return (data, None) if isinstance(data, dict) else (None, "unreadable")
+
+
 def owns_dir(path: str | Path) -> bool:
     """True when linlm made the directory ``path`` under the name it has now."""
     path = Path(path)

@@ -124,13 +124,10 @@ def read_marker(out: Path) -> Optional[dict]:
     path = out / MARKER
     if not path.exists() and not path.is_symlink():
         return None
-    if not outputs.owns_file(path):
+    data, why = outputs.read_own_json(path)
+    if why == "not linlm's":
         raise ConfigError(f"--out: {path} was not written by linlm reproduce (or was changed since); nothing was "
                           "changed. Choose another --out directory")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        data = None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"--out: {path} was not written by this version of linlm reproduce, or is damaged; "
                           "nothing was changed. Choose another --out directory")

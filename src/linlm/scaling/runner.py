@@ -231,14 +231,11 @@ def _status(run: PlannedRun) -> str:
 
 def _read_plan(path: Path, what: str) -> dict:
     out = path.parent
-    if not outputs.owns_file(path):
+    plan, why = outputs.read_own_json(path)
+    if why == "not linlm's":
         raise ConfigError(f"{what} {out}: {path.name} there was not written by linlm (or was changed since), so this "
                           "is no sweep of `linlm scaling run`; choose another directory (nothing was written)")
-    try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        plan = None
-    if not isinstance(plan, dict):
+    if plan is None:
         raise ConfigError(f"{what} {out}: {path} is unreadable (damaged); choose another directory (nothing was "
                           "written)")
     return plan
