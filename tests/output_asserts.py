@@ -1,4 +1,5 @@
-"""Checks the CLI tests share (imported as a module): a refusal is one line, and a plot is a real picture."""
+"""Checks the CLI tests share (imported as a module): a refusal is one line, a plot is a real picture, nothing
+changed on disk, and a directory another live process holds."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def forbid(monkeypatch, *targets: str, why: str) -> None:
 
     for target in targets:
         monkeypatch.setattr(target, fail)
+
+
+def hold_lock(directory: Path):
+    """A separate live process holding the lock of ``directory`` (the test kills it): the holder whose directory
+    linlm must never clear or write into."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    code = ("import sys, time; from linlm.locking import DirLock; DirLock(sys.argv[1], 'x').acquire(); "
+            "print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from output_asserts import hold_lock
 
 from linlm import outputs
 from linlm.errors import LockedError, OutputError, StorageError
@@ -169,18 +170,9 @@ def test_remove_tree_refuses_a_path_in_the_way_and_changes_nothing(tmp_path):
     assert snapshot(out) == before
 
 
-def _hold_lock(directory: Path) -> subprocess.Popen:
-    code = ("import sys, time; from linlm.locking import DirLock; DirLock(sys.argv[1], 'x').acquire(); "
-            "print('held', flush=True); time.sleep(600)")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_a_directory_another_process_holds_is_never_cleared(tmp_path):
     out = tree(tmp_path)
-    holder = _hold_lock(out / "deep")
+    holder = hold_lock(out / "deep")
     try:
         before = snapshot(out)
         with pytest.raises(LockedError, match=f"PID {holder.pid}"):
@@ -239,7 +231,7 @@ def test_the_checks_before_a_removal_change_nothing_not_even_a_lock_file(tmp_pat
     stale lock of a dead process is not rewritten with this PID when another directory of the tree is held."""
     out = tree(tmp_path)
     (out / ".lock").write_text("999999 elsewhere\n")  # left by a process that has died; walked first
-    holder = _hold_lock(out / "deep")
+    holder = hold_lock(out / "deep")
     try:
         before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
         with pytest.raises(LockedError, match=f"PID {holder.pid}"):

@@ -95,16 +95,5 @@ def snapshot(root: Path) -> dict:
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from train_helpers import cli_env  # noqa: E402  (the worktree's src first, one thread)
-
-
-def hold_lock(directory: Path):
-    """A separate live process holding the lock of ``directory`` (killed by the test)."""
-    import subprocess
-
-    code = ("import sys, time; from linlm.locking import DirLock; DirLock(sys.argv[1], 'x').acquire(); "
-            "print('held', flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], env=cli_env(), stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
+from output_asserts import hold_lock  # noqa: E402,F401  (re-exported for the reproduce tests)
+from train_helpers import cli_env  # noqa: E402,F401  (the worktree's src first, one thread)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from output_asserts import hold_lock
 from train_helpers import cli_env, run_cli, tiny_config_dict, write_yaml
 
 from linlm import outputs
@@ -28,23 +29,13 @@ def snapshot(root: Path) -> dict:
             if p.is_file() and p.name != ".lock"}
 
 
-def hold_lock_in_subprocess(directory: Path) -> subprocess.Popen:
-    """A separate process that takes the directory lock and sleeps (killed by the test)."""
-    code = ("import sys, time; from linlm.locking import DirLock; DirLock(sys.argv[1], 'x').acquire(); "
-            "print('held', flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], env=cli_env(), stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 # ---- locks --------------------------------------------------------------------------------------------------
 
 
 def test_a_locked_run_dir_stops_a_second_trainer_naming_the_pid(make_config):
     cfg = make_config("run", steps=2)
     Path(cfg.out_dir).mkdir(parents=True)
-    holder = hold_lock_in_subprocess(Path(cfg.out_dir))
+    holder = hold_lock(Path(cfg.out_dir))
     try:
         with pytest.raises(LockedError, match=f"PID {holder.pid}"):
             train(cfg, verbose=False)
@@ -96,7 +87,7 @@ def test_two_processes_preparing_the_same_source_wait_for_each_other(text_file, 
 def test_a_prepare_lock_left_by_a_killed_process_does_not_block(text_file, tmp_path):
     out = tmp_path / "prepared"
     out.mkdir()
-    holder = hold_lock_in_subprocess(out)
+    holder = hold_lock(out)
     with pytest.raises(LockedError, match=f"PID {holder.pid}"):
         from linlm.data.prepare import prepare
 
