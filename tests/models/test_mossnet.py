@@ -269,6 +269,30 @@ def test_packed_batch_with_documents_matches_per_row_layout(policy, kernel, one_
         torch.testing.assert_close(g, gr)
 
 
+@pytest.mark.parametrize("policy,kernel", VARIANTS)
+def test_rows_rounded_to_a_shape_quantum_change_nothing(policy, kernel, one_thread, poisoned_memory, monkeypatch):
+    """The expert rows' length L is rounded up to the matmul shape quantum (16 in bfloat16 on the CPU, see
+    routing.matmul_row_quantum); forced to 7 here in float64, the extra padding slots (skipped by the scan, masked
+    by "ssd") change no output, state or gradient, in the packed and the per-row layouts, with documents."""
+    import linlm.layers.mossnet as mossnet_module
+
+    m = mixer(policy, kernel)
+    x = torch.randn(2, 19, 64, dtype=torch.float64, requires_grad=True)
+    reset = torch.zeros(2, 19, dtype=torch.bool)
+    reset[0, [0, 9]] = True
+    w = torch.randn(2, 19, 64, dtype=torch.float64)
+    params = [x, *m.parameters()]
+    runs = []
+    for quantum in (1, 7):
+        monkeypatch.setattr(mossnet_module, "matmul_row_quantum", lambda u, q=quantum: q)
+        y, _, _ = m(x, reset=reset)
+        y_rows, state, _ = m(x, reset=reset, return_state=True)
+        runs.append([y, y_rows, state["ssm"], *torch.autograd.grad(((y + y_rows) * w).sum(), params)])
+    for a, b in zip(*runs):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_training_layout_keeps_every_thread_busy():
     """E rows x channel tiles fewer than the threads: the per-row layout (E x B rows) instead."""
     m = mixer()

@@ -16,6 +16,8 @@ from linlm.ops.routing import (
     group_by_expert,
     invert_order,
     load_balance_loss,
+    matmul_row_quantum,
+    pad_groups,
     read_back,
     router_z_loss,
     top_k_route,
@@ -139,6 +141,36 @@ def test_invert_order_finds_each_assignment():
     rows = invert_order(order, 3)
     assert rows.shape == (23, 3)
     assert torch.equal(order[rows], torch.arange(69).view(23, 3))  # the sorted row of (token n, slot j) holds n * k + j
+
+
+@pytest.mark.parametrize("quantum", [1, 4])
+def test_pad_groups_lays_each_expert_out_in_whole_quanta(quantum):
+    """Each expert's group starts where the previous one's padded group ends (a multiple of the quantum), holds its
+    tokens in sorted order, and every (token, slot) finds its row; quantum 1 is the plain sorted layout."""
+    idx = torch.randint(0, 5, (23, 2), generator=torch.Generator().manual_seed(3))
+    idx[:, 1] = (idx[:, 0] + 1 + idx[:, 1] % 4) % 5  # two distinct experts per token
+    order, counts = group_by_expert(idx, 5)
+    src, rows, ends = pad_groups(order, counts, 2, quantum)
+    assert bool((ends % quantum == 0).all()) and src.numel() == int(ends[-1])
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    assert bool((ends - starts >= counts).all()) and bool((ends - starts - counts < quantum).all())
+    tokens = torch.arange(23)[:, None].expand(23, 2)
+    assert torch.equal(src[rows], tokens)  # each assignment's row reads its token
+    for e in range(5):  # each group: the expert's tokens in order, then padding no assignment names
+        group = torch.arange(int(starts[e]), int(ends[e]))
+        real = group[: int(counts[e])]
+        assert torch.equal(src[real], (idx == e).any(1).nonzero().squeeze(1))
+        assert not bool(torch.isin(group[int(counts[e]):], rows).any())
+    if quantum == 1:
+        assert torch.equal(src, order // 2) and torch.equal(rows, invert_order(order, 2))
+
+
+def test_matmul_row_quantum_is_for_bfloat16_matmuls_on_the_cpu():
+    x = torch.ones(2, 3)
+    assert matmul_row_quantum(x) == 1 and matmul_row_quantum(x.double()) == 1
+    assert matmul_row_quantum(x.bfloat16()) == 16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert matmul_row_quantum(x) == 16
 
 
 @pytest.mark.parametrize("shape", [(2,), (2, 3)])

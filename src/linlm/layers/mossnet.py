@@ -52,7 +52,7 @@ from linlm.layers.mamba import (
 )
 from linlm.layers.moe import router_aux_loss, router_logits
 from linlm.ops import scan_kernel
-from linlm.ops.routing import gather_rows, read_back, top_k_route
+from linlm.ops.routing import gather_rows, matmul_row_quantum, read_back, top_k_route
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
 POLICIES = ("dense", "routed")
@@ -145,9 +145,14 @@ class MossNetMixer(nn.Module):
             pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
             lengths = (pos[:, -1] + 1).t().reshape(E * B)  # row e * B + b: the count of (b, e)
             rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
-        # The busiest row's length; its bound while torch.export traces, as no shape may depend on the routing
-        # there: the extra padding is skipped by the scan like any other.
-        L = (B * T if packed else T) if torch.compiler.is_exporting() else int(lengths.max())
+        # The busiest row's length, rounded up to the shape quantum of bf16 matmuls (routing.matmul_row_quantum:
+        # the expert projections' shapes then repeat from step to step); its bound while torch.export traces, as no
+        # shape may depend on the routing there. The extra padding is skipped by the scan like any other.
+        if torch.compiler.is_exporting():
+            L = B * T if packed else T
+        else:
+            q = matmul_row_quantum(u)
+            L = -(-int(lengths.max()) // q) * q
         slot = rows * L + pos  # [B, T, E]: flat slot in the [n_rows, L] layout
         token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
         # src[slot] = token where sel; the unselected (b, t, e) write to a spare last slot, dropped (no boolean
