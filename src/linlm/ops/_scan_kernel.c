@@ -83,10 +83,14 @@ static inline REAL SUF(exp_neg)(REAL x) {
     return p * v.f;
 }
 
+/* sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) for z < 0, e = exp(-|z|) in (0, 1] (no overflow for any z),
+   with the numerator chosen without a comparison (h = +-1/2 by z's sign), so that the loops stay vectorised. Each
+   branch is accurate relative to its value; 1 - 1 / (1 + e) for z < 0 would lose it to cancellation below about
+   z = -8 (float32: 1e-3 relative at z = -10, 20 % at -15). */
 static inline REAL SUF(sigmoid)(REAL z) {
-    const REAL e = SUF(exp_neg)(-FABS(z));  /* in (0, 1]: no overflow for any z */
-    const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
-    return (REAL)0.5 + COPYSIGN(r - (REAL)0.5, z);
+    const REAL e = SUF(exp_neg)(-FABS(z));
+    const REAL h = COPYSIGN((REAL)0.5, z);
+    return (((REAL)0.5 + h) + ((REAL)0.5 - h) * e) / ((REAL)1 + e);
 }
 
 /* d silu(z) / dz, given sg = sigmoid(z) */
