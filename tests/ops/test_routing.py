@@ -250,19 +250,27 @@ def test_read_back_gradcheck():
     assert torch.autograd.gradcheck(lambda s, v: read_back(s, idx, v), (src, w))
 
 
-def test_gather_sum_kernel_takes_float32_and_float64_of_one_dtype():
+def test_gather_sum_kernel_takes_rows_with_weights_in_their_compute_dtype():
+    """The kernel takes float32, float64 and bfloat16 rows with weights of the dtype it sums in (float32 for
+    bfloat16 rows); read_back converts the weights to it, and sends float16 rows through embedding_bag in float32."""
     if not scan_kernel.available():
         pytest.skip("no C compiler: the kernel is not built")
-    x = torch.randn(6, 4)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 4, generator=gen)
     assert scan_kernel.gather_sum_takes(x, torch.rand(3, 2))
     assert scan_kernel.gather_sum_takes(x.double(), torch.rand(3, 2).double())
+    assert scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2))
     assert not scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2).bfloat16())
+    assert not scan_kernel.gather_sum_takes(x.half(), torch.rand(3, 2))
     assert not scan_kernel.gather_sum_takes(x, torch.rand(3, 2).double())
     assert not scan_kernel.gather_sum_takes(x[None], torch.rand(3, 2))
-    # bfloat16 takes embedding_bag's path, with its result
     idx = torch.tensor([[0, 5], [2, 1], [4, 3]])
-    xb, wb = x.bfloat16(), torch.rand(3, 2).bfloat16()
-    torch.testing.assert_close(read_back(xb, idx, wb), (wb[..., None] * xb[idx]).sum(1), rtol=2e-2, atol=2e-2)
+    w = torch.rand(3, 2, generator=gen, dtype=torch.float64)  # taken in float32
+    for xl in (x.bfloat16(), x.half()):  # the kernel, embedding_bag: both sum in float32 and round once
+        want = (w.float()[..., None] * xl.float()[idx]).sum(1)
+        got = read_back(xl, idx, w)
+        assert got.dtype == xl.dtype
+        torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=0)
 
 
 def test_combine_keeps_dtype_of_expert_outputs():

@@ -167,12 +167,9 @@ class MossNetMixer(nn.Module):
         # Every token's slots: the k it is routed to (routed) or all E (dense); they read it and send its gradient
         # back, and its output is read back from them.
         reads = (slot.gather(2, idx) if self.policy == "routed" else slot).view(B * T, -1)
-        # For S6, gathered in float32, the scan kernel's dtype, so that the E * B * L rows are not converted on the
-        # way in (nor their gradient on the way out); the GLA op of "ssd" takes them as they are.
-        uf = u.reshape(B * T, Din)
-        if self.kernel == "s6":
-            uf = uf.to(torch.promote_types(u.dtype, torch.float32))
-        ug = gather_rows(uf, src, reads).view(E, -1, Din)
+        # Gathered in u's dtype: the scan kernel reads and writes bfloat16 rows in place (computing in float32), the
+        # GLA op of "ssd" takes them as they are.
+        ug = gather_rows(u.reshape(B * T, Din), src, reads).view(E, -1, Din)
         # Each expert's (dt~, B, C) projection on its own rows only, one bmm over E: fwd + bwd at 2 threads it took
         # 22 ms against 38 for every expert's projection on every token ([2048, 1024] -> 4 x 96 columns, paper-70m);
         # see docs/mossnet.md.
@@ -224,10 +221,10 @@ class MossNetMixer(nn.Module):
             final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
             final = final.reshape(B, E, *final.shape[3:]) if self.kernel == "ssd" else final.contiguous()
 
-        # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (routing.read_back), each slot
-        # read by one token only.
+        # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (routing.read_back, summed in
+        # float32 at least), each slot read by one token only.
         picked = reads if self.policy == "routed" else slot.gather(2, idx).view(B * T, self.top_k)
-        y = read_back(yg.reshape(n_rows * L, Din), picked, gates.reshape(B * T, self.top_k).to(yg.dtype))
+        y = read_back(yg.reshape(n_rows * L, Din), picked, gates.reshape(B * T, self.top_k))
         return y.view(B, T, Din).to(u.dtype), final
 
     def _step(self, u, gates, idx, ssm):

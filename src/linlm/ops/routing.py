@@ -202,14 +202,17 @@ def gather_rows(x: Tensor, src: Tensor, reads: Tensor) -> Tensor:
 
 def read_back(src: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
     """out[n] = sum_j weights[n, j] * src[idx[n, j]]: each token's gate-weighted sum of its expert slots, for src
-    [S, D], idx [N, m] and weights [N, m] of src's dtype, differentiable in src and weights. No row of src may be read
-    twice (each slot is one token's): the backward stores each row's gradient. The compiled kernel on the CPU in
-    float32 / float64, else embedding_bag, whose weighted backward sorts the indices first (it allows a row to be
+    [S, D], idx [N, m] and weights [N, m], differentiable in src and weights. Returns src's dtype, summed in float32
+    at least (float64 for float64 src), the weights taken and their gradient computed in that precision too. No row
+    of src may be read twice (each slot is one token's): the backward stores each row's gradient. The compiled
+    kernel on the CPU for float32, float64 and bfloat16 rows (bfloat16 read and written in place), else
+    embedding_bag in the summing precision, whose weighted backward sorts the indices first (it allows a row to be
     read any number of times). benchmarks/bench_fused.py times the two, fwd + bwd: at MossNet's demo read-back
     (4096 of 4352 slots, 256 wide) 0.60 against 1.37 ms on a 2-core AVX2 CPU."""
-    if scan_kernel.gather_sum_takes(src, weights):
-        return scan_kernel.weighted_gather_sum(src, idx, weights)
-    return F.embedding_bag(idx, src, per_sample_weights=weights, mode="sum")
+    w = weights.to(scan_kernel.compute_dtype(src.dtype))
+    if scan_kernel.gather_sum_takes(src, w):
+        return scan_kernel.weighted_gather_sum(src, idx, w)
+    return F.embedding_bag(idx, src.to(w.dtype), per_sample_weights=w, mode="sum").to(src.dtype)
 
 
 def combine(y_sorted: Tensor, order: Tensor, weights: Tensor, num_tokens: int, rows: Tensor | None = None) -> Tensor:
@@ -231,9 +234,8 @@ def combine(y_sorted: Tensor, order: Tensor, weights: Tensor, num_tokens: int, r
             f"combine: `y_sorted` must be [N * k, D] (more rows only with `rows`) and `order` [N * k] with "
             f"N * k = {n_assign}, got {list(y_sorted.shape)} and {list(order.shape)}"
         )
-    acc = torch.promote_types(torch.promote_types(y_sorted.dtype, weights.dtype), torch.float32)
     # rows[n, slot]: the row of y_sorted holding token n's slot (order inverted); then one weighted gather-sum, which
     # forward and backward takes about 0.6x the time of weighting every row and scatter-adding it to its token
     if rows is None:
         rows = invert_order(order, weights.shape[1])
-    return read_back(y_sorted.to(acc), rows, weights.to(acc)).to(y_sorted.dtype)
+    return read_back(y_sorted, rows, weights)
