@@ -100,11 +100,17 @@ def cpu_meta() -> dict:
     }
 
 
+# Read when a script starts (it imports this module first), not when it writes its results: a run that lasts an hour
+# records the source it ran, not a commit made meanwhile.
+_REVISION = _git_revision()
+_DIRTY = _git_dirty()
+
+
 def meta() -> dict:
     """Where and with what a result was measured."""
     return {
-        "git_revision": _git_revision(),
-        "git_dirty": _git_dirty(),
+        "git_revision": _REVISION,
+        "git_dirty": _DIRTY,
         "torch_version": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
         "python_version": platform.python_version(),
