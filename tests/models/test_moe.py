@@ -86,6 +86,33 @@ def test_grouped_path_matches_the_reference_in_float32(E, k, shared):
 
 
 @needs_grouped_mm
+@pytest.mark.parametrize("quantum", [5, 16])
+def test_grouped_path_with_groups_padded_to_a_shape_quantum(quantum, monkeypatch):
+    """In bfloat16 each expert's group of rows is padded to the matmul shape quantum (routing.matmul_row_quantum,
+    so that oneDNN's shapes repeat); forced here in float32, the padded groups give the per-token reference's values
+    and gradients (the padding rows get none), with an expert that gets no token (E = 8, 33 tokens)."""
+    import linlm.layers.moe as moe_module
+
+    monkeypatch.setattr(moe_module, "matmul_row_quantum", lambda x: quantum)
+    m64, m32 = make(8, 2), make(8, 2).float()
+    offsets = []
+    real = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda a, b, offs: offsets.append(offs.clone()) or real(a, b, offs=offs))
+    x64 = torch.randn(3, 11, 16, dtype=torch.float64, requires_grad=True)
+    x32 = x64.detach().float().requires_grad_()
+    y32, _ = m32(x32)
+    assert offsets and all(bool((o % quantum == 0).all()) for o in offsets)
+    assert int(offsets[0][-1]) > 66  # padding rows beyond the 33 x 2 assignments
+    y_ref = moe_reference(m64, x64)
+    torch.testing.assert_close(y32, y_ref.float(), rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(y_ref)
+    g32 = torch.autograd.grad((y32 * w.float()).sum(), [x32, *m32.parameters()])
+    g64 = torch.autograd.grad((y_ref * w).sum(), [x64, *m64.parameters()])
+    for a, b in zip(g32, g64):
+        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-5)
+
+
+@needs_grouped_mm
 def test_grouped_path_runs_in_autocast_dtype():
     m = make(4, 2).float()
     x = torch.randn(2, 9, 16)

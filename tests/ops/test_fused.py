@@ -238,6 +238,29 @@ def test_linear_cross_entropy_under_bfloat16_autocast_is_as_accurate_as_referenc
         assert err <= 1.5 * err_ref + 1e-6 and err < 0.1 * exact.abs().max()
 
 
+def test_linear_cross_entropy_under_autocast_casts_the_weight_once():
+    """Under autocast the head's weight is cast to bfloat16 once per call, not once per chunk and matmul (autocast
+    casts every matmul operand that is not a leaf: here the weight reaches the chunks through an autograd Function
+    and as its transpose). Counted as copies of weight-sized tensors, over 4 chunks."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountCasts(TorchDispatchMode):
+        def __init__(self, shape):
+            super().__init__()
+            self.shape, self.count = shape, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+                self.count += args[0].shape in (self.shape, self.shape[::-1])
+            return func(*args, **(kwargs or {}))
+
+    h, w, t = ce_inputs(N=64, d=32, V=50, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16), CountCasts(tuple(w.shape)) as casts:
+        loss = linear_cross_entropy(h, w, t, chunk_rows=16)
+    assert casts.count == 1
+    assert torch.isfinite(loss)
+
+
 def test_linear_cross_entropy_with_bfloat16_weights_is_as_accurate_as_reference():
     """A model cast to bf16 (no autocast): the softmax is still float32, the gradients come back in bf16."""
     h32, w32, t = ce_inputs(N=64, d=32, V=50, dtype=torch.float32)

@@ -16,6 +16,8 @@ from linlm.ops.routing import (
     group_by_expert,
     invert_order,
     load_balance_loss,
+    matmul_row_quantum,
+    pad_groups,
     read_back,
     router_z_loss,
     top_k_route,
@@ -141,6 +143,36 @@ def test_invert_order_finds_each_assignment():
     assert torch.equal(order[rows], torch.arange(69).view(23, 3))  # the sorted row of (token n, slot j) holds n * k + j
 
 
+@pytest.mark.parametrize("quantum", [1, 4])
+def test_pad_groups_lays_each_expert_out_in_whole_quanta(quantum):
+    """Each expert's group starts where the previous one's padded group ends (a multiple of the quantum), holds its
+    tokens in sorted order, and every (token, slot) finds its row; quantum 1 is the plain sorted layout."""
+    idx = torch.randint(0, 5, (23, 2), generator=torch.Generator().manual_seed(3))
+    idx[:, 1] = (idx[:, 0] + 1 + idx[:, 1] % 4) % 5  # two distinct experts per token
+    order, counts = group_by_expert(idx, 5)
+    src, rows, ends = pad_groups(order, counts, 2, quantum)
+    assert bool((ends % quantum == 0).all()) and src.numel() == int(ends[-1])
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    assert bool((ends - starts >= counts).all()) and bool((ends - starts - counts < quantum).all())
+    tokens = torch.arange(23)[:, None].expand(23, 2)
+    assert torch.equal(src[rows], tokens)  # each assignment's row reads its token
+    for e in range(5):  # each group: the expert's tokens in order, then padding no assignment names
+        group = torch.arange(int(starts[e]), int(ends[e]))
+        real = group[: int(counts[e])]
+        assert torch.equal(src[real], (idx == e).any(1).nonzero().squeeze(1))
+        assert not bool(torch.isin(group[int(counts[e]):], rows).any())
+    if quantum == 1:
+        assert torch.equal(src, order // 2) and torch.equal(rows, invert_order(order, 2))
+
+
+def test_matmul_row_quantum_is_for_bfloat16_matmuls_on_the_cpu():
+    x = torch.ones(2, 3)
+    assert matmul_row_quantum(x) == 1 and matmul_row_quantum(x.double()) == 1
+    assert matmul_row_quantum(x.bfloat16()) == 16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert matmul_row_quantum(x) == 16
+
+
 @pytest.mark.parametrize("shape", [(2,), (2, 3)])
 def test_gather_rows_gradient_matches_index_select_and_skips_padding(shape):
     """Each row of x is read at m listed positions of src (plus unlisted padding positions): the gradient is the sum
@@ -218,19 +250,27 @@ def test_read_back_gradcheck():
     assert torch.autograd.gradcheck(lambda s, v: read_back(s, idx, v), (src, w))
 
 
-def test_gather_sum_kernel_takes_float32_and_float64_of_one_dtype():
+def test_gather_sum_kernel_takes_rows_with_weights_in_their_compute_dtype():
+    """The kernel takes float32, float64 and bfloat16 rows with weights of the dtype it sums in (float32 for
+    bfloat16 rows); read_back converts the weights to it, and sends float16 rows through embedding_bag in float32."""
     if not scan_kernel.available():
         pytest.skip("no C compiler: the kernel is not built")
-    x = torch.randn(6, 4)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 4, generator=gen)
     assert scan_kernel.gather_sum_takes(x, torch.rand(3, 2))
     assert scan_kernel.gather_sum_takes(x.double(), torch.rand(3, 2).double())
+    assert scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2))
     assert not scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2).bfloat16())
+    assert not scan_kernel.gather_sum_takes(x.half(), torch.rand(3, 2))
     assert not scan_kernel.gather_sum_takes(x, torch.rand(3, 2).double())
     assert not scan_kernel.gather_sum_takes(x[None], torch.rand(3, 2))
-    # bfloat16 takes embedding_bag's path, with its result
     idx = torch.tensor([[0, 5], [2, 1], [4, 3]])
-    xb, wb = x.bfloat16(), torch.rand(3, 2).bfloat16()
-    torch.testing.assert_close(read_back(xb, idx, wb), (wb[..., None] * xb[idx]).sum(1), rtol=2e-2, atol=2e-2)
+    w = torch.rand(3, 2, generator=gen, dtype=torch.float64)  # taken in float32
+    for xl in (x.bfloat16(), x.half()):  # the kernel, embedding_bag: both sum in float32 and round once
+        want = (w.float()[..., None] * xl.float()[idx]).sum(1)
+        got = read_back(xl, idx, w)
+        assert got.dtype == xl.dtype
+        torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=0)
 
 
 def test_combine_keeps_dtype_of_expert_outputs():

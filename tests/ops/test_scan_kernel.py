@@ -348,6 +348,19 @@ def test_gate_kernel_matches_torch(M):
 
 
 @needs_kernel
+def test_float32_sigmoid_is_accurate_relative_to_its_value():
+    """The kernels' sigmoid (the gate's, the conv's, softplus' derivative in the scan): silu(g) = g sigmoid(g) in
+    float32 within 4 eps of float64's, relative to its value, for g in [-80, 80]; for negative g as 1 - 1 / (1 + e)
+    it was off by 1e-3 at g = -10 and 20 % at g = -15 (cancellation)."""
+    g = torch.linspace(-80.0, 80.0, 4001)
+    got = scan_kernel.silu_mul(g, torch.ones_like(g)).double()
+    g64 = g.double()
+    want = g64 * torch.sigmoid(g64)
+    rel = ((got - want) / want).abs()[want != 0]
+    assert rel.max().item() <= 4 * torch.finfo(torch.float32).eps, f"worst at g = {g[want != 0][rel.argmax()]:.3f}"
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_glu_silu_kernel_matches_the_reference(dtype):
     """ops.fused.glu(h, "silu") on the CPU runs the gate kernel (gradient as one tensor of h's shape) and equals
@@ -375,11 +388,14 @@ def test_glu_silu_kernel_matches_the_reference(dtype):
 
 @needs_kernel
 def test_gate_kernel_takes_only_one_float_dtype_on_the_cpu(monkeypatch):
-    """bfloat16, mixed dtypes and shapes that would broadcast stay on torch's ops (the kernel computes in float32 /
-    float64 on equal shapes only), and LINLM_SCAN_BACKEND=torch turns the kernel off here as for the scan."""
+    """float32, float64 and bfloat16 of one dtype run the kernel; mixed dtypes, float16 and shapes that would
+    broadcast stay on torch's ops (the kernel takes equal shapes only), and LINLM_SCAN_BACKEND=torch turns the kernel
+    off here as for the scan."""
     f32, f64 = torch.ones(2, 4), torch.ones(2, 4, dtype=F64)
     assert scan_kernel.gate_takes(f32, f32) and scan_kernel.gate_takes(f64)
-    assert not scan_kernel.gate_takes(f32.bfloat16())
+    assert scan_kernel.gate_takes(f32.bfloat16(), f32.bfloat16())
+    assert not scan_kernel.gate_takes(f32.half())
+    assert not scan_kernel.gate_takes(f32.bfloat16(), f32)
     assert not scan_kernel.gate_takes(f32, f64)
     assert not scan_kernel.gate_takes(f32, torch.ones(1, 4))  # broadcasting stays on torch's ops
     monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
@@ -400,3 +416,195 @@ def test_gate_kernel_without_grad_skips_the_autograd_functions(monkeypatch):
         got = (scan_kernel.silu_mul(z, y), scan_kernel.glu_silu(h))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# bfloat16 activations: the kernels' _bf16 variants read and write them in place, computing in float32
+
+BF16 = torch.bfloat16
+# bfloat16 keeps 8 significant bits: rounding a value to nearest moves it by at most 2^-8 of itself
+BF16_ROUNDING = 2.0**-8
+
+
+def _leaf(t, dtype):
+    return t.detach().to(dtype).clone().requires_grad_(True)
+
+
+def _bf16_cotangent(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(BF16)
+
+
+def _scan_bf16_inputs(seed, **kw):
+    """make_inputs with u held in bfloat16 and the rest in float32 (both exactly representable in float64)."""
+    x = make_inputs(seed=seed, **kw)
+    return {k: (None if v is None else v.to(BF16 if k == "u" else torch.float32)) for k, v in x.items()}
+
+
+def _scan_grads(fn, x, gy, gs, **kw):
+    """y, final state and every gradient of <y, gy> + <state, gs>; the cotangents hold bfloat16 values."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items() if v is not None}
+    args = {k: leaves.get(k) for k in x}
+    y, s = fn(args["u"], args["dt"], args["A"], args["B"], args["C"], args["D"],
+              initial_state=args["initial_state"], **kw)
+    loss = (y.double() * gy.double()).sum() + (s.double() * gs.double()).sum()
+    return y.detach(), s.detach(), dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+
+
+@needs_kernel
+@pytest.mark.parametrize("T", [1, 63, 100])
+def test_bfloat16_scan_against_the_float64_reference(T):
+    """bfloat16 u (and output gradient): y and du come back in bfloat16, the reference's values rounded once (to
+    bfloat16's rounding, on top of float32's error as in the float32 test); the state and the float32 gradients
+    (dt, A, B, C, D, the initial state) keep float32 accuracy, as their inputs are the same values. Documents,
+    batched A and D, an initial state; the outputs are NaN-poisoned (conftest), so all must be written."""
+    x = _scan_bf16_inputs(T, Bt=2, T=T, Din=70, N=16, batched=True, D="batch")
+    reset = torch.rand(2, T, generator=torch.Generator().manual_seed(T)) < 0.05
+    gy, gs = _bf16_cotangent((2, T, 70), 1), _bf16_cotangent((2, 70, 16), 2)
+    y, s, g = _scan_grads(selective_scan_kernel, x, gy, gs, reset=reset, dt_softplus=True)
+    assert y.dtype == BF16 and g["u"].dtype == BF16 and s.dtype == torch.float32 and g["dt"].dtype == torch.float32
+    x64 = {k: (None if v is None else v.double()) for k, v in x.items()}
+    y_ref, s_ref, g_ref = _scan_grads(selective_scan_reference, x64, gy, gs, reset=reset, dt_softplus=True)
+    f32 = dict(rtol=1e-4, atol=1e-4)
+    bf16 = dict(rtol=BF16_ROUNDING + f32["rtol"], atol=f32["atol"])
+    for name, a, b, tol in [("y", y, y_ref, bf16), ("state", s, s_ref, f32)] + [
+            (f"grad {k}", g[k], g_ref[k], bf16 if k == "u" else f32) for k in g_ref]:
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.double(), b, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def _bf16_and_f32_kernels(make):
+    """Every kernel on bfloat16 activations and on the same values in float32: make(dtype) returns its outputs."""
+    return make(BF16), make(torch.float32)
+
+
+def _assert_rounded_once(got_bf16, want_f32, name):
+    """The bfloat16 variant gives the float32 variant's result rounded to nearest: equal, or one unit of bfloat16's
+    last place apart where the float32 results differ in their last bits (the variants' loops are vectorised
+    differently), so within 2^-7 of it."""
+    assert got_bf16.dtype == BF16, name
+    assert torch.isfinite(got_bf16).all(), name
+    torch.testing.assert_close(got_bf16.float(), want_f32.to(BF16).float(), rtol=2 * BF16_ROUNDING, atol=0,
+                               msg=lambda m: f"{name}: {m}")
+
+
+@needs_kernel
+def test_bfloat16_scan_equals_the_float32_kernel_rounded():
+    """With rows ending early (lengths, MossNet's padded rows: y = D u and du = D dy on the padding) and documents:
+    y and du equal the float32 kernel's on the widened inputs, rounded once; every other output is the float32
+    kernel's."""
+    x = _scan_bf16_inputs(7, Bt=3, T=150, Din=70, N=5, batched=True, D="batch")
+    reset = torch.zeros(3, 150, dtype=torch.bool)
+    reset[0, 64] = reset[2, 20] = True
+    lengths = torch.tensor([150, 0, 77])
+    gy, gs = _bf16_cotangent((3, 150, 70), 3), _bf16_cotangent((3, 70, 5), 4)
+    got, want = _bf16_and_f32_kernels(lambda dt: _scan_grads(
+        selective_scan_kernel, {k: (v.to(dt) if k == "u" else v) for k, v in x.items()}, gy, gs, reset=reset,
+        lengths=lengths, dt_softplus=True))
+    _assert_rounded_once(got[0], want[0], "y")
+    _assert_rounded_once(got[2]["u"], want[2]["u"], "grad u")
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
+    for k in ("dt", "A", "B", "C", "D", "initial_state"):
+        torch.testing.assert_close(got[2][k], want[2][k], rtol=1e-6, atol=1e-6, msg=lambda m: f"grad {k}: {m}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("T", [1, 50, 300])
+def test_bfloat16_conv_silu_against_float64_and_the_float32_kernel(T):
+    """The conv + SiLU on bfloat16 x and state (x one half of a projection, read in place; documents): the output
+    and the gradients of x and of the state are bfloat16, the float64 conv's values rounded once; the weights' and
+    bias' gradients (float32) are the float32 kernel's; and every bfloat16 output is the float32 kernel's rounded."""
+    gen = torch.Generator().manual_seed(T)
+    w, bias = torch.randn(70, 4, generator=gen), torch.randn(70, generator=gen)
+    full = torch.randn(2, T, 140, generator=gen).to(BF16)
+    state = torch.randn(2, 3, 70, generator=gen).to(BF16)
+    since = torch.tensor([[t for t in range(T)], [t % 37 for t in range(T)]])
+    dy = _bf16_cotangent((2, T, 70), 5)
+
+    def run(dtype, fn=scan_kernel.conv_silu):
+        leaves = [_leaf(t, dtype) for t in (full, state)] + [_leaf(t, scan_kernel.compute_dtype(dtype)) for t in (w, bias)]
+        out = fn(leaves[0][..., :70], leaves[1], leaves[2], leaves[3], since)
+        (out.double() * dy.double()).sum().backward()
+        return [out.detach(), leaves[0].grad, leaves[1].grad, leaves[2].grad, leaves[3].grad]
+
+    def float64_conv(x, st, wt, b, since):
+        xs = torch.cat([st, x], dim=1)  # [Bt, K - 1 + T, C]
+        out = b + sum(xs[:, j:j + x.shape[1]] * wt[:, j] * (since >= 3 - j)[..., None] for j in range(4))
+        return torch.nn.functional.silu(out)
+
+    got, want = _bf16_and_f32_kernels(run)
+    exact = run(F64, float64_conv)
+    for i, name in enumerate(["out", "dx", "dstate"]):
+        _assert_rounded_once(got[i if i == 0 else i], want[i], name)
+    tol = dict(rtol=BF16_ROUNDING + 1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0].double(), exact[0], **tol)
+    torch.testing.assert_close(got[1][..., :70].double(), exact[1][..., :70], **tol)
+    torch.testing.assert_close(got[2].double(), exact[2], **tol)
+    for i, name in ((3, "dw"), (4, "dbias")):
+        assert got[i].dtype == torch.float32
+        torch.testing.assert_close(got[i], want[i], rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[i].double(), exact[i], rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 37])
+def test_bfloat16_gate_and_glu_against_float64_and_the_float32_kernel(M):
+    """silu(g) * u (g one half of a packed projection, strided rows) and SwiGLU's glu on bfloat16: outputs and
+    gradients are bfloat16, the float64 composite's values rounded once, where torch's bfloat16 ops round silu(g)
+    first (two roundings); and they equal the float32 kernel's results rounded."""
+    from linlm.ops.fused import glu
+
+    gen = torch.Generator().manual_seed(M)
+    packed = (torch.randn(M, 2, 70, generator=gen) * 4.0).to(BF16)
+    y = torch.randn(M, 70, generator=gen).to(BF16)
+    dout = _bf16_cotangent((M, 70), 6)
+
+    def run(dtype, fn=scan_kernel.silu_mul):
+        p, yl = _leaf(packed, dtype), _leaf(y, dtype)
+        out = fn(p[:, 1], yl)
+        (out.double() * dout.double()).sum().backward()
+        return [out.detach(), p.grad[:, 1], yl.grad]
+
+    got, want = _bf16_and_f32_kernels(run)
+    exact = run(F64, lambda g, u: torch.nn.functional.silu(g) * u)
+    for name, a, b, e in zip(["out", "dg", "du"], got, want, exact):
+        _assert_rounded_once(a, b, name)
+        torch.testing.assert_close(a.double(), e, rtol=BF16_ROUNDING + 1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    h = _leaf(packed.view(M, 140), BF16)
+    out = glu(h, "silu")
+    assert type(out.grad_fn).__name__ == "_GluSiluBackward" and out.dtype == BF16
+    (out.double() * dout.double()).sum().backward()
+    h64 = _leaf(packed.view(M, 140), F64)
+    ref = torch.nn.functional.silu(h64[:, :70]) * h64[:, 70:]
+    (ref * dout.double()).sum().backward()
+    tol = dict(rtol=BF16_ROUNDING + 1e-6, atol=1e-6)
+    torch.testing.assert_close(out.double(), ref.detach(), **tol)
+    torch.testing.assert_close(h.grad.double(), h64.grad, **tol)
+
+
+@needs_kernel
+def test_bfloat16_gather_sum_against_float64_and_the_float32_kernel():
+    """The read-back's gather-sum on bfloat16 rows with float32 weights: the output and the rows' gradient are
+    bfloat16, the float64 sums rounded once (summed in float32, not in bfloat16), the padding rows' gradient zero;
+    the weights' gradient is float32, the float32 kernel's. 70 tokens of 2 slots over 150 rows, 10 never read."""
+    gen = torch.Generator().manual_seed(11)
+    src = torch.randn(150, 40, generator=gen).to(BF16)
+    idx = torch.randperm(150, generator=gen)[:140].view(70, 2)
+    w = torch.rand(70, 2, generator=gen)
+    dout = _bf16_cotangent((70, 40), 7)
+
+    def run(dtype, fn=scan_kernel.weighted_gather_sum):
+        s, wl = _leaf(src, dtype), _leaf(w, scan_kernel.compute_dtype(dtype))
+        out = fn(s, idx, wl)
+        (out.double() * dout.double()).sum().backward()
+        return [out.detach(), s.grad, wl.grad]
+
+    got, want = _bf16_and_f32_kernels(run)
+    exact = run(F64, lambda s, i, v: (v[..., None] * s[i]).sum(1))
+    for name, i in (("out", 0), ("dsrc", 1)):
+        _assert_rounded_once(got[i], want[i], name)
+        torch.testing.assert_close(got[i].double(), exact[i], rtol=BF16_ROUNDING + 1e-6, atol=1e-6)
+    unread = torch.ones(150, dtype=torch.bool).index_fill_(0, idx.reshape(-1), False)
+    assert torch.equal(got[1][unread], torch.zeros(10, 40, dtype=BF16))
+    assert got[2].dtype == torch.float32
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[2].double(), exact[2], rtol=1e-5, atol=1e-5)

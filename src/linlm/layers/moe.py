@@ -6,7 +6,9 @@
 Tokens are grouped by expert (ops.routing.group_by_expert: one stable sort), never by a loop over tokens. Three
 ways to run the experts on their groups, same math:
 - grouped (on the CPU, in float32 / bfloat16, where torch has ``torch._grouped_mm``): one grouped matmul per
-  weight over the sorted rows, each expert on its contiguous slice, no padding. Measured on a 2-core AVX2 CPU it was
+  weight over the sorted rows, each expert on its contiguous slice; no padding in float32, and in bfloat16 each
+  slice padded to a multiple of 16 rows (ops.routing.matmul_row_quantum: oneDNN compiles a kernel per matmul shape,
+  so the shapes must repeat from step to step). Measured on a 2-core AVX2 CPU it was
   within 5 % of the best of the two below at every load tried (64 to 640 rows per expert, fwd + bwd), and 1.8x
   faster than the batched path when the busiest expert had 1.25x the mean load;
 - batched: the groups are gathered into a [E, capacity, d] buffer (capacity = the busiest expert's load) and all
@@ -35,8 +37,9 @@ from linlm.ops.routing import (
     combine,
     gather_rows,
     group_by_expert,
-    invert_order,
     load_balance_loss,
+    matmul_row_quantum,
+    pad_groups,
     router_z_loss,
     top_k_route,
 )
@@ -104,14 +107,17 @@ class MoEMLP(nn.Module):
                 y = y + self.shared(flat)
             return y.view(shape), logits.new_zeros(())
         order, counts = group_by_expert(indices, self.n_experts)
-        rows = invert_order(order, self.top_k)  # [N, k]: the sorted row of each (token, slot)
         capacity = int(counts.max()) if counts.numel() else 0
-        if self.grouped and grouped_mm_takes(flat, self.d_model, self.expert_dim):
-            y_sorted = self._experts_grouped(flat, order, rows, counts)
+        grouped = self.grouped and grouped_mm_takes(flat, self.d_model, self.expert_dim)
+        # rows [N, k]: the row of each (token, slot) in the sorted rows; on the grouped path each expert's group is
+        # padded to the shape quantum of bf16 matmuls (routing.matmul_row_quantum)
+        src, rows, ends = pad_groups(order, counts, self.top_k, matmul_row_quantum(flat) if grouped else 1)
+        if grouped:
+            y_sorted = self._experts_grouped(flat, src, rows, ends)
         elif capacity * self.n_experts <= self.pad_limit * indices.numel():
             y_sorted = self._experts_batched(flat, indices, order, counts, capacity)
         else:
-            y_sorted = self._experts_looped(flat, order, rows, counts)
+            y_sorted = self._experts_looped(flat, src, rows, counts)
         y = combine(y_sorted, order, weights, n_tokens, rows=rows)
         if self.shared is not None:
             y = y + self.shared(flat)
@@ -143,21 +149,22 @@ class MoEMLP(nn.Module):
         dense = torch.zeros(flat.shape[0], self.n_experts, dtype=w.dtype, device=flat.device).scatter(1, indices, w)
         return torch.einsum("end,ne->nd", out, dense)
 
-    def _experts_grouped(self, flat, order, rows, counts):
-        """Two grouped matmuls over the sorted rows (expert e on rows offs[e-1]:offs[e]), in autocast's dtype when
-        autocast is on (torch._grouped_mm is not on its list)."""
-        x_sorted = gather_rows(flat, order // self.top_k, rows)
+    def _experts_grouped(self, flat, src, rows, ends):
+        """Two grouped matmuls over the sorted rows (pad_groups: expert e on rows ends[e-1]:ends[e], its group padded
+        at the end), in autocast's dtype when autocast is on (torch._grouped_mm is not on its list). The tokens are
+        cast before the gather: N rows instead of N k."""
         w_in, w_out = self.w_in, self.w_out
         if torch.is_autocast_enabled(flat.device.type):
             dt = torch.get_autocast_dtype(flat.device.type)
-            x_sorted, w_in, w_out = x_sorted.to(dt), w_in.to(dt), w_out.to(dt)
-        offs = torch.cumsum(counts, 0).to(torch.int32)
+            flat, w_in, w_out = flat.to(dt), w_in.to(dt), w_out.to(dt)
+        x_sorted = gather_rows(flat, src, rows)
+        offs = ends.to(torch.int32)
         h = torch._grouped_mm(x_sorted, w_in.transpose(1, 2), offs=offs)
         return torch._grouped_mm(glu(h, "silu"), w_out.transpose(1, 2), offs=offs)
 
-    def _experts_looped(self, flat, order, rows, counts):
+    def _experts_looped(self, flat, src, rows, counts):
         """One matmul pair per expert on its contiguous slice of the sorted rows (no padding)."""
-        x_sorted = gather_rows(flat, order // self.top_k, rows)
+        x_sorted = gather_rows(flat, src, rows)
         # split / unbind (not slicing or indexing) so that the backward joins the pieces with one cat / stack.
         outs = []
         for part, w_in, w_out in zip(x_sorted.split(counts.tolist()), self.w_in.unbind(0), self.w_out.unbind(0)):

@@ -52,7 +52,7 @@ from linlm.layers.mamba import (
 )
 from linlm.layers.moe import router_aux_loss, router_logits
 from linlm.ops import scan_kernel
-from linlm.ops.routing import gather_rows, read_back, top_k_route
+from linlm.ops.routing import gather_rows, matmul_row_quantum, read_back, top_k_route
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
 POLICIES = ("dense", "routed")
@@ -145,9 +145,14 @@ class MossNetMixer(nn.Module):
             pos = sel.cumsum(dim=1) - 1  # slot of token t in expert e's subsequence of row b (where sel)
             lengths = (pos[:, -1] + 1).t().reshape(E * B)  # row e * B + b: the count of (b, e)
             rows = torch.arange(E, device=u.device) * B + torch.arange(B, device=u.device)[:, None, None]  # [B, 1, E]
-        # The busiest row's length; its bound while torch.export traces, as no shape may depend on the routing
-        # there: the extra padding is skipped by the scan like any other.
-        L = (B * T if packed else T) if torch.compiler.is_exporting() else int(lengths.max())
+        # The busiest row's length, rounded up to the shape quantum of bf16 matmuls (routing.matmul_row_quantum:
+        # the expert projections' shapes then repeat from step to step); its bound while torch.export traces, as no
+        # shape may depend on the routing there. The extra padding is skipped by the scan like any other.
+        if torch.compiler.is_exporting():
+            L = B * T if packed else T
+        else:
+            q = matmul_row_quantum(u)
+            L = -(-int(lengths.max()) // q) * q
         slot = rows * L + pos  # [B, T, E]: flat slot in the [n_rows, L] layout
         token = torch.arange(B * T, device=u.device).view(B, T, 1).expand(B, T, E)
         # src[slot] = token where sel; the unselected (b, t, e) write to a spare last slot, dropped (no boolean
@@ -162,12 +167,9 @@ class MossNetMixer(nn.Module):
         # Every token's slots: the k it is routed to (routed) or all E (dense); they read it and send its gradient
         # back, and its output is read back from them.
         reads = (slot.gather(2, idx) if self.policy == "routed" else slot).view(B * T, -1)
-        # For S6, gathered in float32, the scan kernel's dtype, so that the E * B * L rows are not converted on the
-        # way in (nor their gradient on the way out); the GLA op of "ssd" takes them as they are.
-        uf = u.reshape(B * T, Din)
-        if self.kernel == "s6":
-            uf = uf.to(torch.promote_types(u.dtype, torch.float32))
-        ug = gather_rows(uf, src, reads).view(E, -1, Din)
+        # Gathered in u's dtype: the scan kernel reads and writes bfloat16 rows in place (computing in float32), the
+        # GLA op of "ssd" takes them as they are.
+        ug = gather_rows(u.reshape(B * T, Din), src, reads).view(E, -1, Din)
         # Each expert's (dt~, B, C) projection on its own rows only, one bmm over E: fwd + bwd at 2 threads it took
         # 22 ms against 38 for every expert's projection on every token ([2048, 1024] -> 4 x 96 columns, paper-70m);
         # see docs/mossnet.md.
@@ -219,10 +221,10 @@ class MossNetMixer(nn.Module):
             final = final.view(E, B, *final.shape[1:]).transpose(0, 1)
             final = final.reshape(B, E, *final.shape[3:]) if self.kernel == "ssd" else final.contiguous()
 
-        # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (routing.read_back), each slot
-        # read by one token only.
+        # y_t = sum_j g_{t,j} yg[slot of (t, expert j)]: one weighted gather-sum (routing.read_back, summed in
+        # float32 at least), each slot read by one token only.
         picked = reads if self.policy == "routed" else slot.gather(2, idx).view(B * T, self.top_k)
-        y = read_back(yg.reshape(n_rows * L, Din), picked, gates.reshape(B * T, self.top_k).to(yg.dtype))
+        y = read_back(yg.reshape(n_rows * L, Din), picked, gates.reshape(B * T, self.top_k))
         return y.view(B, T, Din).to(u.dtype), final
 
     def _step(self, u, gates, idx, ssm):

@@ -1,11 +1,16 @@
 /* The S6 selective scan as a plain C kernel, forward and backward, for linlm.ops.scan_kernel.
 
-   One compile gives both precisions: the file includes itself once more at the end with REAL = double, so every
-   function exists as NAME_f32 and NAME_f64.
+   One compile gives three variants: the file includes itself again at the end, so every function exists as
+   NAME_f32, NAME_f64 and NAME_bf16. REAL is the type of the arithmetic, IO the type of the activations a kernel
+   reads and writes (the scan's u, y and their gradients; every buffer of the conv and the gate but the conv's
+   weights; the gather-sum's rows, not its weights): float / float in _f32, double / double in _f64, and in _bf16
+   float arithmetic on bfloat16 activations (IO is uint16_t, widened to float by LD and rounded back to nearest even
+   by ST, as torch rounds), so that bfloat16 tensors are read and written in place instead of converted to float32
+   and back around the kernel. Everything accumulates in REAL.
    No Python or torch headers: it takes raw pointers to contiguous row-major buffers and is called through ctypes,
    which releases the GIL, so the caller can split the work items over threads. Shapes (as selective_scan.py):
 
-       u, dt, y, du, ddt   [Bt, T, Din]          A            [Din, N] (a_bstride 0) or [Bt, Din, N]
+       u, y, du (IO), dt, ddt  [Bt, T, Din]      A            [Din, N] (a_bstride 0) or [Bt, Din, N]
        Bm, Cm              [Bt, T, N]            dB, dC       [ntiles, Bt, T, N] (one partial sum per tile)
        init, final, dinit  [Bt, Din, N]          dA           [Bt, Din, N] (per row; the caller sums shared A)
        reset               [Bt, T] bytes or NULL ckpt         [Bt, nseg, Din, N], nseg = ceil(T / K)
@@ -30,6 +35,27 @@
 #define REAL float
 #define REAL_IS_DOUBLE 0
 #define SUF(name) name##_f32
+#define IO float
+#define IO_IS_REAL 1  /* no widening: the kernels read and write IO buffers directly, without staging copies */
+#define LD(v) (v)
+#define ST(v) (v)
+#define KERNEL_PASS 1
+
+/* bfloat16 <-> float: the upper 16 bits of a float. Widening is exact; narrowing rounds to nearest even, a NaN
+   becoming the quiet NaN 0x7FC0, as c10::BFloat16 does (so results equal torch's .to(torch.bfloat16) of the float
+   result). Integer arithmetic only, so that gcc vectorises the loops that use them. */
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t i; float f; } v;
+    v.i = (uint32_t)h << 16;
+    return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t i; } v;
+    v.f = f;
+    const uint32_t rounded = (v.i + 0x7FFFu + ((v.i >> 16) & 1u)) >> 16;
+    return (v.i & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0 : (uint16_t)rounded;
+}
 #endif
 
 #define TILE 64
@@ -83,10 +109,14 @@ static inline REAL SUF(exp_neg)(REAL x) {
     return p * v.f;
 }
 
+/* sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) for z < 0, e = exp(-|z|) in (0, 1] (no overflow for any z),
+   with the numerator chosen without a comparison (h = +-1/2 by z's sign), so that the loops stay vectorised. Each
+   branch is accurate relative to its value; 1 - 1 / (1 + e) for z < 0 would lose it to cancellation below about
+   z = -8 (float32: 1e-3 relative at z = -10, 20 % at -15). */
 static inline REAL SUF(sigmoid)(REAL z) {
-    const REAL e = SUF(exp_neg)(-FABS(z));  /* in (0, 1]: no overflow for any z */
-    const REAL r = (REAL)1 / ((REAL)1 + e);            /* sigmoid(|z|) >= 1/2 */
-    return (REAL)0.5 + COPYSIGN(r - (REAL)0.5, z);
+    const REAL e = SUF(exp_neg)(-FABS(z));
+    const REAL h = COPYSIGN((REAL)0.5, z);
+    return (((REAL)0.5 + h) + ((REAL)0.5 - h) * e) / ((REAL)1 + e);
 }
 
 /* d silu(z) / dz, given sg = sigmoid(z) */
@@ -121,13 +151,15 @@ static inline void SUF(load_dt)(REAL *restrict dtv, const REAL *restrict src, in
     }
 }
 
-/* Prefetch one tile row (dl values) of a [Bt, T, Din] buffer: consecutive steps' rows are Din values apart, a new
-   page every step at Din = 1024, where the hardware prefetchers do not follow; a few steps ahead hides the misses. */
+/* Prefetch one tile row (dl values of `size` bytes) of a [Bt, T, Din] buffer: consecutive steps' rows are Din
+   values apart, a new page every step at Din = 1024, where the hardware prefetchers do not follow; a few steps ahead
+   hides the misses. */
 #define PF_STEPS 2
-static inline void SUF(prefetch_row)(const REAL *p, int64_t dl, int write) {
-    for (int64_t off = 0; off < dl; off += 64 / (int64_t)sizeof(REAL)) {
-        if (write) __builtin_prefetch(p + off, 1);
-        else __builtin_prefetch(p + off, 0);
+static inline void SUF(prefetch_row)(const void *p, int64_t dl, int64_t size, int write) {
+    const char *c = (const char *)p;
+    for (int64_t off = 0; off < dl * size; off += 64) {
+        if (write) __builtin_prefetch(c + off, 1);
+        else __builtin_prefetch(c + off, 0);
     }
 }
 
@@ -184,9 +216,9 @@ SUF(advance)(REAL *restrict s, const REAL *restrict p, REAL *restrict an, REAL *
 /* One work item (batch row, tile of dl channels) of scan_fwd; inlined into the dispatch below with constant dl
    and N for the common shapes. */
 static inline __attribute__((always_inline)) void
-SUF(scan_fwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+SUF(scan_fwd_item)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
-                   REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
+                   IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
                    int64_t K, int64_t item, int64_t dl) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
     const int64_t b = item / ntiles, d0 = (item % ntiles) * TILE;
@@ -200,32 +232,33 @@ SUF(scan_fwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
         if (ckpt && t % K == 0) SUF(store_state)(ckpt + (b * nseg + t / K) * Din * N, st, d0, dl, N);
         const int64_t row = (b * T + t) * Din + d0;
         if (t + PF_STEPS < Tb) {
-            SUF(prefetch_row)(u + row + PF_STEPS * Din, dl, 0);
-            SUF(prefetch_row)(dt + row + PF_STEPS * Din, dl, 0);
-            SUF(prefetch_row)(y + row + PF_STEPS * Din, dl, 1);
+            SUF(prefetch_row)(u + row + PF_STEPS * Din, dl, sizeof(IO), 0);
+            SUF(prefetch_row)(dt + row + PF_STEPS * Din, dl, sizeof(REAL), 0);
+            SUF(prefetch_row)(y + row + PF_STEPS * Din, dl, sizeof(IO), 1);
         }
         SUF(load_dt)(dtv, dt + row, dl, dt_sp);
         for (int64_t d = 0; d < dl; d++) {
-            x[d] = dtv[d] * u[row + d];
-            yv[d] = Dv[d] * u[row + d];
+            const REAL ud = LD(u[row + d]);
+            x[d] = dtv[d] * ud;
+            yv[d] = Dv[d] * ud;
         }
         /* decay, update and readout in one pass over the tile's state (the decays are not kept) */
         const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
         const int rs = reset && reset[b * T + t];
         for (int64_t n = 0; n < N; n++)
             SUF(advance)(st + n * TILE, NULL, NULL, yv, At + n * TILE, dtv, x, Bt_[n], Ct[n], rs, dl);
-        for (int64_t d = 0; d < dl; d++) y[row + d] = yv[d];
+        for (int64_t d = 0; d < dl; d++) y[row + d] = ST(yv[d]);
     }
     for (int64_t t = Tb; t < T; t++) {
         const int64_t row = (b * T + t) * Din + d0;
-        for (int64_t d = 0; d < dl; d++) y[row + d] = Dv[d] * u[row + d];
+        for (int64_t d = 0; d < dl; d++) y[row + d] = ST(Dv[d] * LD(u[row + d]));
     }
     if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
 }
 
-void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+void SUF(scan_fwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
-                   REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
+                   IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
                    int64_t K, int64_t item0, int64_t item1) {
     const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
@@ -245,9 +278,9 @@ void SUF(scan_fwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
 /* One work item (batch row, tile of dl channels) of scan_bwd; inlined into the dispatch below with constant dl
    and N for the common shapes. */
 static inline __attribute__((always_inline)) void
-SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+SUF(scan_bwd_item)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
-                   const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                   const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
                    REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
                    int64_t item, int64_t dl) {
     const int64_t ntiles = (Din + TILE - 1) / TILE, nseg = (T + K - 1) / K;
@@ -256,6 +289,9 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
     const int64_t Tb = lengths ? lengths[b] : T;
     REAL At[N * TILE], g[N * TILE], gA[N * TILE], s0[N * TILE], dx[TILE], dlt[TILE];
     REAL Dv[TILE], gD[TILE];
+#if !IO_IS_REAL
+    REAL dyv[TILE], uv[TILE];  /* this step's dy and u, widened once for the N state rows */
+#endif
     REAL *dBp = dB + (tile * Bt + b) * T * N, *dCp = dC + (tile * Bt + b) * T * N;
     SUF(load_A)(At, A, a_bstride, b, d0, dl, N);
     for (int64_t d = 0; d < dl; d++) {
@@ -268,9 +304,10 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
     for (int64_t t = Tb; t < T; t++) {  /* padding: only the skip term */
         const int64_t row = (b * T + t) * Din + d0;
         for (int64_t d = 0; d < dl; d++) {
-            du[row + d] = dy[row + d] * Dv[d];
+            const REAL dyd = LD(dy[row + d]);
+            du[row + d] = ST(dyd * Dv[d]);
             ddt[row + d] = 0;
-            gD[d] += dy[row + d] * u[row + d];
+            gD[d] += dyd * LD(u[row + d]);
         }
         for (int64_t n = 0; n < N; n++) dBp[t * N + n] = dCp[t * N + n] = 0;
     }
@@ -282,11 +319,11 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             const int64_t row = (b * T + t) * Din + d0;
             REAL *restrict dts = DTs + (t - t0) * TILE, *restrict xs = Xs + (t - t0) * TILE;
             if (t + PF_STEPS < t1) {
-                SUF(prefetch_row)(u + row + PF_STEPS * Din, dl, 0);
-                SUF(prefetch_row)(dt + row + PF_STEPS * Din, dl, 0);
+                SUF(prefetch_row)(u + row + PF_STEPS * Din, dl, sizeof(IO), 0);
+                SUF(prefetch_row)(dt + row + PF_STEPS * Din, dl, sizeof(REAL), 0);
             }
             SUF(load_dt)(dts, dt + row, dl, dt_sp);  /* kept for the adjoint, with x = dt u */
-            for (int64_t d = 0; d < dl; d++) xs[d] = dts[d] * u[row + d];
+            for (int64_t d = 0; d < dl; d++) xs[d] = dts[d] * LD(u[row + d]);
             REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
             const REAL *prev = t == t0 ? s0 : st - N * TILE;
             const REAL *Bt_ = Bm + (b * T + t) * N;
@@ -302,21 +339,31 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
             const REAL *st = S + (t - t0) * N * TILE, *at = Adec + (t - t0) * N * TILE;
             const REAL *sp = t == t0 ? s0 : st - N * TILE;
             const REAL *Bt_ = Bm + (b * T + t) * N, *Ct = Cm + (b * T + t) * N;
-            const REAL *dyt = dy + row;
+#if IO_IS_REAL
+            const REAL *dyt = dy + row, *uv = u + row;
+#else
+            const REAL *dyt = dyv;
+#endif
             REAL *dBt = dBp + t * N, *dCt = dCp + t * N;
             if (t - PF_STEPS >= t0) {  /* the rows this pass reads and writes, a few steps back */
                 const int64_t ahead = row - PF_STEPS * Din;
-                SUF(prefetch_row)(dy + ahead, dl, 0);
-                SUF(prefetch_row)(u + ahead, dl, 0);
-                SUF(prefetch_row)(dt + ahead, dl, 0);
-                SUF(prefetch_row)(du + ahead, dl, 1);
-                SUF(prefetch_row)(ddt + ahead, dl, 1);
+                SUF(prefetch_row)(dy + ahead, dl, sizeof(IO), 0);
+                SUF(prefetch_row)(u + ahead, dl, sizeof(IO), 0);
+                SUF(prefetch_row)(dt + ahead, dl, sizeof(REAL), 0);
+                SUF(prefetch_row)(du + ahead, dl, sizeof(IO), 1);
+                SUF(prefetch_row)(ddt + ahead, dl, sizeof(REAL), 1);
             }
             const REAL *restrict dtv = DTs + (t - t0) * TILE, *restrict x = Xs + (t - t0) * TILE;
             for (int64_t d = 0; d < dl; d++) {
                 dx[d] = 0;
                 dlt[d] = 0;
             }
+#if !IO_IS_REAL
+            for (int64_t d = 0; d < dl; d++) {
+                dyv[d] = LD(dy[row + d]);
+                uv[d] = LD(u[row + d]);
+            }
+#endif
             for (int64_t n = 0; n < N; n++) {
                 REAL *restrict gn = g + n * TILE, *restrict gAn = gA + n * TILE;
                 const REAL *restrict sn = st + n * TILE, *restrict spn = sp + n * TILE;
@@ -339,9 +386,9 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
                 dCt[n] = accC;
             }
             for (int64_t d = 0; d < dl; d++) {
-                du[row + d] = dx[d] * dtv[d] + dyt[d] * Dv[d];
-                ddt[row + d] = dx[d] * u[row + d] + dlt[d];  /* d/d(dt); times softplus' below */
-                gD[d] += dyt[d] * u[row + d];
+                du[row + d] = ST(dx[d] * dtv[d] + dyt[d] * Dv[d]);
+                ddt[row + d] = dx[d] * uv[d] + dlt[d];  /* d/d(dt); times softplus' below */
+                gD[d] += dyt[d] * uv[d];
             }
             if (dt_sp) {
 #pragma omp simd
@@ -354,9 +401,9 @@ SUF(scan_bwd_item)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
     for (int64_t d = 0; d < dl; d++) dD[b * Din + d0 + d] = gD[d];
 }
 
-void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
+void SUF(scan_bwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
                    const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
-                   const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                   const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
                    REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
                    int64_t item0, int64_t item1) {
     const int64_t ntiles_ = (Din + TILE - 1) / TILE;
@@ -382,8 +429,8 @@ void SUF(scan_bwd)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstri
 
 
 /* the input row that tap `lag` of output t reads, or NULL (before the state, or dropped at a document start) */
-static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const int64_t *since, int64_t b, int64_t t,
-                                        int64_t lag, int64_t T, int64_t C, int64_t K, int64_t xs) {
+static inline const IO *SUF(conv_src)(const IO *x, const IO *state, const int64_t *since, int64_t b, int64_t t,
+                                      int64_t lag, int64_t T, int64_t C, int64_t K, int64_t xs) {
     const int64_t tau = t - lag;
     if (since && since[b * T + t] < lag) return NULL;
     if (tau >= 0) return x + (b * T + tau) * xs;
@@ -391,11 +438,11 @@ static inline const REAL *SUF(conv_src)(const REAL *x, const REAL *state, const 
 }
 
 /* the K rows that the taps of output t read (src[j] for tap j), a row of zeros for a dropped or missing one */
-static inline void SUF(conv_srcs)(const REAL **src, const REAL *zero, const REAL *x, const REAL *state,
+static inline void SUF(conv_srcs)(const IO **src, const IO *zero, const IO *x, const IO *state,
                                   const int64_t *since, int64_t b, int64_t t, int64_t T, int64_t C, int64_t K,
                                   int64_t xs) {
     for (int64_t j = 0; j < K; j++) {
-        const REAL *p = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
+        const IO *p = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
         src[j] = p ? p : zero;
     }
 }
@@ -403,52 +450,52 @@ static inline void SUF(conv_srcs)(const REAL **src, const REAL *zero, const REAL
 /* The per-row loops, each one pass over the channels with the K taps in registers; inlined with K = 4 (Mamba's
    d_conv) as a constant, so that the tap loop unrolls inside the vector loop. */
 static inline __attribute__((always_inline)) void
-SUF(conv_fwd_row)(REAL *restrict o, const REAL **src, const REAL *restrict wt, const REAL *restrict bias, int64_t C,
+SUF(conv_fwd_row)(IO *restrict o, const IO **src, const REAL *restrict wt, const REAL *restrict bias, int64_t C,
                   int64_t K) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
         REAL a = bias[c];
-        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * src[j][c];
-        o[c] = a * SUF(sigmoid)(a);
+        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * LD(src[j][c]);
+        o[c] = ST(a * SUF(sigmoid)(a));
     }
 }
 
 /* dp = dy silu'(pre) for one output row; with own (a step of the item itself, not of its halo) also the bias and
    weight gradients' partial sums */
 static inline __attribute__((always_inline)) void
-SUF(conv_bwd_row)(REAL *restrict dp, REAL *restrict gb, REAL *restrict dwi, const REAL *restrict g, const REAL **src,
+SUF(conv_bwd_row)(REAL *restrict dp, REAL *restrict gb, REAL *restrict dwi, const IO *restrict g, const IO **src,
                   const REAL *restrict wt, const REAL *restrict bias, int64_t C, int64_t K, int own) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
         REAL a = bias[c];
-        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * src[j][c];
-        const REAL d = g[c] * SUF(dsilu)(a, SUF(sigmoid)(a));
+        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * LD(src[j][c]);
+        const REAL d = LD(g[c]) * SUF(dsilu)(a, SUF(sigmoid)(a));
         dp[c] = d;
         if (own) {
             gb[c] += d;
-            for (int64_t j = 0; j < K; j++) dwi[j * C + c] += d * src[j][c];
+            for (int64_t j = 0; j < K; j++) dwi[j * C + c] += d * LD(src[j][c]);
         }
     }
 }
 
 /* dst = sum over taps of w[j] dp[j]: the gradient of one input row, from the K dpre rows that read it */
 static inline __attribute__((always_inline)) void
-SUF(conv_dx_row)(REAL *restrict dst, const REAL **dp, const REAL *restrict wt, int64_t C, int64_t K) {
+SUF(conv_dx_row)(IO *restrict dst, const REAL **dp, const REAL *restrict wt, int64_t C, int64_t K) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
         REAL a = 0;
         for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * dp[j][c];
-        dst[c] = a;
+        dst[c] = ST(a);
     }
 }
 
 static inline __attribute__((always_inline)) void
-SUF(conv_fwd_items)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since,
-                    REAL *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0,
+SUF(conv_fwd_items)(const IO *x, const IO *state, const REAL *wt, const REAL *bias, const int64_t *since,
+                    IO *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0,
                     int64_t item1) {
     const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    REAL zero[C];
-    const REAL *src[K];
+    IO zero[C];
+    const IO *src[K];
     for (int64_t c = 0; c < C; c++) zero[c] = 0;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
@@ -459,7 +506,7 @@ SUF(conv_fwd_items)(const REAL *x, const REAL *state, const REAL *wt, const REAL
     }
 }
 
-void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since, REAL *out,
+void SUF(conv_fwd)(const IO *x, const IO *state, const REAL *wt, const REAL *bias, const int64_t *since, IO *out,
                    int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
     if (K == 4) SUF(conv_fwd_items)(x, state, wt, bias, since, out, Bt, T, C, (int64_t)4, xs, item0, item1);
     else SUF(conv_fwd_items)(x, state, wt, bias, since, out, Bt, T, C, K, xs, item0, item1);
@@ -471,13 +518,16 @@ void SUF(conv_fwd)(const REAL *x, const REAL *state, const REAL *wt, const REAL 
    positions before it: dstate, which may be NULL) = sum over taps of w[j] dpre[tau + lag]. dw [items, K, C] and
    dbias [items, C] get one partial sum per item over its own steps (the caller sums them). */
 static inline __attribute__((always_inline)) void
-SUF(conv_bwd_items)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
-                    const int64_t *since, REAL *ring, REAL *dx, REAL *dstate, REAL *dw, REAL *dbias, int64_t Bt,
+SUF(conv_bwd_items)(const IO *dy, const IO *x, const IO *state, const REAL *wt, const REAL *bias,
+                    const int64_t *since, REAL *ring, IO *dx, IO *dstate, REAL *dw, REAL *dbias, int64_t Bt,
                     int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
     const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    REAL zero[C];
-    const REAL *src[K];
+    IO zero[C];
+    REAL zero_dp[C];
+    const IO *src[K];
+    const REAL *dps[K];
     for (int64_t c = 0; c < C; c++) zero[c] = 0;
+    for (int64_t c = 0; c < C; c++) zero_dp[c] = 0;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
         REAL *restrict dwi = dw + item * K * C, *restrict gb = dbias + item * C;
@@ -494,22 +544,22 @@ SUF(conv_bwd_items)(const REAL *dy, const REAL *x, const REAL *state, const REAL
                tau < 0 is a state position) */
             const int64_t tau = t - (K - 1);
             if (tau < (t0 == 0 ? -(K - 1) : t0) || tau >= t1) continue;
-            REAL *dst;
+            IO *dst;
             if (tau >= 0) dst = dx + (b * T + tau) * C;
             else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C;
             else continue;
             for (int64_t j = 0; j < K; j++) {
                 const int64_t lag = K - 1 - j, tt = tau + lag;
                 const int drop = tt < 0 || tt >= T || (since && since[b * T + tt] < lag);
-                src[j] = drop ? zero : ring + ((tt - t0) % K) * C;
+                dps[j] = drop ? zero_dp : ring + ((tt - t0) % K) * C;
             }
-            SUF(conv_dx_row)(dst, src, wt, C, K);
+            SUF(conv_dx_row)(dst, dps, wt, C, K);
         }
     }
 }
 
-void SUF(conv_bwd)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
-                   const int64_t *since, REAL *ring, REAL *dx, REAL *dstate, REAL *dw, REAL *dbias, int64_t Bt,
+void SUF(conv_bwd)(const IO *dy, const IO *x, const IO *state, const REAL *wt, const REAL *bias,
+                   const int64_t *since, REAL *ring, IO *dx, IO *dstate, REAL *dw, REAL *dbias, int64_t Bt,
                    int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
     if (K == 4) SUF(conv_bwd_items)(dy, x, state, wt, bias, since, ring, dx, dstate, dw, dbias, Bt, T, C,
                                     (int64_t)4, xs, item0, item1);
@@ -524,31 +574,35 @@ void SUF(conv_bwd)(const REAL *dy, const REAL *x, const REAL *state, const REAL 
    inputs): du = dout silu(g), dg = dout u sigmoid(g) (1 + g (1 - sigmoid(g))). */
 #define GATE_ROWS 16
 
-void SUF(silu_mul_fwd)(const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *out, int64_t M, int64_t F,
+void SUF(silu_mul_fwd)(const IO *g, int64_t gs, const IO *u, int64_t us, IO *out, int64_t M, int64_t F,
                        int64_t item0, int64_t item1) {
     for (int64_t item = item0; item < item1; item++) {
         const int64_t r1 = (item + 1) * GATE_ROWS < M ? (item + 1) * GATE_ROWS : M;
         for (int64_t r = item * GATE_ROWS; r < r1; r++) {
-            const REAL *restrict gr = g + r * gs, *restrict ur = u + r * us;
-            REAL *restrict o = out + r * F;
+            const IO *restrict gr = g + r * gs, *restrict ur = u + r * us;
+            IO *restrict o = out + r * F;
 #pragma omp simd
-            for (int64_t c = 0; c < F; c++) o[c] = gr[c] * SUF(sigmoid)(gr[c]) * ur[c];
+            for (int64_t c = 0; c < F; c++) {
+                const REAL gv = LD(gr[c]);
+                o[c] = ST(gv * SUF(sigmoid)(gv) * LD(ur[c]));
+            }
         }
     }
 }
 
-void SUF(silu_mul_bwd)(const REAL *dout, const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *dg, int64_t dgs,
-                       REAL *du, int64_t dus, int64_t M, int64_t F, int64_t item0, int64_t item1) {
+void SUF(silu_mul_bwd)(const IO *dout, const IO *g, int64_t gs, const IO *u, int64_t us, IO *dg, int64_t dgs,
+                       IO *du, int64_t dus, int64_t M, int64_t F, int64_t item0, int64_t item1) {
     for (int64_t item = item0; item < item1; item++) {
         const int64_t r1 = (item + 1) * GATE_ROWS < M ? (item + 1) * GATE_ROWS : M;
         for (int64_t r = item * GATE_ROWS; r < r1; r++) {
-            const REAL *restrict o = dout + r * F, *restrict gr = g + r * gs, *restrict ur = u + r * us;
-            REAL *restrict dgr = dg + r * dgs, *restrict dur = du + r * dus;
+            const IO *restrict o = dout + r * F, *restrict gr = g + r * gs, *restrict ur = u + r * us;
+            IO *restrict dgr = dg + r * dgs, *restrict dur = du + r * dus;
 #pragma omp simd
             for (int64_t c = 0; c < F; c++) {
-                const REAL sg = SUF(sigmoid)(gr[c]);
-                dur[c] = o[c] * gr[c] * sg;
-                dgr[c] = o[c] * ur[c] * SUF(dsilu)(gr[c], sg);
+                const REAL gv = LD(gr[c]), ov = LD(o[c]);
+                const REAL sg = SUF(sigmoid)(gv);
+                dur[c] = ST(ov * gv * sg);
+                dgr[c] = ST(ov * LD(ur[c]) * SUF(dsilu)(gv, sg));
             }
         }
     }
@@ -562,42 +616,64 @@ void SUF(silu_mul_bwd)(const REAL *dout, const REAL *g, int64_t gs, const REAL *
    from one read of dout[n] and of the row. Distinct items write distinct rows, so they may run on any threads. */
 #define GATHER_ROWS 32
 
-void SUF(gather_sum_fwd)(const REAL *src, const int64_t *idx, const REAL *w, REAL *out, int64_t M, int64_t m,
+void SUF(gather_sum_fwd)(const IO *src, const int64_t *idx, const REAL *w, IO *out, int64_t M, int64_t m,
                          int64_t D, int64_t item0, int64_t item1) {
+#if !IO_IS_REAL
+    REAL acc_row[D];  /* the row's sum, in REAL; the output row itself where IO is REAL */
+#endif
     for (int64_t item = item0; item < item1; item++) {
         const int64_t n1 = (item + 1) * GATHER_ROWS < M ? (item + 1) * GATHER_ROWS : M;
         for (int64_t n = item * GATHER_ROWS; n < n1; n++) {
-            REAL *restrict o = out + n * D;
-            const REAL *restrict s0 = src + idx[n * m] * D;
+            IO *restrict o = out + n * D;
+#if IO_IS_REAL
+            REAL *restrict acc = o;
+#else
+            REAL *restrict acc = acc_row;
+#endif
+            const IO *restrict s0 = src + idx[n * m] * D;
             const REAL w0 = w[n * m];
 #pragma omp simd
-            for (int64_t c = 0; c < D; c++) o[c] = w0 * s0[c];
+            for (int64_t c = 0; c < D; c++) acc[c] = w0 * LD(s0[c]);
             for (int64_t j = 1; j < m; j++) {
-                const REAL *restrict sj = src + idx[n * m + j] * D;
+                const IO *restrict sj = src + idx[n * m + j] * D;
                 const REAL wj = w[n * m + j];
 #pragma omp simd
-                for (int64_t c = 0; c < D; c++) o[c] += wj * sj[c];
+                for (int64_t c = 0; c < D; c++) acc[c] += wj * LD(sj[c]);
             }
+#if !IO_IS_REAL
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) o[c] = ST(acc[c]);
+#endif
         }
     }
 }
 
-void SUF(gather_sum_bwd)(const REAL *dout, const REAL *src, const int64_t *idx, const REAL *w, REAL *dsrc, REAL *dw,
+void SUF(gather_sum_bwd)(const IO *dout, const IO *src, const int64_t *idx, const REAL *w, IO *dsrc, REAL *dw,
                          int64_t M, int64_t m, int64_t D, int64_t item0, int64_t item1) {
+#if !IO_IS_REAL
+    REAL gv_row[D];  /* the output gradient's row, widened once for its m slots */
+#endif
     for (int64_t item = item0; item < item1; item++) {
         const int64_t n1 = (item + 1) * GATHER_ROWS < M ? (item + 1) * GATHER_ROWS : M;
         for (int64_t n = item * GATHER_ROWS; n < n1; n++) {
-            const REAL *restrict g = dout + n * D;
+            const IO *restrict g = dout + n * D;
+#if IO_IS_REAL
+            const REAL *restrict gv = g;
+#else
+            REAL *restrict gv = gv_row;
+#pragma omp simd
+            for (int64_t c = 0; c < D; c++) gv[c] = LD(g[c]);
+#endif
             for (int64_t j = 0; j < m; j++) {
                 const int64_t r = idx[n * m + j];
-                const REAL *restrict sr = src + r * D;
-                REAL *restrict ds = dsrc + r * D;
+                const IO *restrict sr = src + r * D;
+                IO *restrict ds = dsrc + r * D;
                 const REAL wj = w[n * m + j];
                 REAL acc = 0;
 #pragma omp simd reduction(+ : acc)
                 for (int64_t c = 0; c < D; c++) {
-                    acc += g[c] * sr[c];
-                    ds[c] = wj * g[c];
+                    acc += gv[c] * LD(sr[c]);
+                    ds[c] = ST(wj * gv[c]);
                 }
                 dw[n * m + j] = acc;
             }
@@ -619,65 +695,69 @@ void SUF(gather_sum_bwd)(const REAL *dout, const REAL *src, const int64_t *idx, 
         if (i0_ < i1_) CALL;                                                                                        \
     }
 
-void SUF(scan_fwd_par)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
+void SUF(scan_fwd_par)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
                        const REAL *Cm, const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset,
-                       const int64_t *lengths, REAL *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T,
+                       const int64_t *lengths, IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T,
                        int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
     PAR_ITEMS(SUF(scan_fwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset, lengths, y, final, ckpt, dt_sp,
                             Bt, T, Din, N, K, i0_, i1_))
 }
 
-void SUF(scan_bwd_par)(const REAL *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
+void SUF(scan_bwd_par)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
                        const REAL *Cm, const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths,
-                       const REAL *ckpt, const REAL *dy, const REAL *dfinal, REAL *du, REAL *ddt, REAL *dA, REAL *dB,
+                       const REAL *ckpt, const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB,
                        REAL *dC, REAL *dD, REAL *dinit, REAL *work, int64_t wstride, int64_t dt_sp, int64_t Bt,
                        int64_t T, int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
     PAR_ITEMS(SUF(scan_bwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, ckpt, dy, dfinal, du, ddt, dA,
                             dB, dC, dD, dinit, work + w_ * wstride, dt_sp, Bt, T, Din, N, K, i0_, i1_))
 }
 
-void SUF(conv_fwd_par)(const REAL *x, const REAL *state, const REAL *wt, const REAL *bias, const int64_t *since,
-                       REAL *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
+void SUF(conv_fwd_par)(const IO *x, const IO *state, const REAL *wt, const REAL *bias, const int64_t *since,
+                       IO *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
                        int64_t nthreads) {
     PAR_ITEMS(SUF(conv_fwd)(x, state, wt, bias, since, out, Bt, T, C, K, xs, i0_, i1_))
 }
 
-void SUF(conv_bwd_par)(const REAL *dy, const REAL *x, const REAL *state, const REAL *wt, const REAL *bias,
-                       const int64_t *since, REAL *ring, int64_t rstride, REAL *dx, REAL *dstate, REAL *dw,
+void SUF(conv_bwd_par)(const IO *dy, const IO *x, const IO *state, const REAL *wt, const REAL *bias,
+                       const int64_t *since, REAL *ring, int64_t rstride, IO *dx, IO *dstate, REAL *dw,
                        REAL *dbias, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
                        int64_t nthreads) {
     PAR_ITEMS(SUF(conv_bwd)(dy, x, state, wt, bias, since, ring + w_ * rstride, dx, dstate, dw, dbias, Bt, T, C, K,
                             xs, i0_, i1_))
 }
 
-void SUF(silu_mul_fwd_par)(const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *out, int64_t M, int64_t F,
+void SUF(silu_mul_fwd_par)(const IO *g, int64_t gs, const IO *u, int64_t us, IO *out, int64_t M, int64_t F,
                            int64_t nitems, int64_t nthreads) {
     PAR_ITEMS(SUF(silu_mul_fwd)(g, gs, u, us, out, M, F, i0_, i1_))
 }
 
-void SUF(silu_mul_bwd_par)(const REAL *dout, const REAL *g, int64_t gs, const REAL *u, int64_t us, REAL *dg,
-                           int64_t dgs, REAL *du, int64_t dus, int64_t M, int64_t F, int64_t nitems,
+void SUF(silu_mul_bwd_par)(const IO *dout, const IO *g, int64_t gs, const IO *u, int64_t us, IO *dg,
+                           int64_t dgs, IO *du, int64_t dus, int64_t M, int64_t F, int64_t nitems,
                            int64_t nthreads) {
     PAR_ITEMS(SUF(silu_mul_bwd)(dout, g, gs, u, us, dg, dgs, du, dus, M, F, i0_, i1_))
 }
 
-void SUF(gather_sum_fwd_par)(const REAL *src, const int64_t *idx, const REAL *w, REAL *out, int64_t M, int64_t m,
+void SUF(gather_sum_fwd_par)(const IO *src, const int64_t *idx, const REAL *w, IO *out, int64_t M, int64_t m,
                              int64_t D, int64_t nitems, int64_t nthreads) {
     PAR_ITEMS(SUF(gather_sum_fwd)(src, idx, w, out, M, m, D, i0_, i1_))
 }
 
-void SUF(gather_sum_bwd_par)(const REAL *dout, const REAL *src, const int64_t *idx, const REAL *w, REAL *dsrc,
+void SUF(gather_sum_bwd_par)(const IO *dout, const IO *src, const int64_t *idx, const REAL *w, IO *dsrc,
                              REAL *dw, int64_t M, int64_t m, int64_t D, int64_t nitems, int64_t nthreads) {
     PAR_ITEMS(SUF(gather_sum_bwd)(dout, src, idx, w, dsrc, dw, M, m, D, i0_, i1_))
 }
 #undef PAR_ITEMS
 #endif
 
-/* The same code again in double precision. */
-#if !REAL_IS_DOUBLE
+/* The same code again: in double precision (pass 2), then float arithmetic on bfloat16 activations (pass 3). */
+#if KERNEL_PASS < 3
 #undef REAL
 #undef REAL_IS_DOUBLE
 #undef SUF
+#undef IO
+#undef IO_IS_REAL
+#undef LD
+#undef ST
 #undef EXP_LOG2E
 #undef EXP_LN2_HI
 #undef EXP_LN2_LO
@@ -690,8 +770,26 @@ void SUF(gather_sum_bwd_par)(const REAL *dout, const REAL *src, const int64_t *i
 #undef FABS
 #undef PF_STEPS
 #undef COPYSIGN
+#if KERNEL_PASS == 1
+#undef KERNEL_PASS
+#define KERNEL_PASS 2
 #define REAL double
 #define REAL_IS_DOUBLE 1
 #define SUF(name) name##_f64
+#define IO double
+#define IO_IS_REAL 1
+#define LD(v) (v)
+#define ST(v) (v)
+#else
+#undef KERNEL_PASS
+#define KERNEL_PASS 3
+#define REAL float
+#define REAL_IS_DOUBLE 0
+#define SUF(name) name##_bf16
+#define IO uint16_t
+#define IO_IS_REAL 0
+#define LD(v) bf16_to_f32(v)
+#define ST(v) f32_to_bf16(v)
+#endif
 #include "_scan_kernel.c"
 #endif

@@ -23,8 +23,8 @@ from linlm.ops import scan_kernel
 from linlm.ops.grad import needs_grad
 
 __all__ = [
-    "combine", "dispatch", "gather_rows", "group_by_expert", "invert_order", "load_balance_loss", "read_back",
-    "router_z_loss", "top_k_route",
+    "combine", "dispatch", "gather_rows", "group_by_expert", "invert_order", "load_balance_loss", "matmul_row_quantum",
+    "pad_groups", "read_back", "router_z_loss", "top_k_route",
 ]
 
 
@@ -130,6 +130,50 @@ def invert_order(order: Tensor, k: int) -> Tensor:
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device)).view(-1, k)
 
 
+# Rows that a routed matmul dimension is rounded up to where the matmuls run in bfloat16 on the CPU (see
+# matmul_row_quantum).
+BF16_ROW_QUANTUM = 16
+
+
+def matmul_row_quantum(x: Tensor) -> int:
+    """Rows to round a data-dependent matmul size up to (an expert's group of rows, the length of MossNet's expert
+    rows), so that the matmuls' shapes repeat from step to step: BF16_ROW_QUANTUM where x's matmuls run in bfloat16
+    on the CPU (x bfloat16, or bfloat16 autocast), else 1 (no rounding).
+
+    Why: torch runs CPU bfloat16 matmuls on oneDNN, which JIT-compiles a primitive for every new shape and keeps
+    1024 of them in an LRU cache. Routed sizes take hundreds of values (an expert's rows at paper-70m, seq 2048:
+    about 380 to 660), so a MossNet step kept compiling: about 190 primitives a step, each about 0.5 ms and 90
+    freshly touched pages (measured on a 2-core AMD EPYC, Zen 4, oneDNN 3.12). float32 matmuls (MKL) compile
+    nothing, and rounding there would only add work."""
+    if x.device.type != "cpu":
+        return 1
+    bf16 = x.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
+                                          and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    return BF16_ROW_QUANTUM if bf16 else 1
+
+
+def pad_groups(order: Tensor, counts: Tensor, k: int, quantum: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """The assignments sorted by expert (``order``, ``counts`` from group_by_expert) laid out in rows, each expert's
+    group padded at its end to a multiple of ``quantum`` rows (matmul_row_quantum).
+
+    Returns (src [S]: the token each row reads, token 0 for a padding row; rows [N, k]: the row of each (token, slot)
+    assignment; ends [E]: the end of each expert's padded group, the offsets of a grouped matmul). With quantum 1
+    there is no padding: src = order // k, rows = invert_order(order, k), ends = cumsum(counts). Padding rows are
+    read by no assignment: gather_rows(x, src, rows) gives them no gradient, and read_back never reads them."""
+    rows = invert_order(order, k)
+    ends = torch.cumsum(counts, 0)
+    if quantum == 1:
+        return order // k, rows, ends
+    padded = (counts + quantum - 1) // quantum * quantum
+    padded_ends = torch.cumsum(padded, 0)
+    shift = (padded_ends - padded) - (ends - counts)  # how far each expert's group moves
+    expert = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)  # of each sorted row
+    place = torch.arange(order.numel(), device=order.device) + shift[expert]  # sorted row -> padded row
+    size = int(padded_ends[-1]) if counts.numel() else 0
+    src = torch.zeros(size, dtype=order.dtype, device=order.device).index_copy_(0, place, order // k)
+    return src, place[rows], padded_ends
+
+
 class _GatherRows(torch.autograd.Function):
     """x.index_select(0, src) whose backward is a gather-sum over the rows that read each x row (`reads`), not a
     scatter-add of every gathered row: a scatter-add must allow any row to be hit any number of times, and measured
@@ -158,14 +202,17 @@ def gather_rows(x: Tensor, src: Tensor, reads: Tensor) -> Tensor:
 
 def read_back(src: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
     """out[n] = sum_j weights[n, j] * src[idx[n, j]]: each token's gate-weighted sum of its expert slots, for src
-    [S, D], idx [N, m] and weights [N, m] of src's dtype, differentiable in src and weights. No row of src may be read
-    twice (each slot is one token's): the backward stores each row's gradient. The compiled kernel on the CPU in
-    float32 / float64, else embedding_bag, whose weighted backward sorts the indices first (it allows a row to be
+    [S, D], idx [N, m] and weights [N, m], differentiable in src and weights. Returns src's dtype, summed in float32
+    at least (float64 for float64 src), the weights taken and their gradient computed in that precision too. No row
+    of src may be read twice (each slot is one token's): the backward stores each row's gradient. The compiled
+    kernel on the CPU for float32, float64 and bfloat16 rows (bfloat16 read and written in place), else
+    embedding_bag in the summing precision, whose weighted backward sorts the indices first (it allows a row to be
     read any number of times). benchmarks/bench_fused.py times the two, fwd + bwd: at MossNet's demo read-back
     (4096 of 4352 slots, 256 wide) 0.60 against 1.37 ms on a 2-core AVX2 CPU."""
-    if scan_kernel.gather_sum_takes(src, weights):
-        return scan_kernel.weighted_gather_sum(src, idx, weights)
-    return F.embedding_bag(idx, src, per_sample_weights=weights, mode="sum")
+    w = weights.to(scan_kernel.compute_dtype(src.dtype))
+    if scan_kernel.gather_sum_takes(src, w):
+        return scan_kernel.weighted_gather_sum(src, idx, w)
+    return F.embedding_bag(idx, src.to(w.dtype), per_sample_weights=w, mode="sum").to(src.dtype)
 
 
 def combine(y_sorted: Tensor, order: Tensor, weights: Tensor, num_tokens: int, rows: Tensor | None = None) -> Tensor:
@@ -173,21 +220,22 @@ def combine(y_sorted: Tensor, order: Tensor, weights: Tensor, num_tokens: int, r
 
     y_sorted [N * k, D] in the order of `dispatch`; order [N * k]; weights [N, k]. Returns [num_tokens, D] in the
     dtype of y_sorted (accumulated in float32 at least). Differentiable in y_sorted and weights. ``rows``:
-    invert_order(order, k) when the caller has it already.
+    invert_order(order, k) when the caller has it already, or the rows of a padded layout (pad_groups), where
+    y_sorted has rows beyond the N * k assignments that nothing reads.
     """
     if weights.dim() != 2 or weights.shape[0] != num_tokens:
         raise ShapeError(
             f"combine: `weights` must be [N, k] with N = num_tokens = {num_tokens}, got {list(weights.shape)}"
         )
     n_assign = weights.numel()
-    if y_sorted.dim() != 2 or y_sorted.shape[0] != n_assign or list(order.shape) != [n_assign]:
+    n_rows = y_sorted.shape[0] if y_sorted.dim() == 2 else -1
+    if (n_rows != n_assign and (rows is None or n_rows < n_assign)) or list(order.shape) != [n_assign]:
         raise ShapeError(
-            f"combine: `y_sorted` must be [N * k, D] and `order` [N * k] with N * k = {n_assign}, "
-            f"got {list(y_sorted.shape)} and {list(order.shape)}"
+            f"combine: `y_sorted` must be [N * k, D] (more rows only with `rows`) and `order` [N * k] with "
+            f"N * k = {n_assign}, got {list(y_sorted.shape)} and {list(order.shape)}"
         )
-    acc = torch.promote_types(torch.promote_types(y_sorted.dtype, weights.dtype), torch.float32)
     # rows[n, slot]: the row of y_sorted holding token n's slot (order inverted); then one weighted gather-sum, which
     # forward and backward takes about 0.6x the time of weighting every row and scatter-adding it to its token
     if rows is None:
         rows = invert_order(order, weights.shape[1])
-    return read_back(y_sorted.to(acc), rows, weights.to(acc)).to(y_sorted.dtype)
+    return read_back(y_sorted, rows, weights)

@@ -13,13 +13,22 @@ The conv and the gate are memory-bound passes that torch would make as several o
 more ops backward, saving silu(g) besides its inputs); each kernel makes one pass each way and saves only its
 inputs. ``LINLM_SCAN_BACKEND`` switches all three.
 
+Dtypes: each kernel has a float32, a float64 and a bfloat16 variant (NAME_f32, NAME_f64, NAME_bf16). The bfloat16
+one reads and writes bfloat16 activations in place and does its arithmetic and accumulation in float32, rounding each
+result once to nearest, as torch's .to(torch.bfloat16) does: under bf16 autocast the scan's u and y, the conv, the
+gate and the read-back's rows stay bfloat16, with no conversion to float32 and back around each call (the same
+values as that conversion for the scan and the conv; one rounding instead of two for the gate). What stays float32
+either way: dt, A, B, C, D and the states of the scan, the conv's weights, the read-back's weights, and every
+gradient of those.
+
 Build: plain C, no Python or torch headers, compiled on first use with the system's C compiler (``$CC``, else
-``cc`` or ``gcc``), about a second. The library is cached under ``$LINLM_KERNEL_CACHE`` (default: the user cache
-dir, ``.../linlm/kernels``), named by a hash of the source, the flags, the compiler and the CPU's feature flags
-(it is built with ``-march=native``); it is written to a temporary name and renamed, so concurrent processes never
-load a half-written file. Without a compiler, or if the build fails (a warning says why), ``available()`` is False
-and ``linlm.ops.selective_scan.selective_scan`` uses the pure-torch chunked form. ``LINLM_SCAN_BACKEND=torch``
-forces that form; ``=kernel`` makes a missing kernel an error.
+``cc`` or ``gcc``): about 20 s of CPU with gcc 12 for the three variants, once per source, flags and CPU. The
+library is cached under ``$LINLM_KERNEL_CACHE`` (default: the user cache dir, ``.../linlm/kernels``), named by a
+hash of the source, the flags, the compiler and the CPU's feature flags (it is built with ``-march=native``); it is
+written to a temporary name and renamed, so concurrent processes never load a half-written file. Without a
+compiler, or if the build fails (a warning says why), ``available()`` is False and
+``linlm.ops.selective_scan.selective_scan`` uses the pure-torch chunked form. ``LINLM_SCAN_BACKEND=torch`` forces
+that form; ``=kernel`` makes a missing kernel an error.
 
 Threads: the (batch row, channel tile) work items are split over ``torch.get_num_threads()`` threads. Built with
 ``-fopenmp`` (gcc, clang with libomp), the library's NAME_par entry points run them in torch's own OpenMP pool (the
@@ -53,8 +62,8 @@ from linlm.errors import ConfigError
 from linlm.ops.grad import needs_grad
 
 __all__ = [
-    "available", "backend", "conv_silu", "gate_takes", "gather_sum_takes", "glu_silu", "kernel_scan",
-    "openmp_pool", "own_threads", "silu_mul", "weighted_gather_sum",
+    "available", "backend", "compute_dtype", "conv_silu", "gate_takes", "gather_sum_takes", "glu_silu",
+    "kernel_scan", "openmp_pool", "own_threads", "silu_mul", "weighted_gather_sum",
 ]
 
 SOURCE = Path(__file__).with_name("_scan_kernel.c")
@@ -136,6 +145,17 @@ _ARGTYPES = {
     "gather_sum_fwd": [_P] * 4 + [_I] * 5,
     "gather_sum_bwd": [_P] * 6 + [_I] * 5,
 }
+# The library's variant per activation dtype (see the C file's header): bfloat16 activations with float32 arithmetic.
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
+IO_DTYPES = tuple(_SUFFIX)
+
+
+def compute_dtype(io: torch.dtype) -> torch.dtype:
+    """The dtype the kernels compute and accumulate in for activations of dtype ``io``: float64 for float64, else
+    float32 (bfloat16 activations are widened as they are read and rounded to nearest as they are written)."""
+    return torch.float64 if io == torch.float64 else torch.float32
+
+
 _SCRATCH = {"scan_fwd": None, "scan_bwd": 20, "conv_fwd": None, "conv_bwd": 6, "silu_mul_fwd": None,
             "silu_mul_bwd": None, "gather_sum_fwd": None, "gather_sum_bwd": None}
 
@@ -156,7 +176,7 @@ def _library() -> ctypes.CDLL | None:
         warnings.warn(f"linlm: the selective-scan kernel could not be built ({errors[-1]}); using the pure-torch "
                       "scan", RuntimeWarning, stacklevel=3)
         return None
-    for suf in ("f32", "f64"):
+    for suf in _SUFFIX.values():
         for name, types in _ARGTYPES.items():
             getattr(lib, f"{name}_{suf}").argtypes = types
             par = getattr(lib, f"{name}_par_{suf}", None)  # absent without OpenMP
@@ -223,13 +243,14 @@ def _workers(n_items: int) -> int:
 
 
 def _run(name: str, dtype: torch.dtype, n_items: int, args: tuple, scratch: Tensor | None = None) -> None:
-    """Run kernel ``name`` (its float64 build for float64, else float32) over n_items work items: in torch's OpenMP
+    """Run kernel ``name`` (its variant for activations of ``dtype``: float32, float64 or bfloat16) over n_items
+    work items: in torch's OpenMP
     pool where the library has the NAME_par entry points (outside own_threads()), else over contiguous ranges of
     the items on Python threads (ctypes releases the GIL). ``args``: the kernel's arguments without the item range;
     a kernel with per-thread scratch (_SCRATCH) gets row i of ``scratch`` [threads, size] for thread i (args holds
     row 0's pointer there)."""
     lib = _library()
-    suf = "f64" if dtype == torch.float64 else "f32"
+    suf = _SUFFIX[dtype]
     n = _workers(n_items)
     pos = _SCRATCH[name]
     par = getattr(lib, f"{name}_par_{suf}", None) if n > 1 and _use_pool else None
@@ -255,8 +276,9 @@ def _ptr(t: Tensor | None) -> int | None:
 
 
 class _KernelScan(torch.autograd.Function):
-    """y (with the D skip) and the final state. Inputs contiguous, float32 or float64, on the CPU. With dt_sp, dt is
-    the pre-activation and the kernel applies softplus (its gradient is then the pre-activation's)."""
+    """y (with the D skip) and the final state. Inputs contiguous on the CPU: u (so y and du) float32, float64 or
+    bfloat16, everything else in its compute dtype (compute_dtype). With dt_sp, dt is the pre-activation and the
+    kernel applies softplus (its gradient is then the pre-activation's)."""
 
     @staticmethod
     def forward(ctx, u, dt, A, B, C, D, init, reset, lengths, dt_sp):
@@ -264,9 +286,9 @@ class _KernelScan(torch.autograd.Function):
         Bt, T, Din = u.shape
         N = A.shape[-1]
         nseg = -(-T // CKPT)
-        ckpt = u.new_empty(Bt, nseg, Din, N) if any(ctx.needs_input_grad[:7]) else None
+        ckpt = dt.new_empty(Bt, nseg, Din, N) if any(ctx.needs_input_grad[:7]) else None
         y = u.new_empty(Bt, T, Din)
-        final = u.new_empty(Bt, Din, N)
+        final = dt.new_empty(Bt, Din, N)
         reset_b = None if reset is None else reset.contiguous().view(torch.uint8)
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(init),
                 _ptr(reset_b), _ptr(lengths), _ptr(y), _ptr(final), _ptr(ckpt), int(dt_sp), Bt, T, Din, N, CKPT)
@@ -284,13 +306,13 @@ class _KernelScan(torch.autograd.Function):
         N = A.shape[-1]
         ntiles = -(-Din // TILE)
         dy = u.new_zeros(Bt, T, Din) if dy is None else dy.to(u.dtype).contiguous()
-        dfinal = None if dfinal is None else dfinal.to(u.dtype).contiguous()
+        dfinal = None if dfinal is None else dfinal.to(dt.dtype).contiguous()
         du, ddt = torch.empty_like(u), torch.empty_like(dt)
-        dA_rows, dD_rows = u.new_empty(Bt, Din, N), u.new_empty(Bt, Din)
-        dB_parts, dC_parts = u.new_empty(ntiles, Bt, T, N), u.new_empty(ntiles, Bt, T, N)
-        dinit = u.new_empty(Bt, Din, N)
+        dA_rows, dD_rows = dt.new_empty(Bt, Din, N), dt.new_empty(Bt, Din)
+        dB_parts, dC_parts = dt.new_empty(ntiles, Bt, T, N), dt.new_empty(ntiles, Bt, T, N)
+        dinit = dt.new_empty(Bt, Din, N)
         n_items = Bt * ntiles
-        work = u.new_empty(_workers(n_items), (2 * N + 2) * CKPT * TILE)
+        work = dt.new_empty(_workers(n_items), (2 * N + 2) * CKPT * TILE)
         args = (_ptr(u), _ptr(dt), _ptr(A), _bstride(A, 3), _ptr(B), _ptr(C), _ptr(D), _bstride(D, 2), _ptr(reset_b),
                 _ptr(lengths), _ptr(ckpt), _ptr(dy), _ptr(dfinal), _ptr(du), _ptr(ddt), _ptr(dA_rows),
                 _ptr(dB_parts), _ptr(dC_parts), _ptr(dD_rows), _ptr(dinit))
@@ -311,7 +333,9 @@ def _bstride(t: Tensor | None, batched_dim: int) -> int:
 def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None, init: Tensor | None,
                 reset: Tensor | None, lengths: Tensor | None = None,
                 dt_softplus: bool = False) -> tuple[Tensor, Tensor]:
-    """(y = scan + D u, final state), all in u's dtype (float32 or float64). Arguments already checked.
+    """(y = scan + D u, final state). u and y in u's dtype (float32, float64 or bfloat16: the kernel reads and
+    writes bfloat16 in place, computing in float32), the state and every other input in compute_dtype(u.dtype).
+    Arguments already checked.
 
     dt_softplus: dt is the pre-activation and the step size is softplus(dt), computed in the kernel (no separate pass
     over dt, forward or backward).
@@ -319,8 +343,10 @@ def kernel_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tenso
     lengths: None or int64 [Bt]: row b is steps 0 .. lengths[b] - 1; later steps are padding, where y = D u, the state
     stays as it is and no gradient reaches dt, B, C (nor u beyond D's term).
     """
-    u, dt, A, B, C = (t.contiguous() for t in (u, dt, A, B, C))
-    D, init = (None if t is None else t.to(u.dtype).contiguous() for t in (D, init))
+    cd = compute_dtype(u.dtype)
+    u = u.contiguous()
+    dt, A, B, C = (t.to(cd).contiguous() for t in (dt, A, B, C))
+    D, init = (None if t is None else t.to(cd).contiguous() for t in (D, init))
     if lengths is not None:
         lengths = lengths.to(torch.int64).clamp(0, u.shape[1]).contiguous()
     return _KernelScan.apply(u, dt, A, B, C, D, init, reset, lengths, dt_softplus)
@@ -352,8 +378,8 @@ class _ConvSiLU(torch.autograd.Function):
         dy = dy.to(x.dtype).contiguous()
         dx = x.new_empty(Bt, T, C)
         dstate = None if state is None or not ctx.needs_input_grad[1] else torch.empty_like(state)
-        dw, dbias = x.new_empty(n_items, K, C), x.new_empty(n_items, C)
-        ring = x.new_empty(_workers(n_items), K * C)  # one per thread
+        dw, dbias = wt.new_empty(n_items, K, C), wt.new_empty(n_items, C)
+        ring = wt.new_empty(_workers(n_items), K * C)  # one per thread
         args = (_ptr(dy), _ptr(x), _ptr(state), _ptr(wt), _ptr(bias), _ptr(since))
         rest = (_ptr(dx), _ptr(dstate), _ptr(dw), _ptr(dbias), Bt, T, C, K, x.stride(1))
         _run("conv_bwd", x.dtype, n_items, (*args, ring.data_ptr(), *rest), ring)
@@ -364,12 +390,14 @@ def conv_silu(x: Tensor, state: Tensor | None, weight: Tensor, bias: Tensor, sin
     """silu(out) for out[t] = bias + sum_j weight[:, j] * x[t - (K - 1 - j)] (nn.Conv1d's tap layout), reading the
     K - 1 inputs before x from state [Bt, K - 1, C] (None: zeros). since: None or int [Bt, T], steps since the latest
     document start; a tap further back than that is dropped. Computed in float32 (float64 for float64 x), returned in
-    x's dtype. Arguments already checked (layers.mamba.ShortConv)."""
-    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xc = x.to(cd)
+    x's dtype; float32, float64 and bfloat16 x (and state) are read and written in place, any other dtype goes
+    through float32. Arguments already checked (layers.mamba.ShortConv)."""
+    io = x.dtype if x.dtype in IO_DTYPES else torch.float32
+    cd = compute_dtype(io)
+    xc = x.to(io)
     if xc.stride(2) != 1 or xc.stride(0) != xc.shape[1] * xc.stride(1):  # rows evenly spaced: read in place
         xc = xc.contiguous()
-    st = None if state is None or state.shape[1] == 0 else state.to(cd).contiguous()
+    st = None if state is None or state.shape[1] == 0 else state.to(io).contiguous()
     sc = None if since is None else since.to(torch.int64).contiguous()
     out = _ConvSiLU.apply(xc, st, weight.to(cd).t().contiguous(), bias.to(cd).contiguous(), sc)
     return out.to(x.dtype)
@@ -383,9 +411,10 @@ GATE_ROWS = 16  # rows per work item of the gate; must equal GATE_ROWS in the C 
 
 def gate_takes(*tensors: Tensor) -> bool:
     """Whether the gate kernel runs for these tensors: all on the CPU, of one shape (no broadcasting) and one dtype,
-    float32 or float64, and the kernel available (built)."""
+    float32, float64 or bfloat16 (read and written in place, computed in float32: one rounding per output, where
+    torch's bfloat16 ops round silu(g) before the product), and the kernel available (built)."""
     first = tensors[0]
-    return (first.dtype in (torch.float32, torch.float64)
+    return (first.dtype in IO_DTYPES
             and all(t.device.type == "cpu" and t.dtype == first.dtype and t.shape == first.shape for t in tensors)
             and available())
 
@@ -478,10 +507,11 @@ GATHER_ROWS = 32  # output rows per work item of the gather-sum; must equal GATH
 
 
 def gather_sum_takes(src: Tensor, weights: Tensor) -> bool:
-    """Whether the gather-sum kernel runs for rows src [S, D] and their weights: on the CPU, float32 or float64, the
-    weights of src's dtype, and the kernel available (built)."""
-    return (src.device.type == "cpu" and src.dtype in (torch.float32, torch.float64) and src.dim() == 2
-            and weights.device.type == "cpu" and weights.dtype == src.dtype and available())
+    """Whether the gather-sum kernel runs for rows src [S, D] and their weights: on the CPU, src float32, float64 or
+    bfloat16, the weights in its compute dtype (float32 for bfloat16 rows: the sums accumulate in float32, the
+    weights' gradient too), and the kernel available (built)."""
+    return (src.device.type == "cpu" and src.dtype in IO_DTYPES and src.dim() == 2
+            and weights.device.type == "cpu" and weights.dtype == compute_dtype(src.dtype) and available())
 
 
 def _gather_sum_forward(src: Tensor, idx: Tensor, w: Tensor) -> Tensor:

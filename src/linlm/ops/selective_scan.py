@@ -480,7 +480,11 @@ def selective_scan_kernel(
     if u.shape[1] == 0:
         s = torch.zeros(Bt, Din, N, dtype=cd, device=u.device) if initial_state is None else initial_state.to(cd)
         return u.new_zeros(Bt, 0, Din), (s if output_final_state else None)
-    uc, dtc, Ac, Bc, Cc = (t.to(cd) for t in (u, dt, A, B, C))
+    # u (so y and du) is read and written in its own dtype where the kernel has a variant for it (bfloat16: in
+    # place, computing in float32; the same values as converting around a float32 kernel), the rest in float32
+    io = u.dtype if u.dtype in scan_kernel.IO_DTYPES else cd
+    uc = u.to(io)
+    dtc, Ac, Bc, Cc = (t.to(cd) for t in (dt, A, B, C))
     init = None if initial_state is None else initial_state.to(cd)
     if lengths is not None and (not isinstance(lengths, Tensor) or list(lengths.shape) != [Bt]
                                 or lengths.is_floating_point()):
