@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError, choices_text
 from linlm.models.archs import cosformer2, hgrn2, llama, mamba, mossnet, tnl
-from linlm.models.archs.base import ArchSpec
+from linlm.models.archs.base import BASELINE, FAMILIES, ArchSpec
 
 ARCHITECTURES: dict[str, ArchSpec] = {}
 
@@ -25,6 +25,24 @@ register(hgrn2.SPEC)
 register(cosformer2.SPEC)
 register(mamba.SPEC)
 register(mossnet.SPEC)
+
+
+def arch_names(*families: str, scaling_study: bool = False) -> list[str]:
+    """Registered architectures in registry order: all, or those of the given families (and of the scaling study).
+
+    Every default list of architectures (CLI defaults, ladders, claims, benchmarks) is derived from this, so that a
+    newly registered architecture is seen everywhere.
+    """
+    for family in families:
+        if family not in FAMILIES:
+            raise ConfigError(f"family: unknown family {family!r}; valid choices are {choices_text(FAMILIES)}")
+    return [name for name, spec in ARCHITECTURES.items()
+            if (not families or spec.family in families) and (spec.scaling_study or not scaling_study)]
+
+
+def baseline_arch() -> str:
+    """The softmax-attention baseline every comparison is made against (the first one registered)."""
+    return arch_names(BASELINE)[0]
 
 
 def get_arch(name: str) -> ArchSpec:

@@ -19,6 +19,14 @@ from linlm.layers.glu import GLU
 LayerCounter = Callable[[dict], "tuple[int, int]"]
 
 
+# The families an architecture belongs to; defaults, claims and plots select architectures by family.
+BASELINE = "baseline"  # softmax attention: the transformer every linear model is measured against
+LINEAR_ATTENTION = "linear attention"
+SSM = "ssm"
+MIXTURE = "mixture of experts"
+FAMILIES = (BASELINE, LINEAR_ATTENTION, SSM, MIXTURE)
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     name: str
@@ -26,6 +34,11 @@ class ArchSpec:
     mlp: Optional[Callable[..., nn.Module]]  # (cfg, layer_idx) -> channel mixer, or None (Mamba)
     norm: str  # the architecture's own norm: "rms" (with weight) or "srms" (no weight); cfg.norm_type may replace it
     description: str
+    family: str = LINEAR_ATTENTION  # one of FAMILIES
+    paper: str = ""  # the publication that defines it, e.g. "arXiv 2406.16690"
+    color: str = "tab:gray"  # its colour in every plot
+    # True for the architectures of the scaling study (arXiv 2406.16690): its ladders and claims cover these.
+    scaling_study: bool = False
     # FLOPs of one training step (fwd + bwd) by the paper's formula, embeddings excluded: (cfg, b, n) -> float
     paper_flops: Optional[Callable[..., float]] = None
     # Model-level module whose output every layer receives as ctx (HGRN2's lower-bound table).
@@ -40,6 +53,10 @@ class ArchSpec:
     extra_validate: Optional[Callable[..., None]] = None
     # (preset name, row: full dict of ModelConfig fields, layer counter) -> the row this architecture uses.
     preset_rule: Optional[Callable[[str, dict, LayerCounter], dict]] = None
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"ArchSpec {self.name!r}: family {self.family!r} is not one of {FAMILIES}")
 
     def validate(self, cfg) -> None:
         if self.extra_validate is not None:

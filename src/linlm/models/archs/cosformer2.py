@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linlm.layers.cosformer2 import TPE, CosFormer2Mixer
-from linlm.models.archs.base import ArchSpec, layers_on, paper_base_flops, sglu
+from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, layers_on, paper_base_flops, sglu
 from linlm.models.archs.tnl import PAPER_LAYERS
 
 
@@ -14,4 +14,5 @@ def paper_flops(cfg, b, n):
 
 
 SPEC = ArchSpec("cosformer2", CosFormer2Mixer, sglu, "srms", "cosFormer2: linear attention with LRPE and TPE, no decay",
+                family=LINEAR_ATTENTION, paper="arXiv 2406.16690", color="tab:red", scaling_study=True,
                 paper_flops=paper_flops, embed_mixer=TPE, preset_rule=layers_on(PAPER_LAYERS))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linlm.layers.hgrn2 import HGRN2Mixer, LowerBounds
-from linlm.models.archs.base import ArchSpec, paper_base_flops, sglu
+from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, paper_base_flops, sglu
 
 
 def paper_flops(cfg, b, n):
@@ -13,4 +13,5 @@ def paper_flops(cfg, b, n):
 
 
 SPEC = ArchSpec("hgrn2", HGRN2Mixer, sglu, "srms", "HGRN2: gated linear attention with a data-dependent vector gate",
+                family=LINEAR_ATTENTION, paper="arXiv 2404.07904", color="tab:green", scaling_study=True,
                 paper_flops=paper_flops, shared=LowerBounds)

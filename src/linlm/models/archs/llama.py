@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError
 from linlm.layers.attention import Attention
-from linlm.models.archs.base import ArchSpec, paper_base_flops, swiglu
+from linlm.models.archs.base import BASELINE, ArchSpec, paper_base_flops, swiglu
 
 
 def paper_flops(cfg, b, n):
@@ -21,4 +21,5 @@ def validate(cfg) -> None:
 
 
 SPEC = ArchSpec("llama", Attention, swiglu, "rms", "LLaMA: softmax attention with RoPE, SwiGLU, RMSNorm",
+                family=BASELINE, paper="arXiv 2302.13971", color="tab:blue", scaling_study=True,
                 paper_flops=paper_flops, constant_state=False, position_limit=True, extra_validate=validate)

@@ -8,7 +8,7 @@ of each layer) is then set to close the remaining gap. Every count comes from bl
 from __future__ import annotations
 
 from linlm.layers.mamba import MambaMixer
-from linlm.models.archs.base import ArchSpec
+from linlm.models.archs.base import SSM, ArchSpec
 
 
 def preset_rule(preset: str, row: dict, layer_params) -> dict:
@@ -28,4 +28,5 @@ def preset_rule(preset: str, row: dict, layer_params) -> dict:
 
 SPEC = ArchSpec("mamba", MambaMixer, None, "rms",
                 "Mamba: Mamba-1 selective-scan blocks (the SSM baseline), no separate MLP",
+                family=SSM, paper="arXiv 2312.00752", color="tab:purple",
                 preset_rule=preset_rule)

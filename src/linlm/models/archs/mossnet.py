@@ -11,7 +11,7 @@ from __future__ import annotations
 from linlm.errors import ConfigError, choices_text
 from linlm.layers.moe import MoEMLP
 from linlm.layers.mossnet import KERNELS, POLICIES, MossNetMixer
-from linlm.models.archs.base import ArchSpec
+from linlm.models.archs.base import MIXTURE, ArchSpec
 
 # MossNet's expert settings on the paper presets; the small presets keep E small so that tests run fast.
 PAPER_SETTINGS = dict(ssm_experts=4, ssm_top_k=2, mlp_experts=8, mlp_top_k=2, shared_experts=0,
@@ -72,4 +72,5 @@ def preset_rule(preset: str, row: dict, layer_params) -> dict:
 
 SPEC = ArchSpec("mossnet", MossNetMixer, moe_mlp, "rms",
                 "MossNet: mixture of state-space experts (routed S6/SSD experts) and a mixture of SwiGLU experts",
+                family=MIXTURE, paper="arXiv 2510.26182", color="tab:brown",
                 extra_validate=validate, preset_rule=preset_rule)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError, choices_text
 from linlm.layers.tnl import SLOPE_RULES, TNLMixer
-from linlm.models.archs.base import ArchSpec, layers_on, paper_base_flops, sglu
+from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, layers_on, paper_base_flops, sglu
 
 # The paper's ladder gives TNL (and cosFormer2) 25 layers at 410M, where LLaMA and HGRN2 have 26.
 PAPER_LAYERS = {"paper-410m": 25}
@@ -22,4 +22,5 @@ def validate(cfg) -> None:
 
 
 SPEC = ArchSpec("tnl", TNLMixer, sglu, "srms", "TNL: linear attention with a constant decay per head",
+                family=LINEAR_ATTENTION, paper="arXiv 2307.14995", color="tab:orange", scaling_study=True,
                 paper_flops=paper_flops, extra_validate=validate, preset_rule=layers_on(PAPER_LAYERS))
