@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts: run metadata, timing, JSON results and plain-text tables.
 
-Every script records `meta()` with its numbers, so a result can be traced to a revision, a torch build and a
-machine (DESIGN.md, principle 7: measured, not assumed).
+Every script writes its numbers with `meta()` under the key "meta", so a result can be traced to a revision, a
+torch build, a machine and the command that made it; benchmarks/render_results.py turns such a file into a page.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -106,9 +108,28 @@ _REVISION = _git_revision()
 _DIRTY = _git_dirty()
 
 
+# Environment variables that change what a benchmark measures; meta() records those that are set.
+RECORDED_ENV = ("OMP_NUM_THREADS", "LINLM_ALLOCATOR", "LINLM_SCAN_BACKEND", "LINLM_GPU_KERNELS", "PYTHONPATH")
+
+
+def command() -> str:
+    """This process's command line as one could type it again: `python benchmarks/bench_x.py ARGS`, the script's
+    path relative to the repository when it lies inside it."""
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if script is not None and script.is_relative_to(HERE.parent):
+        shown = str(script.relative_to(HERE.parent))
+    else:
+        shown = sys.argv[0] if sys.argv else "?"
+    return " ".join(["python", shlex.quote(shown), *(shlex.quote(a) for a in sys.argv[1:])])
+
+
 def meta() -> dict:
-    """Where and with what a result was measured."""
+    """Where and with what a result was measured: the script (`benchmark`), its command line and the environment
+    variables of RECORDED_ENV that were set, the source revision, torch, the CPU and the load."""
     return {
+        "benchmark": Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else None,
+        "command": command(),
+        "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
         "git_revision": _REVISION,
         "git_dirty": _DIRTY,
         "torch_version": torch.__version__,

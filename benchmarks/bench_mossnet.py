@@ -25,43 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-try:
-    from _common import meta, print_table, time_fn, write_json
-except ImportError:  # benchmarks/_common.py not there yet: the same four helpers, minimal
-    import json
-    import os
-    import platform
-    import subprocess
-    import time
-
-    def meta() -> dict:
-        here = Path(__file__).resolve().parent
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
-        return {"git": rev or None, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "machine": platform.machine(), "platform": platform.platform(), "cpus": os.cpu_count()}
-
-    def time_fn(fn, warmup: int = 1, repeat: int = 3) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    def write_json(name: str, payload: dict) -> Path:
-        path = Path(__file__).resolve().parent / "results" / f"{name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(payload, indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
-
-    def print_table(headers, rows) -> None:
-        from linlm.infer.report import print_table as _print
-
-        _print(headers, rows)
+from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm.layers.glu import GLU  # noqa: E402
 from linlm.layers.moe import MoEMLP  # noqa: E402
