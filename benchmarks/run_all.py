@@ -1,8 +1,10 @@
-"""Run every benchmark script in this folder, one after another, and print their tables.
+"""Run every benchmark script in this folder, one after another, print their tables, then render their pages.
 
     python benchmarks/run_all.py [--only ops scan ...]
 
-Each script writes its own JSON into benchmarks/results/.
+Each script writes its own JSON into benchmarks/results/; at the end render_results.py writes one Markdown page per
+JSON file beside it (benchmarks/results/X.md, and index.md). To publish a run, copy its JSON into docs/results/ and
+run `python benchmarks/render_results.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 
 
 def main() -> int:
@@ -31,6 +34,16 @@ def main() -> int:
         print(f"--- {script.name}: exit {rc} in {time.time() - t0:.0f} s", flush=True)
         if rc:
             failed.append(script.name)
+    if RESULTS.is_dir():
+        sys.path.insert(0, str(HERE))
+        from render_results import render_folder
+
+        try:
+            render_folder(RESULTS)
+            print(f"\npages: {RESULTS / 'index.md'}", flush=True)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a results file this renderer cannot read
+            print(f"render_results: {type(e).__name__}: {e}", flush=True)
+            failed.append("render_results.py")
     if failed:
         print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0
