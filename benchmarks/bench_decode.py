@@ -1,4 +1,4 @@
-"""Decoding targets (issue 11, point 5): flat per-token latency and constant state for the linear models, HGRN2
+"""Decoding targets: flat per-token latency and constant state for the linear models, HGRN2
 against transformers' Llama, linlm's LLaMA KV-cache decode against transformers', prefill memory at long context,
 and the bf16/fp32 decode latency ratio.
 
@@ -11,7 +11,7 @@ machine's drift over minutes land on one side), and the LLaMA target uses that r
     python benchmarks/bench_decode.py [--preset paper-70m] [--contexts 512,2048,8192,16384,32768] [--threads 2]
                                       [--interleave-max 2048] [--interleave-rounds 7]
                                       [--decode-tokens 16] [--archs tnl,hgrn2,...] [--no-bf16]
-                                      [--exported onnx,pt2] [--plot docs/img/bench_decode.png]
+                                      [--exported onnx,pt2] [--plot docs/results/bench_decode.png]
 
 Writes benchmarks/results/bench_decode.json and prints the table and the targets (each with its measured value
 and whether it held). With --exported, each linlm model's exported step (linlm.infer.export: onnxruntime for onnx)
