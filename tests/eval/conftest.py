@@ -1,5 +1,6 @@
 """Fixtures: small task files in the formats of the local benchmark copies (tests/eval/data), a byte-level BPE
-trained on their text and a tiny saved model with its tokenizer. Nothing here reads ../shared or the network."""
+trained on their text and a tiny saved model with its tokenizer. Nothing here reads files outside
+the repository or the network."""
 
 import json
 from pathlib import Path

@@ -15,7 +15,7 @@ PAPER_PARAMS = {
     "paper-7b": (6476.5, 6509.6, 6476.1, 6511.0),
 }
 ARCHS = ("llama", "tnl", "hgrn2", "cosformer2")
-# PFLOPs per step at b = 480, n = 8192: every figure the paper prints (spec/scaling_and_eval.md).
+# PFLOPs per step at b = 480, n = 8192: every figure the paper prints (arXiv 2406.16690).
 PAPER_PFLOPS = {"paper-70m": (1.6, 0.5, 0.5, 0.5), "paper-7b": (202.7, 154.4, 153.6, 155.6)}
 
 

@@ -1,4 +1,4 @@
-"""A decoding state knows the model that made it (issue 8, point 3), and degenerate inputs get clear errors."""
+"""A decoding state knows the model that made it, and degenerate inputs get clear errors."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""The two model-level invariants (DESIGN.md principle 3), for every registered architecture."""
+"""The two model-level invariants, for every registered architecture: prefill plus decoding equals one full pass,
+and a packed batch equals its documents run one by one."""
 
 import pytest
 import torch

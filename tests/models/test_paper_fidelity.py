@@ -1,4 +1,4 @@
-"""The corrections of the spec (issue 9): TNL's slopes, SiLU on TNL's v, cosFormer2's gate before the norm.
+"""Three corrections to follow the authors' code: TNL's slopes, SiLU on TNL's v, cosFormer2's gate before the norm.
 
 Each is an option whose default is the authors' choice; a config saved before it existed reads back with the old
 value and computes exactly what it computed.
@@ -17,7 +17,7 @@ from linlm.models.config import SAVED_BEFORE, ModelConfig
 from linlm.models.lm import CausalLM
 from linlm.ops.gla import gla_reference
 
-# Slopes worked out by hand from the authors' ALiBi construction (spec/architectures.md, "TNL decay"):
+# Slopes worked out by hand from the authors' ALiBi construction (as their code builds ALiBi slopes):
 # H = 6: n = 4 (largest power of two <= 6). The set for 4 is 2^(-8(h+1)/4) = 2^-2, 2^-4, 2^-6, 2^-8. The set for
 #   2n = 8 is 2^-1, 2^-2, ..., 2^-8; every other entry (indices 0, 2, 4, 6) is 2^-1, 2^-3, 2^-5, 2^-7, of which the
 #   first H - n = 2 are taken: 2^-1, 2^-3.
