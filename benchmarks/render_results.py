@@ -60,6 +60,10 @@ def faults(v) -> str:
     return "" if v is None else (f"{v:,.1f}" if v < 100 else f"{v:,.0f}")
 
 
+def plural(n, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def table(headers: list[str], rows: Iterable[list]) -> list[str]:
     """A Markdown table; cells are strings already (or values shown with `num`)."""
     def cell(c) -> str:
@@ -99,7 +103,7 @@ def machine_rows(meta: dict) -> list[list[str]]:
                                                                                   "amx_tile, amx_bf16")
     native = cpu.get("native_bf16")
     torch_text = meta.get("torch_version") or missing
-    extra = [f"{meta['torch_num_threads']} threads" if meta.get("torch_num_threads") else "",
+    extra = [plural(meta["torch_num_threads"], "thread") if meta.get("torch_num_threads") else "",
              f"CPU capability {cpu['torch_cpu_capability']}" if cpu.get("torch_cpu_capability") else "",
              f"oneDNN {cpu['onednn_version']}" if cpu.get("onednn_version") else "",
              f"CUDA {meta['cuda']}" if meta.get("cuda") else ""]
@@ -114,7 +118,7 @@ def machine_rows(meta: dict) -> list[list[str]]:
         rows.append(["GPU", meta["gpu"]])
     rows += [["torch", torch_text], ["python", meta.get("python_version") or missing],
              ["load average (1 min)", num(meta.get("load_average_1min")) or missing],
-             ["allocator", "linlm's settings" if alloc else ("defaults" if "allocator_settings" in meta else missing)]]
+             ["allocator", "linlm's settings" if alloc else ("glibc's defaults" if "allocator_settings" in meta else missing)]]
     if meta.get("env"):
         rows.append(["environment", ", ".join(f"{k}={v}" for k, v in sorted(meta["env"].items()))])
     return rows
@@ -160,7 +164,7 @@ def render_train_step(data: dict, path: Path) -> list[str]:
         ov = demo.get("overrides", {})
         out += [f"Phases: \"demo\" is the demo's model (d {ov.get('d_model')}, {ov.get('n_layers')} layers, "
                 f"vocab {ov.get('vocab_size')}), batch {demo.get('batch')} x {demo.get('seq')} tokens on "
-                f"{demo.get('threads')} thread; \"paper-70m\" is that preset with vocabulary "
+                f"{plural(demo.get('threads'), 'thread')}; \"paper-70m\" is that preset with vocabulary "
                 f"{data.get('vocab')}, one sequence per step.", ""]
     out += ["## Tokens/s and ratio to our LLaMA", ""]
     headers = ["arch"] + [h for p in phases for h in (p, "vs our LLaMA")]
