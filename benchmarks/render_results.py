@@ -25,8 +25,6 @@ DEFAULT_DIR = ROOT / "docs" / "results"
 RENDER_COMMAND = "python benchmarks/render_results.py"
 
 
-# ---------------------------------------------------------------------------------------------- formatting
-
 def num(v, digits: int = 2) -> str:
     """A measured value: integers with thousands separators, floats by size (3 significant digits below 1)."""
     if v is None:
@@ -73,8 +71,6 @@ def table(headers: list[str], rows: Iterable[list]) -> list[str]:
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return out
 
-
-# ---------------------------------------------------------------------------------------------- the run's record
 
 def command_line(meta: dict) -> str:
     cmd = meta.get("command")
@@ -141,9 +137,6 @@ def settings_table(values: dict) -> list[str]:
 def image(json_path: Path, alt: str) -> list[str]:
     png = json_path.with_suffix(".png")
     return [f"![{alt}]({png.name})", ""] if png.is_file() else []
-
-
-# ---------------------------------------------------------------------------------------------- bench_train_step
 
 
 def render_train_step(data: dict, path: Path) -> list[str]:
@@ -219,8 +212,6 @@ def render_train_step(data: dict, path: Path) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- bench_eval
-
 def render_eval(data: dict, path: Path) -> list[str]:
     out = header("Shared-context scoring of multiple-choice items", path.name, data.get("meta", {}))
     out += ["`benchmarks/bench_eval.py`: hellaswag-shaped items (4 choices) scored three ways, items/s: shared "
@@ -239,8 +230,6 @@ def render_eval(data: dict, path: Path) -> list[str]:
                   "token ratio", "max abs log-likelihood difference"], rows) + [""]
     return out
 
-
-# ---------------------------------------------------------------------------------------------- bench_decode
 
 def render_decode(data: dict, path: Path) -> list[str]:
     rows = [r for r in data.get("rows", []) if r.get("error") is None]
@@ -286,8 +275,6 @@ def render_decode(data: dict, path: Path) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- linlm mqar
-
 def render_mqar(data: dict, path: Path) -> list[str]:
     out = header("MQAR: associative recall against width and state size", path.name, data.get("meta", {}))
     task = data.get("mqar", {})
@@ -306,8 +293,6 @@ def render_mqar(data: dict, path: Path) -> list[str]:
     out += image(path, "MQAR accuracy against state size and width")
     return out
 
-
-# ---------------------------------------------------------------------------------------------- any other benchmark
 
 def _flatten(record: dict) -> dict:
     flat = {}
