@@ -185,10 +185,11 @@ def niah(models: dict[str, dict], settings: dict, plots: Path, tick: Tick) -> di
 
 
 def mqar(settings: dict, out: Path, plots: Path, tick: Tick) -> dict:
-    """The MQAR experiment in ``out`` (a directory per run, :func:`linlm.eval.mqar.run_experiment`): a rerun reads
+    """The MQAR experiment in ``out`` (a directory per run, :func:`linlm.experiments.mqar.run_experiment`): a rerun reads
     the finished runs' results back and resumes a stopped run from its checkpoint. A run stopped by Ctrl-C or
     SIGTERM is not recorded; the stop (a KeyboardInterrupt) goes up to the job, which exits 130."""
-    from linlm.eval.mqar import MQARConfig, default_runs, plot_experiment, run_experiment
+    from linlm.eval.mqar import MQARConfig
+    from linlm.experiments.mqar import default_runs, plot_experiment, run_experiment
 
     task = MQARConfig(**settings.get("task", {})).validate()
     kw = {"archs": tuple(settings["archs"])} if settings.get("archs") else {}
