@@ -12,7 +12,8 @@ from linlm.cli import main
 from linlm.errors import ConfigError
 from linlm.reproduce import claims as C
 from linlm import outputs
-from linlm.reproduce.job import FORMAT, MARKER, check_directory, run
+from linlm.reproduce import run
+from linlm.reproduce.layout import FORMAT, MARKER, check_directory
 from linlm.reproduce.presets import load_preset, preset_names
 
 VERDICTS = {"supported", "partly supported", "not supported", "not supported at this scale", "not measured"}
@@ -213,7 +214,7 @@ def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
     from types import SimpleNamespace
 
     from linlm.eval.tasks import COMMONSENSE, commonsense_average
-    from linlm.reproduce.report import zeroshot_blocks
+    from linlm.reproduce.sections.zeroshot import render as zeroshot_blocks
 
     tasks = {t: {"metric": "acc", "acc": 0.5, "acc_stderr": 0.01, "acc_norm": 0.5, "acc_norm_stderr": 0.01}
              for t in COMMONSENSE}

@@ -167,7 +167,7 @@ def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
 
 
 def constant_memory_decode(decode: Optional[dict]) -> Claim:
-    from linlm.reproduce.sections import state_growth
+    from linlm.reproduce.sections.decode import state_growth
 
     text = "MossNet decodes with constant memory"
     rule = f"MossNet's decoding state at the longest profiled context at most {CONSTANT_STATE}x its state at the shortest"
