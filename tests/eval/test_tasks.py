@@ -125,7 +125,7 @@ def test_overlong_documents_are_an_error_or_left_out_and_counted(model_dir, toke
 def test_reproduce_scores_every_model_on_the_same_inputs(tmp_path, tokenizer, data_dir, model_dir):
     """linlm reproduce's zero-shot section: the window is the shortest among the models (from their configs), and a
     linear model without a window reads exactly what the position-limited LLaMA reads."""
-    from linlm.reproduce.sections import zeroshot
+    from linlm.reproduce.sections.zeroshot import measure as zeroshot
 
     torch.manual_seed(2)
     llama = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=32)

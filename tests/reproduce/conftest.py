@@ -13,19 +13,19 @@ def fakes(monkeypatch) -> Fakes:
     """Every section runner replaced: training writes a finished sweep, the evaluation sections return minimal
     results of their real shape; the zero-shot section is the real one, on stand-in models (task files whose
     text is "bad" fail to score, any other text scores)."""
-    from linlm.reproduce import job as J
-    from linlm.reproduce import sections as S
+    from linlm.reproduce import section
+    from linlm.reproduce.sections import decode, fits, mqar, niah, quality, training
 
     f = Fakes()
-    monkeypatch.setattr(S, "train_sweep", f.train_sweep)
-    monkeypatch.setattr(S, "trained_models", lambda sweep, largest_only: {"llama": dict(MODEL)}
+    monkeypatch.setattr(training, "train_sweep", f.train_sweep)
+    monkeypatch.setattr(section, "trained_models", lambda sweep, largest_only: {"llama": dict(MODEL)}
                         if (Path(sweep) / "plan.json").is_file() else {})
-    monkeypatch.setattr(J.Job, "fits", lambda self: f.section("fits", {"runs": [], "archs": {}, "report": {}})())
-    monkeypatch.setattr(S, "quality", f.section("quality", {"models": {}, "max_tokens": 1}))
-    monkeypatch.setattr(S, "niah", f.section("niah", {"settings": {}, "models": {}}))
-    monkeypatch.setattr(S, "mqar", f.section("mqar", {"task": {"num_kv": 1, "vocab_size": 8}, "chance": 0.2,
-                                                      "rows": [], "plot": "mqar.png", "settings": {}}))
-    monkeypatch.setattr(S, "decode", f.section("decode", {"rows": [], "environment": {}, "plot": "decode.png",
-                                                          "settings": {}}))
+    monkeypatch.setattr(fits, "measure", f.section("fits", {"runs": [], "archs": {}, "report": {}}))
+    monkeypatch.setattr(quality, "measure", f.section("quality", {"models": {}, "max_tokens": 1}))
+    monkeypatch.setattr(niah, "measure", f.section("niah", {"settings": {}, "models": {}}))
+    monkeypatch.setattr(mqar, "measure", f.section("mqar", {"task": {"num_kv": 1, "vocab_size": 8}, "chance": 0.2,
+                                                            "rows": [], "plot": "mqar.png", "settings": {}}))
+    monkeypatch.setattr(decode, "measure", f.section("decode", {"rows": [], "environment": {}, "plot": "decode.png",
+                                                                "settings": {}}))
     fake_zeroshot_models(monkeypatch)
     return f

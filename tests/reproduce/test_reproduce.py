@@ -12,7 +12,8 @@ from linlm.cli import main
 from linlm.errors import ConfigError
 from linlm.reproduce import claims as C
 from linlm import outputs
-from linlm.reproduce.job import FORMAT, MARKER, check_directory, run
+from linlm.reproduce import run
+from linlm.reproduce.layout import FORMAT, MARKER, check_directory
 from linlm.reproduce.presets import load_preset, preset_names
 
 VERDICTS = {"supported", "partly supported", "not supported", "not supported at this scale", "not measured"}
@@ -209,11 +210,42 @@ def test_mossnet_claims_follow_the_numbers():
     assert C.constant_memory_decode({"rows": rows}).verdict == "not supported"
 
 
+def test_claims_take_their_architectures_from_the_registry(monkeypatch):
+    """A linear-attention architecture of the scaling study registered beside the others is judged with them, and
+    the baseline is the registry's."""
+    import dataclasses
+
+    from linlm.models.registry import ARCHITECTURES
+
+    monkeypatch.setitem(ARCHITECTURES, "toy", dataclasses.replace(ARCHITECTURES["tnl"], name="toy"))
+    four = {"llama": (-0.08, 3.0), "tnl": (-0.075, 2.9), "hgrn2": (-0.085, 2.8), "cosformer2": (-0.07, 2.9)}
+    claim = C.scale_like_transformers(_fits(four))
+    assert "toy: no fit" in claim.evidence and claim.verdict == "supported"
+    assert C.scale_like_transformers(_fits({**four, "toy": (-0.3, 2.9)})).verdict == "partly supported"
+    assert C.weaker_at_retrieval(_mqar({"llama": 0.9, "tnl": 0.2, "hgrn2": 0.6, "cosformer2": 0.1, "toy": 0.95}),
+                                 None).verdict == "partly supported"
+    monkeypatch.setitem(ARCHITECTURES, "toy", dataclasses.replace(ARCHITECTURES["tnl"], name="toy",
+                                                                  scaling_study=False))
+    assert C.scale_like_transformers(_fits({**four, "toy": (-0.3, 2.9)})).verdict == "supported"  # not the study's
+    # MossNet's baselines: the registry's baseline and every SSM.
+    monkeypatch.setitem(ARCHITECTURES, "toyssm", dataclasses.replace(ARCHITECTURES["mamba"], name="toyssm"))
+    losses = {"mossnet": 3.0, "llama": 3.2, "mamba": 3.1, "toyssm": 2.9}
+    quality = {"models": {a: {"arch": a, "val_loss": v, "bits_per_byte": v / 2, "params": 1000}
+                          for a, v in losses.items()}}
+    claim = C.mossnet_beats_baselines(quality)
+    assert claim.verdict == "partly supported" and "toyssm 2.9000" in claim.evidence
+    # The baseline is whichever the registry names.
+    from linlm.models import registry
+
+    monkeypatch.setattr(registry, "baseline_arch", lambda: "mamba")
+    assert C.weaker_at_retrieval(_mqar({"llama": 0.9, "mamba": 0.1}), None).evidence.startswith("MQAR d=64: mamba")
+
+
 def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
     from types import SimpleNamespace
 
     from linlm.eval.tasks import COMMONSENSE, commonsense_average
-    from linlm.reproduce.report import zeroshot_blocks
+    from linlm.reproduce.sections.zeroshot import render as zeroshot_blocks
 
     tasks = {t: {"metric": "acc", "acc": 0.5, "acc_stderr": 0.01, "acc_norm": 0.5, "acc_norm_stderr": 0.01}
              for t in COMMONSENSE}

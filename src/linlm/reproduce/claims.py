@@ -5,6 +5,11 @@ verdict, the numbers it rests on and the rule (with its threshold) that decided 
 ``supported``, ``partly supported`` (some of the models compared, not all), ``not supported``,
 ``not supported at this scale`` (the measurement cannot tell: no fit, or every model at chance) and
 ``not measured`` (the section did not run).
+
+The architectures compared come from the registry: the baseline is :func:`linlm.models.registry.baseline_arch`,
+the linear models of the scaling study's claims are its linear-attention architectures, and MossNet's baselines
+are the baseline and the SSMs. Only the claims about one architecture name it (HGRN2's data-dependent decay
+against TNL's and cosFormer2's fixed one; MossNet's own).
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-LINEAR = ("tnl", "hgrn2", "cosformer2")
 SCALING = "Scaling Laws for Linear Complexity LMs (arXiv 2406.16690)"
 MOSSNET = "MossNet (arXiv 2510.26182)"
 
@@ -37,6 +41,21 @@ class Claim:
         return asdict(self)
 
 
+def linear_archs() -> list[str]:
+    """The linear-attention architectures of the scaling study (the registry's), whose claims are judged here."""
+    from linlm.models.archs.base import LINEAR_ATTENTION
+    from linlm.models.registry import arch_names
+
+    return arch_names(LINEAR_ATTENTION, scaling_study=True)
+
+
+def baseline() -> str:
+    """The softmax-attention baseline every claim compares against (the registry's)."""
+    from linlm.models.registry import baseline_arch
+
+    return baseline_arch()
+
+
 def _tally(wins: int, total: int) -> str:
     if total == 0:
         return "not measured"
@@ -49,12 +68,13 @@ def scale_like_transformers(fits: Optional[dict]) -> Claim:
     if not fits:
         return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
     laws = {a: (f.get("envelope") or {}).get("L(C)") for a, f in fits.get("archs", {}).items()}
-    ref = laws.get("llama")
+    base = baseline()
+    ref = laws.get(base)
     if not ref or ref["r2"] < MIN_R2:
-        why = "no L(C) fit for llama" if not ref else f"llama's L(C) fit has R² {ref['r2']:.2f}"
+        why = f"no L(C) fit for {base}" if not ref else f"{base}'s L(C) fit has R² {ref['r2']:.2f}"
         return Claim(text, SCALING, "not supported at this scale", why, rule)
-    parts, wins, total = [f"llama alpha {ref['alpha']:.4f} (R² {ref['r2']:.2f})"], 0, 0
-    for arch in LINEAR:
+    parts, wins, total = [f"{base} alpha {ref['alpha']:.4f} (R² {ref['r2']:.2f})"], 0, 0
+    for arch in linear_archs():
         law = laws.get(arch)
         if not law:
             parts.append(f"{arch}: no fit")
@@ -65,7 +85,7 @@ def scale_like_transformers(fits: Optional[dict]) -> Claim:
         rel = abs(law["alpha"] / ref["alpha"] - 1)
         total += 1
         wins += rel <= EXPONENT_REL_TOL
-        parts.append(f"{arch} alpha {law['alpha']:.4f} ({rel:.0%} from llama)")
+        parts.append(f"{arch} alpha {law['alpha']:.4f} ({rel:.0%} from {base})")
     verdict = _tally(wins, total) if total else "not supported at this scale"
     return Claim(text, SCALING, verdict, "; ".join(parts), rule)
 
@@ -77,17 +97,18 @@ def lower_loss_at_equal_compute(fits: Optional[dict]) -> Claim:
     if not fits:
         return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
     envs = {a: f.get("envelope") for a, f in fits.get("archs", {}).items() if f.get("envelope")}
-    if "llama" not in envs:
-        return Claim(text, SCALING, "not supported at this scale", "no L(C) fit for llama", rule)
+    base = baseline()
+    if base not in envs:
+        return Claim(text, SCALING, "not supported at this scale", f"no L(C) fit for {base}", rule)
     c = min(max(e["envelope"]["compute_pflops_days"]) for e in envs.values())
 
     def at(arch):
         law = envs[arch]["L(C)"]
         return law["beta"] * c ** law["alpha"]
 
-    ref = at("llama")
-    parts, wins, total = [f"at C = {c:.3e} PFLOP/s-days: llama {ref:.4f}"], 0, 0
-    for arch in LINEAR:
+    ref = at(base)
+    parts, wins, total = [f"at C = {c:.3e} PFLOP/s-days: {base} {ref:.4f}"], 0, 0
+    for arch in linear_archs():
         if arch not in envs:
             parts.append(f"{arch}: no fit")
             continue
@@ -111,19 +132,20 @@ def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
     rule = (f"MQAR accuracy at the largest width: LLaMA above each linear model by more than {ACC_MARGIN:.2f}; "
             f"LLaMA must be more than {ABOVE_CHANCE:.2f} above chance")
     acc, width = _mqar_best(mqar)
-    if "llama" not in acc:
-        return Claim(text, SCALING, "not measured", "no MQAR result for llama", rule)
+    base = baseline()
+    if base not in acc:
+        return Claim(text, SCALING, "not measured", f"no MQAR result for {base}", rule)
     chance = mqar["chance"]
-    parts = [f"MQAR d={width}: llama {acc['llama']:.3f} (chance {chance:.3f})"]
+    parts = [f"MQAR d={width}: {base} {acc[base]:.3f} (chance {chance:.3f})"]
     wins = total = 0
-    for arch in LINEAR:
+    for arch in linear_archs():
         if arch in acc:
             total += 1
-            wins += acc["llama"] - acc[arch] > ACC_MARGIN
+            wins += acc[base] - acc[arch] > ACC_MARGIN
             parts.append(f"{arch} {acc[arch]:.3f}")
     if niah and niah.get("models"):
         parts.append("NIAH mean: " + ", ".join(f"{k} {v['mean']:.2f}" for k, v in niah["models"].items()))
-    if acc["llama"] - chance <= ABOVE_CHANCE:
+    if acc[base] - chance <= ABOVE_CHANCE:
         return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
     return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
 
@@ -147,6 +169,9 @@ def decay_helps_retrieval(mqar: Optional[dict]) -> Claim:
 
 
 def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
+    from linlm.models.archs.base import SSM
+    from linlm.models.registry import arch_names
+
     text = "MossNet beats transformer and SSM baselines"
     rule = (f"validation loss of MossNet below LLaMA's and Mamba's (equal active parameters, equal tokens) by more "
             f"than {LOSS_MARGIN} nats/token")
@@ -157,7 +182,7 @@ def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
     ref = by_arch["mossnet"]
     parts = [f"mossnet {ref['val_loss']:.4f} ({ref['bits_per_byte']:.4f} bpb, {ref['params']:,} active)"]
     wins = total = 0
-    for arch in ("llama", "mamba"):
+    for arch in (baseline(), *arch_names(SSM)):  # the paper's baselines: the transformer and the SSMs
         if arch in by_arch:
             m = by_arch[arch]
             total += 1
@@ -167,7 +192,7 @@ def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
 
 
 def constant_memory_decode(decode: Optional[dict]) -> Claim:
-    from linlm.reproduce.sections import state_growth
+    from linlm.reproduce.sections.decode import state_growth
 
     text = "MossNet decodes with constant memory"
     rule = f"MossNet's decoding state at the longest profiled context at most {CONSTANT_STATE}x its state at the shortest"
@@ -177,9 +202,10 @@ def constant_memory_decode(decode: Optional[dict]) -> Claim:
         return Claim(text, MOSSNET, "not measured", "decode profile has no MossNet rows", rule)
     parts = [f"mossnet state {g['state_lo']:,} B at {g['context_lo']} tokens, {g['state_hi']:,} B at "
              f"{g['context_hi']} ({g['ratio']:.3f}x over a {g['context_ratio']:.0f}x longer context)"]
-    ref = state_growth(rows, "llama")
+    base = baseline()
+    ref = state_growth(rows, base)
     if ref is not None:
-        parts.append(f"llama KV cache {ref['ratio']:.1f}x over the same contexts")
+        parts.append(f"{base} KV cache {ref['ratio']:.1f}x over the same contexts")
     verdict = "supported" if g["ratio"] <= CONSTANT_STATE else "not supported"
     return Claim(text, MOSSNET, verdict, "; ".join(parts), rule)
 

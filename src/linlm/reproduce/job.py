@@ -1,18 +1,8 @@
 """``linlm reproduce``: both studies end to end in one resumable job, then DIR/report.md and DIR/report.html.
 
-DIR layout (every file here is written through :mod:`linlm.outputs`, so its ledgers say what is linlm's)::
-
-    reproduce.json        the marker: preset, linlm version, git revision, settings (refuses a mismatched rerun)
-    scaling/              the scaling sweep (linlm scaling run layout), unless --scaling-dir names one elsewhere
-    scaling_report/       the sweep's own report (IsoFLOP profiles, L(N, D), intervals)
-    compare/              MossNet, Mamba and LLaMA at equal active parameters and tokens (same layout)
-    mqar/                 the MQAR runs and their results
-    sections/NAME.json    each finished section's numbers (a rerun reads it back)
-    plots/                every PNG of the report
-    report.md, report.html, results.json (all sections and the claims), errors.log (a section that failed)
-
-A rerun of the same command continues where the last one stopped: finished sections are read back, finished
-training runs are skipped, an interrupted one resumes from its checkpoint.
+The job runs the sections of :data:`linlm.reproduce.sections.SECTIONS` in order, into the directory laid out in
+:mod:`linlm.reproduce.layout`. A rerun of the same command continues where the last one stopped: finished sections
+are read back, finished training runs are skipped, an interrupted one resumes from its checkpoint.
 
 **Before any work** (:func:`prepare`) everything the command was given is checked, and a refusal changes nothing
 on disk, the lock file included: the preset, --out (writable, a new or empty directory or a reproduce job, every
@@ -22,9 +12,11 @@ already started in the sweeps (same settings), the live processes holding a dire
 The checks run again once the lock is taken (another process may have written in between).
 
 **Settings of a job that has not finished** (--set, --scaling-dir, --data-dir) can be corrected by giving them
-again: a new value is taken when no section it changes has finished (:data:`AFFECTS`), and refused, naming those
-sections, when one has (a finished section is never recomputed with other settings, nor kept beside sections
-computed with others). Not given, a setting keeps the job's value.
+again, as long as none of the sections they change has finished (:mod:`linlm.reproduce.settings`).
+
+**Outcomes** are honest: a section is saved only when it finished; one that failed is logged in errors.log and
+reported, and the job goes on (exit 2 once the report is written); a stop (Ctrl-C, SIGTERM) ends the job with
+nothing of the stopped section saved (exit 130).
 """
 
 from __future__ import annotations
@@ -39,52 +31,13 @@ from typing import Any, Callable, Optional
 from linlm import outputs
 from linlm.errors import ConfigError, LinlmError
 from linlm.locking import DirLock
+from linlm.reproduce.layout import FORMAT, MARKER, check_directory, finished_sections, in_the_way
 from linlm.reproduce.presets import Preset, load_preset
+from linlm.reproduce.section import Section
+from linlm.reproduce.sections import SECTIONS, get
+from linlm.reproduce.settings import FLAGS, check_settings, given_settings, job_settings, resolve_settings
 
-MARKER = "reproduce.json"
-FORMAT = "linlm-reproduce/1"
 LOCK_WHAT = "reproduce directory"
-# Sections in order, with their share of a local job's time (measured on the cpu preset; the display's
-# time-left estimate is refined from the measured pace as the job runs).
-SECTIONS = {"scaling": 0.55, "compare": 0.14, "fits": 0.02, "quality": 0.02, "compare_quality": 0.01,
-            "zeroshot": 0.05, "niah": 0.03, "mqar": 0.14, "decode": 0.04}
-TRAINING = ("scaling", "compare")
-# The training sections each evaluation section reads; it waits (is not run, nor saved) until they have finished.
-NEEDS = {"fits": ("scaling",), "quality": ("scaling",), "compare_quality": ("compare",),
-         "zeroshot": ("scaling", "compare"), "niah": ("scaling", "compare")}
-# The job's settings, their flags, and the sections whose numbers each one changes.
-FLAGS = {"overrides": "--set", "scaling_dir": "--scaling-dir", "data_dir": "--data-dir"}
-AFFECTS = {"overrides": ("scaling", "compare", "fits", "quality", "compare_quality", "zeroshot", "niah"),
-           "scaling_dir": ("scaling", "fits", "quality", "zeroshot", "niah"),
-           "data_dir": ("zeroshot",)}
-# What the job writes at the top of DIR, and the trees other modules build there (a sweep, a report, MQAR).
-TOP_FILES = (MARKER, "report.md", "report.html", "results.json", "errors.log", "torchrun.sh")
-OWN_DIRS = ("sections", "plots")
-BUILT_TREES = ("scaling", "compare", "scaling_report", "mqar")
-PLOT_NAMES = ("loss_vs_compute.png", "mqar.png", "decode.png")
-
-
-def written_names() -> list[str]:
-    """The files this module itself writes into DIR (checked before any work: each must be free or linlm's)."""
-    return [*TOP_FILES, *(f"sections/{n}.json" for n in SECTIONS), "plots/loss_vs_compute.png"]
-
-
-def in_the_way(rel: str) -> bool:
-    """Whether a path of DIR that is not linlm's (``rel``, '/'-separated) is where a job started over writes.
-
-    The top-level files and directories of the layout; in sections/ and plots/, the names the job writes there
-    (a user's other file stays, untouched); anywhere inside the trees other modules rebuild from nothing (the
-    sweeps, the scaling report, MQAR), everything: a user's file there would be read as part of the new job."""
-    parts = rel.split("/")
-    if len(parts) == 1:
-        return rel in TOP_FILES or rel in OWN_DIRS or rel in BUILT_TREES
-    if parts[0] in BUILT_TREES:
-        return True
-    if parts[0] == "sections":
-        return len(parts) == 2 and rel in written_names()
-    if parts[0] == "plots":
-        return len(parts) == 2 and (parts[1] in PLOT_NAMES or parts[1].startswith("niah_"))
-    return False
 
 
 def versions() -> dict[str, Any]:
@@ -116,150 +69,7 @@ def git_revision() -> Optional[str]:
         return None
 
 
-# ---- the directory ---------------------------------------------------------------------------------------------
-
-
-def read_marker(out: Path) -> Optional[dict]:
-    """The job's marker, or None when DIR holds none; refuses one that linlm did not write or cannot read."""
-    path = out / MARKER
-    if not path.exists() and not path.is_symlink():
-        return None
-    data, why = outputs.read_own_json(path)
-    if why == "not linlm's":
-        raise ConfigError(f"--out: {path} was not written by linlm reproduce (or was changed since); nothing was "
-                          "changed. Choose another --out directory")
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError(f"--out: {path} was not written by this version of linlm reproduce, or is damaged; "
-                          "nothing was changed. Choose another --out directory")
-    return data
-
-
-def check_directory(out: Path, preset: Preset, *, resume: bool, overwrite: bool) -> tuple[Preset, Optional[dict]]:
-    """The preset to run in ``out`` and its marker; refuses (changing nothing) a directory that is not free nor a
-    reproduce job, a job of another preset or version (without --resume or --overwrite), and --resume with
-    nothing to resume."""
-    import linlm
-
-    if resume and overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other; give one (nothing was changed)")
-    outputs.check_dir(out, "--out", names=written_names())
-    marker = read_marker(out) if out.is_dir() else None
-    if marker is None:
-        other = [p.name for p in sorted(out.iterdir()) if not outputs.bookkeeping(p.name)] if out.is_dir() else []
-        if other:
-            raise ConfigError(f"--out: {out} holds files that linlm reproduce did not write ({outputs.shown(other)});"
-                              " nothing was changed. Choose a new or empty directory")
-        if resume:
-            raise ConfigError(f"--resume: {out} holds no reproduce job to resume; drop --resume to start one "
-                              "(nothing was changed)")
-        return preset, None
-    if overwrite:
-        return preset, marker
-    if marker.get("replacing"):
-        raise ConfigError(f"--out: the job in {out} was being started over (--overwrite) when it stopped, and part "
-                          "of what it wrote is gone; run the command with --overwrite again (nothing was changed)")
-    if resume:
-        if marker.get("preset") != preset.name:
-            preset = load_preset(marker["preset"])
-        return preset, marker
-    if marker.get("preset") != preset.name or marker.get("version") != linlm.__version__:
-        raise ConfigError(f"--out: {out} holds a job of preset {marker.get('preset')!r} made by linlm "
-                          f"{marker.get('version')}, not preset {preset.name!r} with linlm {linlm.__version__}; "
-                          "nothing was changed. Give --resume to continue that job, --overwrite to start this one "
-                          "over in its place, or another --out directory")
-    return preset, marker
-
-
-def finished_sections(out: Path) -> list[str]:
-    return [n for n in SECTIONS if (out / "sections" / f"{n}.json").is_file()]
-
-
-def _shown_setting(key: str, value: Any) -> str:
-    if key == "overrides":
-        return " ".join(f"--set {k}={v}" for k, v in _flat(value or {})) or "no --set"
-    if key == "scaling_dir":
-        return value or "the job's own sweep (DIR/scaling)"
-    return value or "no --data-dir"
-
-
-def _flat(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for k, v in tree.items():
-        out += _flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
-    return out
-
-
-def given_settings(out: Path, data_dir: Optional[str | Path], overrides: Optional[dict],
-                   scaling_dir: Optional[str | Path]) -> dict:
-    """The settings a command gives, as the marker stores them (None: not given). Paths are made absolute, and
-    --scaling-dir DIR/scaling is the job's own sweep, as if not given."""
-    sweep = str(Path(scaling_dir).expanduser().resolve()) if scaling_dir else None
-    if sweep == str((out / "scaling").resolve()):
-        sweep = None
-    return {"overrides": overrides or None, "scaling_dir": sweep,
-            "data_dir": str(Path(data_dir).expanduser().resolve()) if data_dir else None}
-
-
-def resolve_settings(out: Path, marker: Optional[dict], given: dict, finished: list[str]) -> tuple[dict, list[str]]:
-    """The settings the job runs with, and a note for each one that changes. A setting not given keeps the job's;
-    one given anew is taken when none of the sections it changes has finished, and refused otherwise."""
-    if marker is None:
-        return dict(given), []
-    settings, notes = {}, []
-    for key, flag in FLAGS.items():
-        old, new = marker.get(key) or None, given[key]
-        if new is None or new == old:
-            settings[key] = old
-            continue
-        done = [s for s in AFFECTS[key] if s in finished]
-        if done:
-            raise ConfigError(f"{flag}: the job in {out} runs with {_shown_setting(key, old)}, and its finished "
-                              f"sections {', '.join(done)} were computed with it; a finished section is never "
-                              f"recomputed with other settings. Give the job's {flag} again (or drop it), or "
-                              "--overwrite to start the job over (nothing was changed)")
-        settings[key] = new
-        notes.append(f"{flag}: the job ran with {_shown_setting(key, old)}; from now on {_shown_setting(key, new)} "
-                     f"(none of the sections it changes, {', '.join(AFFECTS[key])}, has finished)")
-    return settings, notes
-
-
-def check_settings(job: "Job", finished: list[str], *, replace: bool, from_marker: dict) -> None:
-    """Refuse, changing nothing, settings the job could not run with: a --set the training config does not
-    take, a --scaling-dir that is no sweep of the preset's ladder (or missing, or inside --out), a --data-dir
-    without task files, a sweep whose runs were started otherwise or that another process trains in. Only the
-    settings of sections still to run are checked; ``replace``: the job's own sweeps are about to be removed."""
-    from linlm.reproduce.sections import check_task_dir
-    from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import check_started_runs, check_sweep_dir
-
-    todo = [s for s in SECTIONS if s not in finished]
-
-    def kept(key: str) -> str:  # a setting the command did not give comes from the job: say so, and how to fix it
-        return " (kept from the job's reproduce.json: give it again to correct it)" if from_marker.get(key) else ""
-
-    if job.scaling_dir is not None and any(s in todo for s in AFFECTS["scaling_dir"]):
-        sweep, out = job.scaling_dir.resolve(), job.out.resolve()
-        if sweep == out or out in sweep.parents or sweep in out.parents:
-            raise ConfigError(f"--scaling-dir: {sweep} and --out {out} are inside one another; give a sweep "
-                              "directory outside the job (or drop --scaling-dir for the job's own DIR/scaling) "
-                              "(nothing was changed)")
-        check_sweep_dir(job.scaling_dir, job.scaling_ladder(), "--scaling-dir" + kept("scaling_dir"),
-                        must_exist=True)
-    for name in TRAINING:
-        if name in finished:
-            continue
-        ladder = job.ladder(name)
-        try:
-            runs = plan_runs(ladder, None, job.sweep(name), job.overrides)
-        except ConfigError as e:
-            raise ConfigError(f"--set{kept('overrides')}: {e}; nothing was changed") from None
-        external = name == "scaling" and job.scaling_dir is not None  # checked above; never removed
-        if not (external or replace):
-            check_sweep_dir(job.sweep(name), ladder, "--out")
-        if external or not replace:
-            check_started_runs(runs, job.sweep_flag(name))
-    if "zeroshot" in todo and job.data_dir:
-        check_task_dir(job.data_dir, job.preset.zeroshot.get("tasks"), "--data-dir" + kept("data_dir"))
+# ---- the checks before any work ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -289,13 +99,8 @@ def prepare(preset_name: str, out: Path, *, resume: bool, overwrite: bool, given
     finished = finished_sections(out) if marker is not None else []
     settings, notes = resolve_settings(out, marker, given, finished)
     from_marker = {k: marker and given[k] is None and marker.get(k) for k in FLAGS}
-    check_settings(Job(preset, out, **_job_settings(settings)), finished, replace=replace, from_marker=from_marker)
+    check_settings(Job(preset, out, **job_settings(settings)), finished, replace=replace, from_marker=from_marker)
     return Setup(preset, marker, settings, notes, replaced)
-
-
-def _job_settings(settings: dict) -> dict:
-    return {"data_dir": settings["data_dir"], "overrides": settings["overrides"] or {},
-            "scaling_dir": Path(settings["scaling_dir"]) if settings["scaling_dir"] else None}
 
 
 # ---- progress --------------------------------------------------------------------------------------------------
@@ -395,90 +200,9 @@ class Job:
     def ladder(self, name: str):
         return self.scaling_ladder() if name == "scaling" else self.compare_ladder()
 
-    # Each section returns its results, or None when it cannot run yet (its training has not finished).
     def run_section(self, name: str, tick: Callable[[float], None]) -> Optional[dict]:
-        from linlm.reproduce import sections as S
-
-        p = self.preset
-        if name in TRAINING:
-            return self.emit(name) if p.mode == "torchrun" else self.train(name, tick)
-        if name == "fits":
-            return self.fits()
-        if name == "mqar":
-            if p.mode == "torchrun" and not self.train_here:
-                self.waiting[name] = (f"preset {p.name} trains MQAR's models on the cluster's GPUs, not here: run "
-                                      f"`linlm reproduce --preset {p.name} --out {self.out} --train-here` on a GPU "
-                                      "node")
-                return None
-            return S.mqar(p.mqar, self.out / "mqar", self.plots, tick)
-        if name == "decode":
-            return S.decode(p.decode, self.compare_ladder().archs, self.plots, tick)
-        models = S.trained_models(self.sweep("compare" if name == "compare_quality" else "scaling"), largest_only=True)
-        if name in ("zeroshot", "niah"):
-            compare = S.trained_models(self.sweep("compare"), largest_only=True)
-            models = {**models, **{f"compare-{k}": v for k, v in compare.items()}}
-        if not models:
-            return None
-        if name in ("quality", "compare_quality"):
-            return S.quality(models, int(p.quality.get("max_tokens", 40_000)), tick)
-        if name == "zeroshot":
-            return S.zeroshot(models, self.data_dir, p.zeroshot.get("tasks"), p.zeroshot.get("limit"), tick)
-        if name == "niah":
-            return S.niah(models, p.niah, self.plots, tick)
-        raise AssertionError(name)
-
-    def train(self, name: str, tick: Callable[[float], None]) -> dict:
-        """A training section: the sweep trained here. An interrupted sweep stops the job (KeyboardInterrupt, exit
-        130); the section is done only when every run of it has reached its steps."""
-        from linlm.reproduce import sections as S
-        from linlm.scaling.ladder import plan_runs
-        from linlm.scaling.runs import run_finished
-
-        ladder, sweep = self.ladder(name), self.sweep(name)
-        res = S.train_sweep(ladder, sweep, tick, self.say, self.overrides, self.sweep_flag(name))
-        if res["interrupted"]:
-            raise KeyboardInterrupt
-        runs = plan_runs(ladder, None, sweep, self.overrides)
-        unfinished = [r.name for r in runs if not run_finished(Path(r.config.out_dir), r.config.steps)]
-        if unfinished:
-            raise LinlmError(f"{name}: {len(unfinished)} of {len(runs)} runs did not reach their steps "
-                             f"({outputs.shown(unfinished)}); run the same command again to resume them")
-        return {"ladder": ladder.name, "runs": [r.name for r in runs]}
-
-    def fits(self) -> Optional[dict]:
-        from linlm.scaling.analysis import FitOptions, analyze
-        from linlm.scaling.report import write_report
-
-        root = self.sweep("scaling")
-        if not (root / "runs").is_dir():
-            return None
-        analysis = analyze(root, options=FitOptions(**self.preset.fits))
-        files = write_report(analysis, self.out / "scaling_report")
-        data = json.loads(outputs.dumps(analysis.to_dict()))
-        data["report"] = {k: str(v) for k, v in files.items()}
-        return data
-
-    def emit(self, name: str) -> Optional[dict]:
-        """torchrun mode: write the commands once; the section is done when every run has finished."""
-        from linlm.scaling.ladder import plan_runs
-        from linlm.scaling.runner import emit_torchrun
-        from linlm.scaling.runs import run_finished
-
-        ladder, sweep = self.ladder(name), self.sweep(name)
-        runs = plan_runs(ladder, None, sweep, self.overrides)
-        script = self.out / "torchrun.sh"
-        old = script.read_text(encoding="utf-8") if script.is_file() else "#!/usr/bin/env bash\nset -euo pipefail\n"
-        if f"# {name}\n" not in old:
-            lines = emit_torchrun(ladder, runs, sweep, self.sweep_flag(name))
-            outputs.write_text(script, old + f"# {name}\n" + "\n".join(lines) + "\n", "--out")
-            script.chmod(0o755)
-        pending = [r.name for r in runs if not run_finished(Path(r.config.out_dir), r.config.steps)]
-        if pending:
-            self.waiting[name] = (f"{len(pending)} of {len(runs)} runs have not finished; run {script} on the "
-                                  "cluster, then this command again")
-            self.say(f"{name}: {self.waiting[name]}")
-            return None
-        return {"ladder": ladder.name, "runs": [r.name for r in runs]}
+        """The section's results, or None when it cannot run yet (see :class:`linlm.reproduce.section.Section`)."""
+        return get(name).run(self, tick)
 
 
 def run(preset_name: str, out: str | Path, *, data_dir: Optional[str] = None, resume: bool = False,
@@ -533,21 +257,22 @@ def _run(setup: Setup, preset_name: str, out: Path, train_here: bool, live: bool
                   "created": (marker or {}).get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "versions": versions()}
     outputs.write_json(out / MARKER, new_marker, "--out")
-    job = Job(preset, out, say=say, train_here=train_here, **_job_settings(setup.settings))
+    job = Job(preset, out, say=say, train_here=train_here, **job_settings(setup.settings))
     outputs.make_dir(job.plots, "--out")
     outputs.make_dir(out / "sections", "--out")
-    progress = JobProgress(dict(SECTIONS), live, say)
+    progress = JobProgress({s.name: s.weight for s in SECTIONS}, live, say)
     pending: list[str] = []
     try:
-        for i, name in enumerate(SECTIONS, 1):
+        for i, section in enumerate(SECTIONS, 1):
+            name = section.name
             path = job.section_path(name)
             if path.is_file():
                 job.results[name] = json.loads(path.read_text(encoding="utf-8"))
-            elif any(t in pending for t in NEEDS.get(name, ())):
+            elif any(t in pending for t in section.needs):
                 pending.append(name)
             else:
                 progress.start(name, i, len(SECTIONS))
-                _run_one(job, name, progress, pending)
+                _run_one(job, section, progress, pending)
             progress.finish(name)
     finally:
         progress.close()
@@ -556,22 +281,23 @@ def _run(setup: Setup, preset_name: str, out: Path, train_here: bool, live: bool
             "waiting": job.waiting}
 
 
-def _run_one(job: Job, name: str, progress: JobProgress, pending: list[str]) -> None:
+def _run_one(job: Job, section: Section, progress: JobProgress, pending: list[str]) -> None:
     """Run one section; save it only when it finished. A failure is logged and the job goes on (a training
     section's bug, not a LinlmError, stops it); an interrupt stops the job."""
+    name = section.name
     try:
-        res = job.run_section(name, progress.update)
+        res = section.run(job, progress.update)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - a failed section is reported, the job goes on
-        if name in TRAINING and not isinstance(e, LinlmError):
+        if section.training and not isinstance(e, LinlmError):
             raise
         job.failures[name] = f"{type(e).__name__}: {e}"
         outputs.append_text(job.out / "errors.log",
                             f"--- {name} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n{traceback.format_exc()}\n", "--out")
         job.say(f"{name}: failed ({job.failures[name]}); see {job.out / 'errors.log'}. The job goes on; run the "
                 "same command again to retry this section")
-        if name in TRAINING:
+        if section.training:
             pending.append(name)
         return
     if res is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from linlm.reproduce.presets import load_preset
+from linlm.reproduce.sections import SECTIONS
 from linlm.scaling.fits import PFLOPS_DAY
 
 
@@ -45,11 +46,9 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
         totals["seconds"] += wall_seconds([r.seconds or 0.0 for r in rows if r.status != "done"], ladder.jobs)
     p = preset
     print("\n[evaluation]", file=file)
-    print(f"  validation loss and bits/byte: up to {p.quality.get('max_tokens', 40_000):,} tokens per model", file=file)
-    print(f"  zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task", file=file)
-    print(f"  NIAH: lengths {p.niah.get('lengths')}, depths {p.niah.get('depths')}", file=file)
-    print(f"  MQAR: widths {p.mqar.get('widths')}, {p.mqar.get('steps')} steps per model", file=file)
-    print(f"  decode: contexts {p.decode.get('contexts')}", file=file)
+    for section in SECTIONS:
+        if section.plan is not None:
+            print(f"  {section.plan(p)}", file=file)
     print(f"\ntotal: {totals['runs']} training runs, C = {totals['compute_flops']:.3e} FLOPs = "
           f"{totals['compute_flops'] / PFLOPS_DAY:.3e} PFLOP/s-days (paper convention); "
           f"{totals['training_flops']:.3e} FLOPs with the LM head", file=file)
@@ -68,6 +67,4 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
 
 
 def _training_share() -> float:
-    from linlm.reproduce.job import SECTIONS, TRAINING
-
-    return sum(SECTIONS[s] for s in TRAINING) / sum(SECTIONS.values())
+    return sum(s.weight for s in SECTIONS if s.training) / sum(s.weight for s in SECTIONS)

@@ -1,0 +1,150 @@
+"""What a section of ``linlm reproduce`` is: one :class:`Section` record holds everything the job needs to know
+about it (its name, what it reads, the settings it depends on, how it runs, what it checks before any work, what
+it writes in the job directory, and how it shows in the plan and the report). The records are listed, in the
+order the job runs them, in :data:`linlm.reproduce.sections.SECTIONS`.
+
+This module also holds what several sections share: the trained models of a sweep, the validation text of a
+prepared data directory, and the pieces of the report (a number, a plot, why a section has nothing to show).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from linlm.errors import DataError
+
+Tick = Callable[[float], None]  # fraction of the section done
+Blocks = list[tuple]  # report blocks, as linlm.scaling.report renders them: ("h2", text), ("p", text), ...
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the job.
+
+    ``run(job, tick)`` computes the section's numbers and returns:
+
+    - a dict: saved as ``DIR/sections/NAME.json``; a later run of the command reads it back instead of running the
+      section again. A dict holding ``"not_run"`` (the section could not run, e.g. no --data-dir) is shown in the
+      report but not saved: the section runs again next time;
+    - None: it cannot run yet (its training has not finished, or it waits for the cluster: it says why in
+      ``job.waiting``); not saved, tried again next time, and the sections that need it wait too;
+    - or it raises: the section failed. The failure goes to errors.log and the report, the job goes on, and the
+      section runs again next time. A KeyboardInterrupt (Ctrl-C, SIGTERM) stops the job (exit 130).
+    """
+
+    name: str
+    run: Callable[[Any, Tick], Optional[dict]]
+    weight: float  # its share of a local job's time (the display's first estimate of the time left)
+    needs: tuple[str, ...] = ()  # the sections whose results it reads: it waits while one has not finished
+    # The job's settings (keys of linlm.reproduce.settings.FLAGS) its numbers depend on: a new value of one is
+    # refused once this section has finished.
+    settings: tuple[str, ...] = ()
+    # Trains models: a failure that is not a LinlmError (a bug) stops the job, and a failed training section
+    # holds back the sections that need it.
+    training: bool = False
+    # (job, kept, replace) -> None: refusals before any work, while the section is still to run. ``kept(key)``
+    # says where a setting came from (for the message); ``replace``: the job's own sweeps are about to be removed.
+    check: Optional[Callable[[Any, Callable[[str], str], bool], None]] = None
+    # (job, pending) -> its part of the report; ``report_rank`` orders the parts (the report's order is not the
+    # order the sections run in).
+    render: Optional[Callable[[Any, list[str]], Blocks]] = None
+    report_rank: int = 0
+    plan: Optional[Callable[[Any], str]] = None  # (preset) -> its line in `linlm reproduce --dry-run`
+    trees: tuple[str, ...] = ()  # directories of DIR it builds from nothing (--overwrite clears them whole)
+    plots: tuple[str, ...] = ()  # the names (fnmatch patterns) of its PNGs in DIR/plots
+    copies: tuple[str, ...] = ()  # paths of DIR the job itself writes for it (besides sections/NAME.json)
+
+
+# ---- the models and the text sections evaluate ----------------------------------------------------------------
+
+
+def _summary(run_dir: Path) -> Optional[dict]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
+    """{label: {run, arch, params, checkpoint, data_dir, seq_len}} for each finished run of a sweep directory
+    (``largest_only``: the run with the most parameters of each architecture)."""
+    from linlm.config import load_yaml
+    from linlm.scaling.runs import META_FILE, run_finished
+
+    found: dict[str, dict] = {}
+    for run_dir in sorted((sweep / "runs").glob("*")) if (sweep / "runs").is_dir() else []:
+        try:
+            meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        summary = _summary(run_dir)
+        if not summary or not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
+            continue
+        cfg = load_yaml(run_dir / "config.yaml")
+        row = {"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
+               "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
+               "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"]),
+               "train_loss": summary.get("loss"), "val_loss_trainer": summary.get("val_loss")}
+        key = meta["arch"] if largest_only else run_dir.name
+        if key not in found or row["params"] > found[key]["params"]:
+            found[key] = row
+    return found
+
+
+def largest_models(job, *sweeps: str) -> dict[str, dict]:
+    """The largest finished model of each architecture in the job's training sections ``sweeps``: those of the
+    first labelled by architecture, those of the others as ``SWEEP-ARCH``."""
+    found: dict[str, dict] = {}
+    for i, name in enumerate(sweeps):
+        models = trained_models(job.sweep(name), largest_only=True)
+        found.update(models if i == 0 else {f"{name}-{k}": v for k, v in models.items()})
+    return found
+
+
+def validation_text(data_dir: str | Path, tokenizer, max_tokens: int) -> str:
+    """The first ``max_tokens`` tokens of a prepared validation split, decoded back to text."""
+    from linlm.data.loader import TokenDataset
+
+    ds = TokenDataset(data_dir, "val")
+    n = min(ds.num_tokens, max_tokens)
+    if n < 2:
+        raise DataError(f"{data_dir}: the validation split holds {ds.num_tokens} tokens; prepare the data with "
+                        "val_fraction > 0")
+    return tokenizer.decode([int(t) for t in ds.read(0, n)])
+
+
+# ---- pieces of the report -------------------------------------------------------------------------------------
+
+
+def fmt(x, spec: str = ".4f") -> str:
+    """A number of a table, or "-" for none."""
+    return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+
+def image(job, name: str) -> Optional[tuple]:
+    """The report block of the PNG DIR/plots/NAME, when it exists."""
+    path = job.plots / name
+    return ("img", f"plots/{name}", path.read_bytes()) if path.is_file() else None
+
+
+def heading(job, title: str, pending: list[str], *names: str) -> tuple[Blocks, Optional[dict]]:
+    """A section's part of the report begins: its heading and the results of ``names[0]``; or, when one of the
+    sections ``names`` has nothing to show, the heading and why (and None)."""
+    why = next(filter(None, (missing(job, name, pending) for name in names)), None)
+    if why:
+        return [("h2", title), ("p", why)], None
+    return [("h2", title)], job.results[names[0]]
+
+
+def missing(job, name: str, pending: list[str]) -> Optional[str]:
+    """Why the section ``name`` has nothing to show (failed, waiting, not run yet), or None when it has."""
+    if name in job.failures:
+        return f"This section failed: {job.failures[name]} (details in errors.log; run the command again to retry)."
+    if name in job.waiting:
+        return f"Not run yet: {job.waiting[name]}."
+    if name in pending or name not in job.results:
+        return "Not run yet: its training runs have not finished (run the same command again)."
+    return None

@@ -1,0 +1,94 @@
+"""The training sections: ``scaling`` (the preset's scaling ladder, in DIR/scaling or --scaling-dir) and
+``compare`` (MossNet, Mamba and LLaMA at equal active parameters and tokens, in DIR/compare).
+
+A local preset trains the sweep here through :func:`linlm.scaling.runner.run_grid`, which skips finished runs and
+resumes interrupted ones; a torchrun preset writes one torchrun command per run into DIR/torchrun.sh and waits
+until the cluster has run them. Either way the section is done only when every run has reached its steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+from linlm import outputs
+from linlm.errors import ConfigError, LinlmError
+from linlm.reproduce.section import Section, Tick
+
+
+def train_sweep(ladder, out: Path, tick: Tick, say: Callable[[str], None], overrides: dict,
+                what: str = "--out") -> dict:
+    from linlm.scaling.runner import run_grid
+
+    return run_grid(ladder, None, out, overrides=overrides, say=say, on_fraction=tick, what=what)
+
+
+def train(job, name: str, tick: Tick) -> dict:
+    """The sweep trained here. An interrupted sweep stops the job (KeyboardInterrupt, exit 130); the section is
+    done only when every run of it has reached its steps."""
+    from linlm.scaling.ladder import plan_runs
+    from linlm.scaling.runs import run_finished
+
+    ladder, sweep = job.ladder(name), job.sweep(name)
+    res = train_sweep(ladder, sweep, tick, job.say, job.overrides, job.sweep_flag(name))
+    if res["interrupted"]:
+        raise KeyboardInterrupt
+    runs = plan_runs(ladder, None, sweep, job.overrides)
+    unfinished = [r.name for r in runs if not run_finished(Path(r.config.out_dir), r.config.steps)]
+    if unfinished:
+        raise LinlmError(f"{name}: {len(unfinished)} of {len(runs)} runs did not reach their steps "
+                         f"({outputs.shown(unfinished)}); run the same command again to resume them")
+    return {"ladder": ladder.name, "runs": [r.name for r in runs]}
+
+
+def emit(job, name: str) -> Optional[dict]:
+    """torchrun mode: write the commands once; the section is done when every run has finished."""
+    from linlm.scaling.ladder import plan_runs
+    from linlm.scaling.runner import emit_torchrun
+    from linlm.scaling.runs import run_finished
+
+    ladder, sweep = job.ladder(name), job.sweep(name)
+    runs = plan_runs(ladder, None, sweep, job.overrides)
+    script = job.out / "torchrun.sh"
+    old = script.read_text(encoding="utf-8") if script.is_file() else "#!/usr/bin/env bash\nset -euo pipefail\n"
+    if f"# {name}\n" not in old:
+        lines = emit_torchrun(ladder, runs, sweep, job.sweep_flag(name))
+        outputs.write_text(script, old + f"# {name}\n" + "\n".join(lines) + "\n", "--out")
+        script.chmod(0o755)
+    pending = [r.name for r in runs if not run_finished(Path(r.config.out_dir), r.config.steps)]
+    if pending:
+        job.waiting[name] = (f"{len(pending)} of {len(runs)} runs have not finished; run {script} on the "
+                             "cluster, then this command again")
+        job.say(f"{name}: {job.waiting[name]}")
+        return None
+    return {"ladder": ladder.name, "runs": [r.name for r in runs]}
+
+
+def check(job, name: str, kept: Callable[[str], str], replace: bool) -> None:
+    """Before any work: every --set against the training config, and the sweep directory (a sweep of this
+    ladder, its started runs started with these settings, no other process training in it)."""
+    from linlm.scaling.ladder import plan_runs
+    from linlm.scaling.runner import check_started_runs, check_sweep_dir
+
+    ladder = job.ladder(name)
+    try:
+        runs = plan_runs(ladder, None, job.sweep(name), job.overrides)
+    except ConfigError as e:
+        raise ConfigError(f"--set{kept('overrides')}: {e}; nothing was changed") from None
+    external = name == "scaling" and job.scaling_dir is not None  # checked with --scaling-dir; never removed
+    if not (external or replace):
+        check_sweep_dir(job.sweep(name), ladder, "--out")
+    if external or not replace:
+        check_started_runs(runs, job.sweep_flag(name))
+
+
+def training_section(name: str, weight: float, settings: tuple[str, ...]) -> Section:
+    def run(job, tick: Tick) -> Optional[dict]:
+        return emit(job, name) if job.preset.mode == "torchrun" else train(job, name, tick)
+
+    return Section(name, run, weight, settings=settings, training=True,
+                   check=lambda job, kept, replace: check(job, name, kept, replace), trees=(name,))
+
+
+SCALING = training_section("scaling", 0.55, ("overrides", "scaling_dir"))
+COMPARE = training_section("compare", 0.14, ("overrides",))
