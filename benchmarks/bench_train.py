@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, write_json  # noqa: E402
 
 from linlm.devices import native_bf16  # noqa: E402
-from linlm.train.config import build_config, preset_path  # noqa: E402
+from linlm.train.config_loading import build_config, preset_path  # noqa: E402
 from linlm.train import train  # noqa: E402
 from linlm.train.metrics import read_metrics  # noqa: E402
 

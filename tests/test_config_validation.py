@@ -9,7 +9,8 @@ import pytest
 from linlm.config import from_dict, load_yaml, parse_overrides
 from linlm.errors import ConfigError
 from linlm.models.config import ModelConfig
-from linlm.train.config import TrainConfig, build_config, load_train_config
+from linlm.train.config import TrainConfig
+from linlm.train.config_loading import build_config, load_train_config
 
 
 def test_yaml_that_is_not_utf8_is_a_config_error_with_its_line(tmp_path):

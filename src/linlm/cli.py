@@ -24,7 +24,7 @@ def _model_config(args):
     """The ModelConfig of --arch, --preset and the model.* overrides (the dialect of `linlm train`)."""
     from linlm.cli_args import override_items
     from linlm.config import parse_overrides
-    from linlm.train.config import build_model_config
+    from linlm.train.config_loading import build_model_config
 
     return build_model_config(args.arch, args.preset, parse_overrides(override_items(args)))
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linlm.data.prepare import (META_FILE, PROGRESS_DIR, is_val_piece, iter_pieces, prepare, split_offset,
-                                token_dtype)
 from linlm import outputs
+from linlm.data.prepare import is_val_piece, iter_pieces, prepare, split_offset
+from linlm.data.shards import META_FILE, PROGRESS_DIR, token_dtype
 from linlm.data.tokenizer import EOS_TOKEN, Tokenizer
 from linlm.errors import ConfigError, DataError
 

@@ -9,7 +9,8 @@ from train_helpers import REPO, write_yaml
 
 from linlm.cli import main
 from linlm.errors import ConfigError
-from linlm.train.config import TrainConfig, build_config, load_train_config, preset_path
+from linlm.train.config import TrainConfig
+from linlm.train.config_loading import build_config, load_train_config, preset_path
 
 
 def test_defaults_validate():

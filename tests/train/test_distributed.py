@@ -35,10 +35,12 @@ def losses(records):
     return [r["loss"] for r in records], [r["val_loss"] for r in records if "val_loss" in r]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_match_one_and_resume_in_one(tiny_data, tmp_path, single, strategy):
+@pytest.mark.parametrize("strategy, recompute", [("ddp", False), ("fsdp", False), ("fsdp", True)],
+                         ids=["ddp", "fsdp", "fsdp-activation-checkpointing"])
+def test_two_processes_match_one_and_resume_in_one(tiny_data, tmp_path, single, strategy, recompute):
+    """With activation checkpointing, FSDP shards the wrapped blocks, and the one process resumes without it."""
     out = tmp_path / "run"
-    cfg = config(tiny_data, out, distributed__strategy=strategy)
+    cfg = config(tiny_data, out, distributed__strategy=strategy, activation_checkpointing=recompute)
     path = write_yaml(tmp_path / "cfg.yaml", cfg)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "linlm",
            "train", "--config", str(path), "--quiet"]
@@ -53,7 +55,7 @@ def test_two_processes_match_one_and_resume_in_one(tiny_data, tmp_path, single, 
 
     # resume the 2-process run from its step-3 checkpoint in one process
     shutil.rmtree(out / "checkpoints" / f"step_{STEPS:08d}")
-    resumed = train(TrainConfig.from_dict(cfg), resume=True, verbose=False)
+    resumed = train(TrainConfig.from_dict({**cfg, "activation_checkpointing": False}), resume=True, verbose=False)
     assert resumed.step == STEPS
     three = read_metrics(out / "metrics.jsonl")
     assert [x["step"] for x in three] == list(range(1, STEPS + 1))

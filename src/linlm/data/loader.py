@@ -1,4 +1,5 @@
-"""Read prepared token shards: a dataset over the memory-mapped shards and a resumable batch iterator.
+"""Read prepared token shards (laid out as :mod:`linlm.data.shards` defines): a dataset over their memory maps
+and a resumable batch iterator.
 
 Sequences: the split's token stream (all shards, in order) is cut into ``N = (tokens - 1) // seq_len``
 non-overlapping windows; window ``i`` is tokens ``[i*T, i*T + T + 1)`` (T = ``seq_len``), giving the inputs
@@ -31,11 +32,10 @@ import numpy as np
 import torch
 
 from linlm.data.checksums import ShardVerifier
+from linlm.data.shards import META_FILE, PROGRESS_DIR, shard_size_problem, stored_dtype
 from linlm.errors import ConfigError, DataError, choices_text
 
 log = logging.getLogger("linlm.data")
-
-META_FILE = "meta.json"
 
 
 class TokenDataset:
@@ -46,7 +46,7 @@ class TokenDataset:
         meta_path = self.directory / META_FILE
         if not meta_path.is_file():
             hint = (" (an interrupted `linlm data prepare`; run it again to finish)"
-                    if (self.directory / ".progress").is_dir() else "; run `linlm data prepare` first")
+                    if (self.directory / PROGRESS_DIR).is_dir() else "; run `linlm data prepare` first")
             raise DataError(f"{self.directory}: no {META_FILE}, so not a complete prepared data directory{hint}")
         raw = meta_path.read_bytes()
         self.meta: dict[str, Any] = json.loads(raw)
@@ -54,7 +54,7 @@ class TokenDataset:
         if split not in self.meta["splits"]:
             raise DataError(f"{meta_path}: no split {split!r}; choose from {choices_text(self.meta['splits'])}")
         self.split = split
-        self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
+        self.dtype = stored_dtype(self.meta["dtype"])
         self.vocab_size: int = self.meta["vocab_size"]
         self.eos_id: int = self.meta["eos_id"]
         self._shards: list[np.memmap] = []
@@ -62,11 +62,9 @@ class TokenDataset:
         self._verifiers: list[ShardVerifier] = []
         for shard in self.meta["splits"][split]["shards"]:
             path = self.directory / shard["file"]
-            expected = shard["tokens"] * self.dtype.itemsize
-            if not path.is_file() or path.stat().st_size != expected:
-                got = path.stat().st_size if path.is_file() else "missing"
-                raise DataError(f"{path}: expected {expected} bytes ({shard['tokens']} tokens), found {got}; the "
-                                f"directory is damaged; {self.prepare_again()}")
+            problem = shard_size_problem(path, shard["tokens"], self.dtype)
+            if problem:
+                raise DataError(f"{path}: {problem}; the directory is damaged; {self.prepare_again()}")
             tokens = np.memmap(path, dtype=self.dtype, mode="r")
             self._shards.append(tokens)
             self._paths.append(path)

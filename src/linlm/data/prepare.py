@@ -1,14 +1,7 @@
 """Tokenise a source into memory-mapped shards with a train/validation split.
 
-Output directory::
-
-    meta.json               written last: its presence means the directory is complete
-    tokenizer.json          the tokenizer used (plus tokenizer_config.json, so transformers can load it too)
-    train/000000.bin ...    raw token ids, little-endian uint16 (vocab <= 65536) or uint32, shard_tokens each;
-                            meta.json records each shard's sha256 and the sha256 of each 4 MiB block of it
-                            (linlm.data.checksums), verified by the reader
-    val/000000.bin ...      (the last shard of a split is shorter)
-    .progress/              only while incomplete: state.json and the pending tail of each split
+The output directory and meta.json are laid out as :mod:`linlm.data.shards` defines (the shards are written by its
+:class:`~linlm.data.shards.SplitWriter`); this module decides what goes into them, and resumes.
 
 Token stream: every document is encoded on its own and followed by the end-of-text id.
 
@@ -41,7 +34,6 @@ import logging
 import math
 import os
 import random
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -49,35 +41,22 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from linlm import outputs
-from linlm.data.checksums import shard_checksums
+from linlm.data.shards import (FORMAT, META_FILE, PROGRESS_DIR, PROGRESS_FILE, SPLITS, STATE_FILE, SplitWriter,
+                               is_format_path, shard_size_problem, token_dtype)
 from linlm.data.sources import Source, SourceLike, open_source
-from linlm.data.tokenizer import Tokenizer, resolve_tokenizer
+from linlm.data.tokenizer import TOKENIZER_FILE, Tokenizer, resolve_tokenizer
 from linlm.errors import ConfigError, DataError, LinlmError, StorageError
 from linlm.locking import DirLock
 
 log = logging.getLogger("linlm.data")
 
-FORMAT = "linlm-tokens/1"
-META_FILE = "meta.json"
-PROGRESS_DIR = ".progress"
-STATE_FILE = "state.json"
-PROGRESS_FILE = f"{PROGRESS_DIR}/{STATE_FILE}"
-SPLITS = ("train", "val")
 DEFAULT_SHARD_TOKENS = 1 << 25  # 32 Mi tokens: 64 MiB per uint16 shard
 DEFAULT_SPLIT_CHARS = 8192
 BPE_MIN_FREQUENCY = 2
 _BATCH_CHARS = 1 << 21  # characters per encode_batch call
 WHAT = "output"  # how messages name the directory (the --out of `linlm data prepare`, or a cache entry)
-# The paths prepare writes, relative to the output directory: a user's path there refuses the command.
-_OUR_NAMES = (META_FILE, "tokenizer.json", "tokenizer_config.json", *SPLITS, PROGRESS_DIR)
-_OUR_PATH = re.compile(rf"^(({'|'.join(SPLITS)})/\d{{6}}\.bin"
-                       rf"|{re.escape(PROGRESS_DIR)}/({re.escape(STATE_FILE)}|pending-.*))$")
 
 ShardHook = Callable[[str, dict], None]
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
 def is_val_piece(index: int, val_fraction: float, offset: float) -> bool:
@@ -198,11 +177,6 @@ def _refuse_foreign(out: Path, overwrite: bool) -> None:
                         "into it (its files are kept)")
 
 
-def _blocks(rel: str) -> bool:
-    """Whether a user's path (relative to the output directory) is where prepare writes."""
-    return rel in _OUR_NAMES or bool(_OUR_PATH.match(rel))
-
-
 def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
     """None when ``out`` is complete with ``config``; else the (fresh or resumed) state."""
     meta_path, state_path = out / META_FILE, out / PROGRESS_FILE
@@ -225,7 +199,7 @@ def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
                             "--overwrite to start again") from e
         if state.get("config") == config:
             log.info("resuming %s from piece %d", out, state["next_piece"])
-            outputs.check_removal(out, WHAT, held=[out], blocks=_blocks)
+            outputs.check_removal(out, WHAT, held=[out], blocks=is_format_path)
             _remove_strays(out, state)
             return state
         previous = state.get("config", {})
@@ -241,9 +215,9 @@ def _open_out_dir(out: Path, config: dict, overwrite: bool) -> Optional[dict]:
         raise DataError(f"output {out} is a file; choose a directory")
     # What linlm wrote goes (meta.json first, so that the directory stops looking complete); a user's file at a
     # name written below refuses the command before anything is removed.
-    outputs.check_removal(out, WHAT, held=[out], blocks=_blocks, refuse_edited=True)
+    outputs.check_removal(out, WHAT, held=[out], blocks=is_format_path, refuse_edited=True)
     outputs.remove_file(meta_path, WHAT)
-    outputs.remove_tree(out, WHAT, held=[out], blocks=_blocks, refuse_edited=True)
+    outputs.remove_tree(out, WHAT, held=[out], blocks=is_format_path, refuse_edited=True)
     outputs.make_dir(out, WHAT)
     state = {"config": config, "next_piece": 0, "checkpoint": 0, "tokenizer_fingerprint": None,
              "splits": {s: {"shards": [], "pieces": 0, "pending": None, "pending_tokens": 0} for s in SPLITS}}
@@ -284,11 +258,10 @@ def _remove_strays(out: Path, state: dict) -> None:
 
 def _check_complete(out: Path) -> None:
     meta = json.loads((out / META_FILE).read_text())
-    itemsize = np.dtype(meta["dtype"]).itemsize
     for split in meta["splits"].values():
         for shard in split["shards"]:
             path = out / shard["file"]
-            if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
+            if shard_size_problem(path, shard["tokens"], meta["dtype"]):
                 raise DataError(f"{path}: missing or truncated shard of a completed directory; rerun with "
                                 "overwrite=True / --overwrite (a shard that was changed is not linlm's any more: "
                                 "move it away first)")
@@ -304,7 +277,7 @@ def _commit_state(out: Path, state: dict) -> None:
 def _bpe_for(out: Path, state: dict, src: Source, vocab: int, val_fraction: float, seed: int, split_chars: int,
              train_chars: Optional[int]) -> Tokenizer:
     """Train the BPE, or reload the one an interrupted run already trained into ``out``."""
-    if state["tokenizer_fingerprint"] is not None and (out / "tokenizer.json").is_file():
+    if state["tokenizer_fingerprint"] is not None and (out / TOKENIZER_FILE).is_file():
         tok = Tokenizer.from_pretrained(out)
         if tok.fingerprint() == state["tokenizer_fingerprint"]:
             return tok
@@ -347,63 +320,6 @@ def _parallelism(num_workers: int):
 # ---- tokenising --------------------------------------------------------------------------------------------
 
 
-class _SplitWriter:
-    """Collects one split's tokens and writes them out in shards of exactly ``shard_tokens``."""
-
-    def __init__(self, out: Path, split: str, dtype: np.dtype, shard_tokens: int, record: dict):
-        self.out, self.split, self.dtype, self.shard_tokens = out, split, dtype, shard_tokens
-        self.record = record  # the split's entry in the state: shards, pieces, pending
-        self.chunks: list[np.ndarray] = []
-        self.count = 0
-        if record["pending"]:
-            path = out / PROGRESS_DIR / record["pending"]
-            tail = np.fromfile(path, dtype=dtype) if path.is_file() else np.empty(0, dtype)
-            if len(tail) != record["pending_tokens"]:
-                raise DataError(f"{path}: holds {len(tail)} tokens, the progress state expects "
-                                f"{record['pending_tokens']}; rerun with overwrite=True / --overwrite")
-            self.chunks, self.count = [tail], len(tail)
-        outputs.make_dir(out / split, WHAT)
-
-    def add(self, ids: np.ndarray) -> list[dict]:
-        self.chunks.append(ids)
-        self.count += len(ids)
-        written = []
-        if self.count >= self.shard_tokens:
-            data = np.concatenate(self.chunks)
-            start = 0
-            while len(data) - start >= self.shard_tokens:
-                written.append(self._write(data[start:start + self.shard_tokens]))
-                start += self.shard_tokens
-            self.chunks, self.count = [data[start:]], len(data) - start
-        return written
-
-    def finish(self) -> list[dict]:
-        if not self.count:
-            return []
-        data = np.concatenate(self.chunks)
-        self.chunks, self.count = [], 0
-        return [self._write(data)]
-
-    def _write(self, tokens: np.ndarray) -> dict:
-        name = f"{self.split}/{len(self.record['shards']):06d}.bin"
-        blob = tokens.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
-        outputs.write_bytes(self.out / name, blob, WHAT)
-        shard = {"file": name, "tokens": len(tokens), **shard_checksums(blob)}
-        self.record["shards"].append(shard)
-        return shard
-
-    def save_pending(self, checkpoint: int) -> Optional[str]:
-        old = self.record["pending"]
-        name = f"pending-{self.split}-{checkpoint:06d}.bin" if self.count else None
-        if name:
-            data = np.concatenate(self.chunks)
-            self.chunks = [data]
-            outputs.write_bytes(self.out / PROGRESS_DIR / name, data.astype(self.dtype.newbyteorder("<")).tobytes(),
-                                WHAT)
-        self.record["pending"], self.record["pending_tokens"] = name, self.count
-        return old
-
-
 def _batches(pieces: Iterator[tuple[int, str, bool]], limit: int) -> Iterator[list[tuple[int, str, bool]]]:
     batch, chars = [], 0
     for item in pieces:
@@ -422,7 +338,7 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
     if state["tokenizer_fingerprint"] not in (None, tok.fingerprint()):
         raise DataError(f"{out}: the progress state was made with another tokenizer; rerun with overwrite=True")
     state["tokenizer_fingerprint"] = tok.fingerprint()
-    writers = {s: _SplitWriter(out, s, dtype, config["shard_tokens"], state["splits"][s]) for s in SPLITS}
+    writers = {s: SplitWriter(out, s, dtype, config["shard_tokens"], state["splits"][s], WHAT) for s in SPLITS}
     val_fraction, offset, eos = config["val_fraction"], split_offset(config["seed"]), tok.eos_id
     resume_at = state["next_piece"]
     numbered = ((j, piece, last) for j, (piece, last) in enumerate(iter_pieces(src, config["split_chars"])))
@@ -466,7 +382,7 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
                     "lower split_chars", out, splits["train"]["pieces"], config["val_fraction"])
     meta = {
         "format": FORMAT, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-        "tokenizer": {"file": "tokenizer.json", "spec": tokenizer_spec, "fingerprint": tok.fingerprint()},
+        "tokenizer": {"file": TOKENIZER_FILE, "spec": tokenizer_spec, "fingerprint": tok.fingerprint()},
         "source": {"spec": src.spec, "fingerprint": src.fingerprint(), "documents": src.stats.documents,
                    "empty_documents": src.stats.empty_documents, "bytes": src.stats.bytes,
                    "utf8_replacements": src.stats.replacements},
@@ -477,7 +393,7 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
     return meta
 
 
-def _checkpoint(out: Path, state: dict, writers: dict[str, _SplitWriter]) -> None:
+def _checkpoint(out: Path, state: dict, writers: dict[str, SplitWriter]) -> None:
     state["checkpoint"] += 1
     old = [writers[s].save_pending(state["checkpoint"]) for s in SPLITS]
     _commit_state(out, state)

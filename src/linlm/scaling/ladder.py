@@ -143,7 +143,7 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
     """Every (arch, rung) of ``ladder`` as a validated run under ``out_dir/runs``; ``overrides`` (a nested dict
     of TrainConfig keys) apply to every run, after the ladder's own settings."""
     from linlm.models.registry import ARCHITECTURES
-    from linlm.train.config import build_config
+    from linlm.train.config_loading import build_config
 
     archs = list(archs or ladder.archs)
     for a in archs:

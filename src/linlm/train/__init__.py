@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "TrainConfig": "config", "load_train_config": "config", "build_config": "config",
+    "TrainConfig": "config", "load_train_config": "config_loading", "build_config": "config_loading",
     "Trainer": "trainer", "TrainHooks": "trainer", "TrainResult": "trainer", "train": "trainer",
     "TrainData": "pipeline",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_valid": "checkpoint",

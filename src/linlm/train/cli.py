@@ -72,7 +72,7 @@ def config_from_args(args):
     from linlm.cli_args import override_items
     from linlm.config import deep_merge, load_yaml, parse_overrides
     from linlm.errors import ConfigError
-    from linlm.train.config import build_config, preset_path
+    from linlm.train.config_loading import build_config, preset_path
     from linlm.train.rundir import CONFIG_FILE
 
     flags: dict = {}

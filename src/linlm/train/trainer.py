@@ -6,7 +6,9 @@ on disk: validate the config; decide what to do with a run already in out_dir an
 writes there, before the directory is created or locked (:mod:`linlm.train.rundir`); lock it and decide again;
 open the data (:mod:`linlm.train.pipeline`); build the model and restore the checkpoint; only then write
 config.yaml and train. The end-of-run report is :mod:`linlm.train.report`; a run the divergence guard stops
-(:mod:`linlm.train.guard`) gets one too, recorded as not finished, before TrainingDiverged is raised.
+(:mod:`linlm.train.guard`) gets one too, recorded as not finished, before TrainingDiverged is raised. Each step
+itself (forward, backward, clipping, the update) is a :class:`~linlm.train.step.TrainStep`; the Trainer does the
+bookkeeping around it: schedule, metrics, evaluation, guards, checkpoints, the run directory.
 
 Determinism: the data order is a pure function of (seed, step), the learning rate a pure function of the step,
 and a checkpoint holds the weights, the optimizer state, every RNG state and the data position, so a resumed run
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import math
 import os
@@ -41,10 +42,12 @@ from linlm.train import distributed as dist_utils
 from linlm.train import guard
 from linlm.train.config import TrainConfig
 from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops, use_live_display
-from linlm.train.optim import build_optimizer, lr_at, set_lr
+from linlm.train.optim import build_optimizer, lr_at
 from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data, split_batch
 from linlm.train.report import read_summary, write_report
+from linlm.train.restore import as_saved, load_initial_weights
 from linlm.train.rundir import RunDir
+from linlm.train.step import TrainStep, apply_activation_checkpointing, weight_norm
 
 log = logging.getLogger("linlm.train")
 
@@ -94,49 +97,6 @@ def _on_main(info: dist_utils.DistInfo, fn: Callable[[], Any]) -> Any:
     return result
 
 
-def apply_activation_checkpointing(model) -> None:
-    """Recompute each block's activations in the backward pass (torch.utils.checkpoint, non-reentrant)."""
-    from torch.utils.checkpoint import checkpoint
-
-    for block in model.layers:
-        inner = block.forward
-
-        def forward(x, _inner=inner, **kwargs):
-            if torch.is_grad_enabled():
-                return checkpoint(_inner, x, use_reentrant=False, **kwargs)
-            return _inner(x, **kwargs)
-
-        block.forward = forward
-
-
-def weight_norm(params: list, info: dist_utils.DistInfo) -> float:
-    """The global L2 norm of ``params`` (summed over FSDP shards)."""
-    total = torch.zeros((), dtype=torch.float64, device=info.device)
-    sharded = False
-    for p in params:
-        t = p.detach()
-        if hasattr(t, "to_local"):
-            t, sharded = t.to_local(), True
-        total += t.double().pow(2).sum()
-    if sharded:
-        dist_utils.all_reduce_sum(total, info)
-    return math.sqrt(float(total))
-
-
-def as_saved(model_config, checkpoint: Path, overrides: dict):
-    """The model config to resume ``checkpoint`` with: a run started before an option's default changed
-    (``linlm.models.config.SAVED_BEFORE``) keeps computing what it computed, unless its config now sets that option.
-    The checkpoint is verified later; an unreadable config.json changes nothing here."""
-    from linlm.models.config import SAVED_BEFORE
-
-    try:
-        saved = json.loads((checkpoint / "config.json").read_text()).get("config", {})
-    except (OSError, ValueError, AttributeError):
-        return model_config
-    keep = {k: v for k, v in SAVED_BEFORE.items() if k not in saved and k not in overrides}
-    return model_config.replace(**keep) if keep else model_config
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                  hooks: Optional[TrainHooks] = None, verbose: bool = False, live: Optional[bool] = False,
@@ -170,7 +130,7 @@ class Trainer:
             if self.info.enabled:
                 # Free the (possibly sharded) model and optimizer while the process group is alive, then wait for
                 # rank 0's report: tearing the group down under a peer can abort the gloo transport at exit.
-                self.raw = self.model = self.optimizer = self.step_model = None
+                self.raw = self.model = self.optimizer = self.step_model = self.train_step = None
                 gc.collect()
                 dist_utils.barrier(self.info)
             return result
@@ -226,6 +186,9 @@ class Trainer:
                      else measure_peak_flops(info.device, torch.bfloat16 if bf16 else torch.float32))
         self.autocast = ((lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)) if bf16
                          else contextlib.nullcontext)
+        self.train_step = TrainStep(self.model, self.optimizer, [p for p in self.raw.parameters() if p.requires_grad],
+                                    info=info, grad_accum=cfg.grad_accum, grad_clip=cfg.optim.grad_clip,
+                                    autocast=self.autocast, forward=self.step_model)
 
         result = TrainResult(self.out, start_step, val_loss=last_val, skipped_steps=self.skipped, precision=precision)
         self.metrics = None
@@ -290,28 +253,12 @@ class Trainer:
         raw.train()
         self.raw = raw
         if init_from:  # weights before wrapping, so that FSDP shards the loaded ones
-            self._init_from(init_from)
+            self.say(f"weights from {load_initial_weights(raw, self.model_config, init_from)}")
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(raw)
         self.model = dist_utils.wrap(raw, cfg.distributed.strategy, info)
         self.optimizer = build_optimizer(raw, cfg.optim)
         self.step_model = torch.compile(self.model) if cfg.compile else self.model
-
-    def _init_from(self, source: str) -> None:
-        """Load the weights of a checkpoint (or a run's newest) into the fresh model."""
-        path = ckpt.resolve_checkpoint(source)
-        c = ckpt.load_checkpoint(path, verified=True)
-        theirs = json.loads((path / "config.json").read_text()).get("config", {})
-        mine = self.model_config.to_dict()
-        differ = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
-        if differ:
-            raise CheckpointError(f"init_from: {path} holds a model with a different {', '.join(differ[:6])} "
-                                  f"({', '.join(f'{k}={theirs.get(k)!r}' for k in differ[:6])}); use the model "
-                                  "settings it was trained with")
-        if not all(torch.isfinite(t).all() for t in c.model.values() if t.is_floating_point()):
-            raise CheckpointError(f"init_from: {path} holds non-finite weights; choose an earlier checkpoint")
-        self.raw.load_state_dict(c.model, strict=True)
-        self.say(f"weights from {path}")
 
     def _restore(self, path: Path) -> tuple[int, Optional[float]]:
         c = ckpt.load_checkpoint(path, verified=True)
@@ -335,9 +282,7 @@ class Trainer:
 
     def _loop(self, start_step: int, stop: StopSignals, result: TrainResult) -> None:
         cfg, info = self.cfg, self.info
-        device, A = info.device, cfg.grad_accum
-        params = [p for p in self.raw.parameters() if p.requires_grad]
-        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        params = self.train_step.params
         nan_steps = set(cfg.debug.nan_steps)
         bad_streak = 0
         norm_before = weight_norm(params, info)
@@ -348,38 +293,13 @@ class Trainer:
             for step in range(start_step, cfg.steps):
                 n = step + 1  # steps completed after this one
                 lr = lr_at(step, cfg.optim.lr, cfg.steps, cfg.schedule)
-                set_lr(self.optimizer, lr)
                 t0 = time.perf_counter()
-                ce_sum = torch.zeros((), device=device)
-                aux_sum = torch.zeros((), device=device)
-                data_s = 0.0
-                for micro in range(A):
-                    t_data = time.perf_counter()
-                    ids, targets, reset = split_batch(next(self.data.train))
-                    ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                    reset = reset.to(device, non_blocking=True) if reset is not None else None
-                    data_s += time.perf_counter() - t_data
-                    with dist_utils.no_grad_sync(self.model, info.enabled and micro < A - 1):
-                        with self.autocast():
-                            out = self.step_model(ids, targets=targets, reset=reset, return_aux=True)
-                        ce = out.loss
-                        if n in nan_steps:
-                            ce = ce * float("nan")
-                        aux = out.aux_loss.float()
-                        ((ce + aux) / A).backward()
-                    ce_sum += ce.detach()
-                    aux_sum += aux.detach()
-                stats = torch.stack([ce_sum / A, aux_sum / A,
-                                     torch.tensor(1.0 if stop.name else 0.0, device=device)]).double()
-                dist_utils.all_reduce_sum(stats, info)
-                loss_value = float(stats[0]) / info.world_size
-                aux_value = float(stats[1]) / info.world_size
-                stop_now = bool(stats[2] > 0)
-                norm = dist_utils.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, clip))
-                why = guard.bad_step(loss_value, norm)
+                out = self.train_step(self.data.train, lr=lr, poison=n in nan_steps,
+                                      stop_requested=lambda: bool(stop.name))
+                loss_value, aux_value, norm, why = out.loss, out.aux_loss, out.grad_norm, out.skipped
+                stop_now, data_s = out.stop, out.data_s
                 diverged = None  # why the run must stop now although this step was not bad
                 if why is None:
-                    self.optimizer.step()
                     norm_after = weight_norm(params, info)
                     diverged = guard.exploded(norm_before, norm_after) or self.watch.check(loss_value)
                     norm_before = norm_after
@@ -387,9 +307,6 @@ class Trainer:
                 else:
                     self.skipped += 1
                     bad_streak += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
                 dt = time.perf_counter() - t0
                 tps = self.tokens_per_step / dt
                 rec: dict[str, Any] = {
