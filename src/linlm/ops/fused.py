@@ -13,7 +13,7 @@ here instead writes its result, and its gradient, straight into one output buffe
 - ``glu(h, activation)``: h [..., 2 F] holding [gate | up]; returns act(gate) * up, act "silu" (SwiGLU) or None
   (SGLU). The gradient comes back as one [..., 2 F] tensor, with no concatenation.
   On the CPU in float32 / float64, SwiGLU runs on the compiled gate kernel
-  (``linlm.ops.scan_kernel.glu_silu``: one pass each way, only h saved).
+  (``linlm.ops.gate_kernel.glu_silu``: one pass each way, only h saved).
 - ``rms_norm(x, weight, eps)``: x / sqrt(mean(x^2) + eps) * weight over the last dim; weight may be None
   (SRMSNorm). The mean square is one reduction (a vector norm), with no x^2 tensor.
 - ``linear_cross_entropy(h, weight, targets)``: mean cross-entropy of h @ weight^T, a chunk of tokens at a time,
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from linlm.ops import scan_kernel
+from linlm.ops import gate_kernel
 from linlm.ops.grad import needs_grad
 
 
@@ -159,8 +159,8 @@ def glu(h: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
         raise ValueError(f"glu: activation must be 'silu' or None, got {activation!r}")
     if h.shape[-1] % 2:
         raise ValueError(f"glu: the last dim holds [gate | up] and must be even, got {h.shape[-1]}")
-    if activation == "silu" and scan_kernel.gate_takes(h):
-        return scan_kernel.glu_silu(h)  # one pass each way in compiled code (CPU, float32 / float64)
+    if activation == "silu" and gate_kernel.gate_takes(h):
+        return gate_kernel.glu_silu(h)  # one pass each way in compiled code (CPU, float32 / float64)
     if not needs_grad(h):
         return _glu_forward(h, activation == "silu")[0]
     return _GLU.apply(h, activation == "silu")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linlm.errors import ConfigError, ShapeError
-from linlm.ops import scan_kernel
+from linlm.ops import gather_sum_kernel, kernel_library
 from linlm.ops.grad import needs_grad
 
 __all__ = [
@@ -209,9 +209,9 @@ def read_back(src: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
     embedding_bag in the summing precision, whose weighted backward sorts the indices first (it allows a row to be
     read any number of times). benchmarks/bench_fused.py times the two, fwd + bwd: at MossNet's demo read-back
     (4096 of 4352 slots, 256 wide) 0.60 against 1.37 ms on a 2-core AVX2 CPU."""
-    w = weights.to(scan_kernel.compute_dtype(src.dtype))
-    if scan_kernel.gather_sum_takes(src, w):
-        return scan_kernel.weighted_gather_sum(src, idx, w)
+    w = weights.to(kernel_library.compute_dtype(src.dtype))
+    if gather_sum_kernel.gather_sum_takes(src, w):
+        return gather_sum_kernel.weighted_gather_sum(src, idx, w)
     return F.embedding_bag(idx, src.to(w.dtype), per_sample_weights=w, mode="sum").to(src.dtype)
 
 

@@ -61,7 +61,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError, ShapeError
-from linlm.ops import backends, scan_kernel
+from linlm.ops import backends, kernel_library, scan_kernel
 
 __all__ = [
     "selective_scan",
@@ -460,7 +460,7 @@ def selective_scan_kernel(
 ) -> tuple[Tensor, Tensor | None]:
     """The compiled CPU kernel (linlm.ops.scan_kernel): same result as selective_scan_reference, one pass over the
     sequence per direction, states checkpointed every 64 steps for the backward. Raises ConfigError when the kernel
-    cannot be built (see scan_kernel.available).
+    cannot be built (see kernel_library.available).
 
     lengths: None, or int [Bt]: row b ends after lengths[b] steps and the rest is padding that is skipped (y there is
     D u; the final state is the one after step lengths[b] - 1). The same as the reference on each row's prefix.
@@ -473,7 +473,7 @@ def selective_scan_kernel(
     if N > scan_kernel.MAX_STATE:
         raise ShapeError(f"{fn}: the kernel takes a state size N of at most {scan_kernel.MAX_STATE}, got N = {N} "
                          f"(from `A`); use selective_scan_chunked")
-    if not scan_kernel.available():
+    if not kernel_library.available():
         raise ConfigError(f"{fn}: the selective-scan kernel is not available (no C compiler, the build failed, or "
                           f"LINLM_SCAN_BACKEND=torch); use selective_scan_chunked")
     cd = _compute_dtype(u)
@@ -482,7 +482,7 @@ def selective_scan_kernel(
         return u.new_zeros(Bt, 0, Din), (s if output_final_state else None)
     # u (so y and du) is read and written in its own dtype where the kernel has a variant for it (bfloat16: in
     # place, computing in float32; the same values as converting around a float32 kernel), the rest in float32
-    io = u.dtype if u.dtype in scan_kernel.IO_DTYPES else cd
+    io = u.dtype if u.dtype in kernel_library.IO_DTYPES else cd
     uc = u.to(io)
     dtc, Ac, Bc, Cc = (t.to(cd) for t in (dt, A, B, C))
     init = None if initial_state is None else initial_state.to(cd)
@@ -495,13 +495,13 @@ def selective_scan_kernel(
 
 def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, dt_softplus=False,
                    **kw) -> tuple[Tensor, Tensor | None]:
-    """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available());
+    """The scan models call: the compiled kernel on the CPU when it is available (kernel_library.available());
     on CUDA, mamba_ssm's selective_scan_fn when it is installed and takes the case (linlm.ops.backends says which
     cases; LINLM_GPU_KERNELS=torch turns it off); else the chunked form. Keywords as selective_scan_kernel;
     chunk_size only matters to the chunked form. Off the CPU kernel, `lengths` runs as dt = 0 and C = 0 on the
     padding (the same result, at the cost of scanning the padding)."""
     if (isinstance(u, Tensor) and u.device.type == "cpu" and isinstance(A, Tensor)
-            and A.shape[-1] <= scan_kernel.MAX_STATE and scan_kernel.available()):
+            and A.shape[-1] <= scan_kernel.MAX_STATE and kernel_library.available()):
         return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, dt_softplus=dt_softplus, **kw)
     if lengths is not None:
         if dt_softplus:  # activated first, so that the padding gets dt = 0
