@@ -1,5 +1,8 @@
 """The Mamba-1 selective scan (S6) in three forms: reference, chunked (training/prefill) and one-step (decode).
 
+One algorithm, the S6 recurrence, in each of its forms (and the entry to the compiled kernel's, with the dispatcher
+that picks one), so the file is longer than most: its forms share the argument checks and the dtype rules below.
+
 For every channel d the state s_t[d, :] in R^N follows
 
     s_t[d, n] = exp(dt_t[d] * A[d, n]) * s_{t-1}[d, n] + dt_t[d] * u_t[d] * B_t[n]
@@ -32,11 +35,11 @@ block), with no Python loop over time steps:
    down-sweep of k - 1 levels fill in every prefix. Combining segment (w1, h1) into the later (w2, h2) gives
    (w2 w1, h2 + w2 h1). Each level is two in-place ops on strided views of the time axis (rows of Din * N contiguous
    floats), and all levels together touch each element about twice: about 2 passes, against log2(C) for a doubling
-   (Hillis-Steele) scan, which measured 1.6x slower end to end. Afterwards h_t is the state reached from a zero state
-   at the chunk's entry and w_t the decay product since that entry. Decays are multiplied, never divided and never
-   exp(+sum): nothing can overflow, small products underflow harmlessly to 0, and a product of k decays has a
-   relative error of about k * eps whatever the size of the cumulative log-decay (measured over 63 decays after a step
-   of -400: products 1.2e-6, exp of differences of a float32 cumsum 1.5e-5).
+   (Hillis-Steele) scan. Afterwards h_t is the state reached from a zero state at the chunk's entry and w_t the
+   decay product since that entry. Decays are multiplied, never divided and never exp(+sum): nothing can overflow,
+   small products underflow harmlessly to 0, and a product of k decays has a relative error of about k * eps
+   whatever the size of the cumulative log-decay (measured over 63 decays after a step of -400: products 1.2e-6,
+   exp of differences of a float32 cumsum 1.5e-5).
 3. A Python loop over the T / C chunks carries the state: start_{c+1} = h_exit(c) + w_exit(c) * start_c.
 4. s_t = h_t + w_t * start(chunk of t), and y_t = <C_t, s_t> is a batched matvec.
 
@@ -223,8 +226,7 @@ def selective_scan_reference(
 
 # Elements per block buffer (Bt * steps * Din * N); a block of steps is processed in a few such buffers. 2 MiB in
 # float32: far under glibc's mmap threshold, so they are recycled rather than page-faulted in on every call, and mostly
-# in cache during the scan's passes. Measured (fwd+bwd, T 2048, Din 512, chunk 64, 1 thread, CPU time): 2^19 and 2^18
-# best, 2^17 and 2^20 about 10% slower.
+# in cache during the scan's passes.
 _BLOCK_ELEMS = 1 << 19
 
 
@@ -432,8 +434,8 @@ def selective_scan_chunked(
 
     chunk_size: steps per chunk, any positive int, rounded down to a power of two (and to T); the last chunk is
     padded. Work is about the same for any chunk size; the loop between chunks takes T / chunk_size small steps,
-    the tree log2(chunk_size) levels. At Din 512, N 16, T 2048, chunk sizes 16 to 64 are within run-to-run noise of
-    each other (benchmarks/bench_scan.py sweeps them).
+    the tree log2(chunk_size) levels. benchmarks/bench_scan.py measures the chunk sizes against each other (its
+    sweep).
     """
     fn = "selective_scan_chunked"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
