@@ -38,8 +38,8 @@ def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
 
 
 def _c_signatures() -> dict[str, list[tuple[str, bool]]]:
-    """Every exported function of the C source: name -> [(parameter name, is a pointer)], from the source text."""
-    text = kernel_library.SOURCE.read_text()
+    """Every exported function of the C sources: name -> [(parameter name, is a pointer)], from the source text."""
+    text = "\n".join(p.read_text() for p in kernel_library.sources())
     out = {}
     for name, params in re.findall(r"^void SUF\((\w+)\)\((.*?)\)\s*\{", text, flags=re.M | re.S):
         out[name] = [(re.findall(r"\w+", p)[-1], "*" in p) for p in params.split(",")]
@@ -79,25 +79,35 @@ def test_entry_points_take_keywords_only():
 
 
 def test_python_constants_equal_the_c_defines():
-    text = kernel_library.SOURCE.read_text()
-    defines = dict(re.findall(r"^#define (\w+) (\d+)\s*(?:/\*.*)?$", text, flags=re.M))
-    assert int(defines["TILE"]) == scan_kernel.TILE
-    assert int(defines["CONV_TB"]) == conv_kernel.CONV_TB
-    assert int(defines["GATE_ROWS"]) == gate_kernel.GATE_ROWS
-    assert int(defines["GATHER_ROWS"]) == gather_sum_kernel.GATHER_ROWS
+    """Each kernel's work-item size in Python is its C file's #define (the C file beside the module)."""
+    for module, name in ((scan_kernel, "TILE"), (conv_kernel, "CONV_TB"), (gate_kernel, "GATE_ROWS"),
+                         (gather_sum_kernel, "GATHER_ROWS")):
+        c_file = kernel_library.KERNEL_DIR / f"_{module.__name__.rsplit('.', 1)[1]}.c"
+        assert c_file in kernel_library.sources()
+        defines = dict(re.findall(r"^#define (\w+) (\d+)\b", c_file.read_text(), flags=re.M))
+        assert int(defines[name]) == getattr(module, name), (c_file.name, name)
 
 
-def test_cache_key_changes_with_the_source_flags_and_compiler(monkeypatch, tmp_path):
-    src = tmp_path / "k.c"
-    src.write_text(kernel_library.SOURCE.read_text())
-    monkeypatch.setattr(kernel_library, "SOURCE", src)
+def test_cache_key_changes_with_the_sources_flags_and_compiler(monkeypatch, tmp_path):
+    """A change to any C source or header, a new kernel file, other flags or another compiler: another library."""
+    for f in kernel_library.KERNEL_DIR.glob("_*"):
+        if f.suffix in (".c", ".h"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(kernel_library, "KERNEL_DIR", tmp_path)
+    assert [p.name for p in kernel_library.sources()] == [
+        "_conv_kernel.c", "_gate_kernel.c", "_gather_sum_kernel.c", "_scan_kernel.c"]
     flags = kernel_library.FLAGS
-    key = kernel_library.cache_key("cc", flags)
-    assert kernel_library.cache_key("cc", flags) == key
-    assert kernel_library.cache_key("gcc", flags) != key
-    assert kernel_library.cache_key("cc", flags + ("-fopenmp",)) != key
-    src.write_text(src.read_text() + "\n/* one more line */\n")
-    assert kernel_library.cache_key("cc", flags) != key
+    keys = {kernel_library.cache_key("cc", flags)}
+    assert kernel_library.cache_key("cc", flags) in keys  # the same inputs, the same key
+    keys.add(kernel_library.cache_key("gcc", flags))
+    keys.add(kernel_library.cache_key("cc", flags + ("-fopenmp",)))
+    for name in ("_scan_kernel.c", "_gate_kernel.c", "_kernel_common.h", "_kernel_passes.h"):
+        f = tmp_path / name
+        f.write_text(f.read_text() + "\n/* one more line */\n")
+        keys.add(kernel_library.cache_key("cc", flags))
+    (tmp_path / "_new_kernel.c").write_text("/* a new kernel */\n")
+    keys.add(kernel_library.cache_key("cc", flags))
+    assert len(keys) == 8
 
 
 @pytest.mark.slow
@@ -115,7 +125,7 @@ def test_builds_from_an_empty_cache(monkeypatch, tmp_path):
         built = [p.name for p in tmp_path.iterdir()]
         flags = kernel_library.FLAGS + (kernel_library.OPENMP_FLAGS[0] if kernel_library.openmp()
                                         else kernel_library.OPENMP_FLAGS[1])
-        assert built == [f"scan_kernel_{kernel_library.cache_key(kernel_library._compiler(), flags)}.so"]
+        assert built == [f"linlm_kernels_{kernel_library.cache_key(kernel_library._compiler(), flags)}.so"]
         got = selective_scan_kernel(**x)[0]
         torch.testing.assert_close(got, selective_scan_chunked(**x)[0], rtol=1e-9, atol=1e-10)
         if want is not None:

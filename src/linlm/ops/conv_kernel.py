@@ -1,4 +1,4 @@
-"""Mamba's short causal depthwise conv with the SiLU after it, on the compiled CPU kernel (``_scan_kernel.c``,
+"""Mamba's short causal depthwise conv with the SiLU after it, on the compiled CPU kernel (``_conv_kernel.c``,
 loaded by linlm.ops.kernel_library): its two entry points, conv_fwd and conv_bwd, and the autograd Function around
 them. The layer that calls it, with its torch fallback, is linlm.layers.mamba.ShortConv.
 

@@ -1,4 +1,4 @@
-"""The gated SiLU silu(g) * u on the compiled CPU kernel (``_scan_kernel.c``, loaded by linlm.ops.kernel_library):
+"""The gated SiLU silu(g) * u on the compiled CPU kernel (``_gate_kernel.c``, loaded by linlm.ops.kernel_library):
 its two entry points, silu_mul_fwd and silu_mul_bwd, and the autograd Functions around them, for Mamba's output
 gate (g = z: ``silu_mul``, called by linlm.layers.mamba.output_gate) and SwiGLU's activation (g and u the two
 halves of one projection: ``glu_silu``, called by linlm.ops.fused.glu).

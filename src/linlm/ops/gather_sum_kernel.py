@@ -1,7 +1,7 @@
 """The gather-sum of rows behind the mixtures of experts' read-back, out[n] = sum_j w[n, j] src[idx[n, j]] with no
-row of src read twice, on the compiled CPU kernel (``_scan_kernel.c``, loaded by linlm.ops.kernel_library): its two
-entry points, gather_sum_fwd and gather_sum_bwd, and the autograd Function around them. The op that calls it, with
-its embedding_bag fallback, is linlm.ops.routing.read_back; benchmarks/bench_fused.py measures the two.
+row of src read twice, on the compiled CPU kernel (``_gather_sum_kernel.c``, loaded by linlm.ops.kernel_library):
+its two entry points, gather_sum_fwd and gather_sum_bwd, and the autograd Function around them. The op that calls
+it, with its embedding_bag fallback, is linlm.ops.routing.read_back; benchmarks/bench_fused.py measures the two.
 
 One pass each way: the backward reads each output gradient row and each slot's row once for both gradients, and
 stores each row's gradient instead of adding to it (no row is read twice).

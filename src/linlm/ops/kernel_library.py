@@ -1,28 +1,29 @@
-"""The compiled CPU kernels' shared library: how ``_scan_kernel.c`` is built, cached and loaded, which backend is
+"""The compiled CPU kernels' shared library: how it is built from the C sources, cached and loaded, which backend is
 asked for, and how a call's named arguments reach a C entry point. No op lives here: each kernel's module
 (scan_kernel, conv_kernel, gate_kernel, gather_sum_kernel) declares its entry points' arguments with
 ``entry_point`` and wraps them for autograd, and kernel_threads runs them over threads.
 
-Build: plain C, no Python or torch headers, compiled on first use with the system's C compiler (``$CC``, else
-``cc`` or ``gcc``), once per source, flags, compiler and CPU. The library is cached under ``$LINLM_KERNEL_CACHE``
-(default: the user cache dir, ``.../linlm/kernels``), named by a hash of the source, the flags, the compiler and the
-CPU's feature flags (it is built with ``-march=native``); it is written to a temporary name and renamed, so
-concurrent processes never load a half-written file. It is built with ``-fopenmp`` where the compiler has it (the
-NAME_par entry points, see kernel_threads), else without. Without a compiler, or if the build fails (a warning says
-why), ``available()`` is False and every op takes its pure-torch form. ``LINLM_SCAN_BACKEND=torch`` forces those
-forms; ``=kernel`` makes a missing kernel an error.
+Build: every ``_*_kernel.c`` beside this module (each kernel's C beside its Python module, sharing the headers
+``_kernel_*.h``) is compiled into one library: plain C, no Python or torch headers, compiled on first use with the
+system's C compiler (``$CC``, else ``cc`` or ``gcc``), once per sources, flags, compiler and CPU. The library is
+cached under ``$LINLM_KERNEL_CACHE`` (default: the user cache dir, ``.../linlm/kernels``), named by a hash of the
+sources and headers, the flags, the compiler and the CPU's feature flags (it is built with ``-march=native``); it is
+written to a temporary name and renamed, so concurrent processes never load a half-written file. It is built with
+``-fopenmp`` where the compiler has it (the NAME_par entry points, see kernel_threads), else without. Without a
+compiler, or if the build fails (a warning says why), ``available()`` is False and every op takes its pure-torch
+form. ``LINLM_SCAN_BACKEND=torch`` forces those forms; ``=kernel`` makes a missing kernel an error.
 
-Dtypes: each kernel has a float32, a float64 and a bfloat16 variant (NAME_f32, NAME_f64, NAME_bf16). The bfloat16
-one reads and writes bfloat16 activations in place and does its arithmetic and accumulation in float32, rounding each
-result once to nearest, as torch's .to(torch.bfloat16) does: under bf16 autocast the scan's u and y, the conv, the
-gate and the read-back's rows stay bfloat16, with no conversion to float32 and back around each call (the same
-values as that conversion for the scan and the conv; one rounding instead of two for the gate). What stays float32
-either way: dt, A, B, C, D and the states of the scan, the conv's weights, the read-back's weights, and every
-gradient of those.
+Dtypes: each kernel has a float32, a float64 and a bfloat16 variant (NAME_f32, NAME_f64, NAME_bf16; see
+``_kernel_common.h``). The bfloat16 one reads and writes bfloat16 activations in place and does its arithmetic and
+accumulation in float32, rounding each result once to nearest, as torch's .to(torch.bfloat16) does: under bf16
+autocast the scan's u and y, the conv, the gate and the read-back's rows stay bfloat16, with no conversion to
+float32 and back around each call (the same values as that conversion for the scan and the conv; one rounding
+instead of two for the gate). What stays float32 either way: dt, A, B, C, D and the states of the scan, the conv's
+weights, the read-back's weights, and every gradient of those.
 
 Named arguments: an entry point's arguments are a keyword-only dataclass whose fields are the C function's
 parameters, in the C order and with the C names (the order is written there, next to the C signature, and nowhere
-else; tests/ops/test_kernel_library.py checks each against the C source). A Tensor field (None: NULL) is passed as a
+else; tests/ops/test_kernel_library.py checks each against the C sources). A Tensor field (None: NULL) is passed as a
 pointer to its data, an int field as an int64_t; the range of work items (item0, item1) that every entry point
 takes last is added by the runner.
 """
@@ -52,7 +53,7 @@ __all__ = [
     "openmp",
 ]
 
-SOURCE = Path(__file__).with_name("_scan_kernel.c")
+KERNEL_DIR = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11")
 # -fopenmp adds the entry points that run in torch's OpenMP pool (NAME_par); a compiler without OpenMP gets the
 # second set, and the work items then go to Python threads.
@@ -104,25 +105,32 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def sources() -> list[Path]:
+    """The C files the library is compiled from: every kernel's ``_*_kernel.c`` in KERNEL_DIR."""
+    return sorted(KERNEL_DIR.glob("_*_kernel.c"))
+
+
 def cache_key(cc: str, flags: tuple[str, ...]) -> str:
-    """The name of the library built from the current source with compiler ``cc`` and ``flags`` on this CPU: a
-    hash of all four, so that a change to any of them builds afresh."""
-    parts = [SOURCE.read_bytes(), " ".join(flags).encode(), cc.encode(), _cpu_flags().encode(),
-             platform.machine().encode()]
+    """The name of the library built from the current sources and headers with compiler ``cc`` and ``flags`` on
+    this CPU: a hash of all of them, so that a change to any of them builds afresh."""
+    files = [*sources(), *sorted(KERNEL_DIR.glob("_kernel_*.h"))]
+    parts = [p for f in files for p in (f.name.encode(), f.read_bytes())]
+    parts += [" ".join(flags).encode(), cc.encode(), _cpu_flags().encode(), platform.machine().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
 def _build(cc: str, flags: tuple[str, ...]) -> Path:
-    """Compile the source once per (source, flags, compiler, CPU); return the library's path."""
+    """Compile the sources once per (sources, flags, compiler, CPU); return the library's path."""
     out_dir = _cache_dir()
-    path = out_dir / f"scan_kernel_{cache_key(cc, flags)}.so"
+    path = out_dir / f"linlm_kernels_{cache_key(cc, flags)}.so"
     if path.exists():
         return path
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".scan_kernel_", suffix=".so", dir=out_dir)
+    fd, tmp = tempfile.mkstemp(prefix=".linlm_kernels_", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cc, *flags, "-o", tmp, *map(str, sources())], capture_output=True, text=True,
+                              timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, path)
