@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import (
-    BF16,
-    BF16_ROUNDING,
-    F64,
-    assert_rounded_once,
-    bf16_and_f32_kernels,
-    bf16_cotangent,
-    leaf,
-    needs_kernel,
-)
+from kernel_checks import BF16, BF16_ROUNDING, F64, assert_rounded_once, bf16_and_f32_kernels, bf16_cotangent
+from kernel_checks import leaf, needs_kernel
 
 from linlm.ops import conv_kernel, kernel_library
 

@@ -4,16 +4,8 @@ tests/ops/test_routing.py checks it in float32 and float64 against index arithme
 from __future__ import annotations
 
 import torch
-from kernel_checks import (
-    BF16,
-    BF16_ROUNDING,
-    F64,
-    assert_rounded_once,
-    bf16_and_f32_kernels,
-    bf16_cotangent,
-    leaf,
-    needs_kernel,
-)
+from kernel_checks import BF16, BF16_ROUNDING, F64, assert_rounded_once, bf16_and_f32_kernels, bf16_cotangent
+from kernel_checks import leaf, needs_kernel
 
 from linlm.ops import gather_sum_kernel, kernel_library
 

@@ -135,10 +135,11 @@ SUF(scan_fwd_item)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride
     if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
 }
 
+/* The two entry points take the scan's inputs and sizes first, in the same order, then their own buffers. */
 void SUF(scan_fwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
-                   const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
-                   IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
-                   int64_t K, int64_t item0, int64_t item1) {
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, int64_t dt_sp,
+                   int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *init, IO *y, REAL *final,
+                   REAL *ckpt, int64_t item0, int64_t item1) {
     const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t d0 = (item % ntiles_) * TILE, dl = Din - d0 < TILE ? Din - d0 : TILE;
@@ -281,10 +282,10 @@ SUF(scan_bwd_item)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride
 }
 
 void SUF(scan_bwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
-                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
-                   const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
-                   REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
-                   int64_t item0, int64_t item1) {
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, int64_t dt_sp,
+                   int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *ckpt, const IO *dy,
+                   const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD, REAL *dinit,
+                   REAL *work, int64_t item0, int64_t item1) {
     const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t d0 = (item % ntiles_) * TILE, dl = Din - d0 < TILE ? Din - d0 : TILE;
@@ -301,20 +302,20 @@ void SUF(scan_bwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride
 /* NAME_par: the items split over an OpenMP team (PAR_ITEMS in _kernel_common.h) */
 #ifdef _OPENMP
 void SUF(scan_fwd_par)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
-                       const REAL *Cm, const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset,
-                       const int64_t *lengths, IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T,
-                       int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(scan_fwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset, lengths, y, final, ckpt, dt_sp,
-                            Bt, T, Din, N, K, i0_, i1_))
+                       const REAL *Cm, const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths,
+                       int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *init,
+                       IO *y, REAL *final, REAL *ckpt, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(scan_fwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, dt_sp, Bt, T, Din, N, K, init,
+                            y, final, ckpt, i0_, i1_))
 }
 
 void SUF(scan_bwd_par)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
                        const REAL *Cm, const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths,
-                       const REAL *ckpt, const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB,
-                       REAL *dC, REAL *dD, REAL *dinit, REAL *work, int64_t wstride, int64_t dt_sp, int64_t Bt,
-                       int64_t T, int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(scan_bwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, ckpt, dy, dfinal, du, ddt, dA,
-                            dB, dC, dD, dinit, work + w_ * wstride, dt_sp, Bt, T, Din, N, K, i0_, i1_))
+                       int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *ckpt,
+                       const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                       REAL *dinit, REAL *work, int64_t wstride, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(scan_bwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, dt_sp, Bt, T, Din, N, K, ckpt,
+                            dy, dfinal, du, ddt, dA, dB, dC, dD, dinit, work + w_ * wstride, i0_, i1_))
 }
 #endif
 

@@ -188,7 +188,8 @@ def openmp() -> bool:
 
 
 class EntryPoint:
-    """Base of the classes that ``entry_point`` makes: the named arguments of one C entry point."""
+    """Base of the classes that ``entry_point`` makes, the named arguments of one C entry point (and of the plain
+    dataclasses of leading fields that two entry points share, such as scan_kernel.ScanInputs)."""
 
     __slots__ = ()
 

@@ -17,6 +17,8 @@ the states and their gradients are in the compute dtype (kernel_library.compute_
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -31,9 +33,10 @@ CKPT = 64  # steps between saved states (the backward's segment length)
 MAX_STATE = 64  # largest d_state the kernel takes: its per-item arrays (6 x N x TILE values) live on the stack
 
 
-@entry_point("scan_fwd")
-class ScanFwd(EntryPoint):
-    """The forward: y (with the D skip), the final state, and the state every K steps (ckpt; None: not kept)."""
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ScanInputs(EntryPoint):
+    """What both entry points take first, in this order: the scan's inputs (A and D shared by the batch rows where
+    their batch stride is 0; reset and lengths may be None) and its sizes (K: steps between checkpoints)."""
 
     u: Tensor
     dt: Tensor
@@ -43,12 +46,8 @@ class ScanFwd(EntryPoint):
     Cm: Tensor
     D: Tensor | None
     d_bstride: int
-    init: Tensor | None
     reset: Tensor | None
     lengths: Tensor | None
-    y: Tensor
-    final: Tensor
-    ckpt: Tensor | None
     dt_sp: int
     Bt: int
     T: int
@@ -57,21 +56,21 @@ class ScanFwd(EntryPoint):
     K: int
 
 
+@entry_point("scan_fwd")
+class ScanFwd(ScanInputs):
+    """The forward: y (with the D skip), the final state, and the state every K steps (ckpt; None: not kept)."""
+
+    init: Tensor | None
+    y: Tensor
+    final: Tensor
+    ckpt: Tensor | None
+
+
 @entry_point("scan_bwd", scratch="work")
-class ScanBwd(EntryPoint):
+class ScanBwd(ScanInputs):
     """The backward from the checkpoints: every gradient, dA, dD per batch row and dB, dC per tile of channels
     (the caller sums them); work: per thread, (2 N + 2) K TILE elements."""
 
-    u: Tensor
-    dt: Tensor
-    A: Tensor
-    a_bstride: int
-    Bm: Tensor
-    Cm: Tensor
-    D: Tensor | None
-    d_bstride: int
-    reset: Tensor | None
-    lengths: Tensor | None
     ckpt: Tensor
     dy: Tensor
     dfinal: Tensor | None
@@ -83,12 +82,6 @@ class ScanBwd(EntryPoint):
     dD: Tensor
     dinit: Tensor
     work: Tensor
-    dt_sp: int
-    Bt: int
-    T: int
-    Din: int
-    N: int
-    K: int
 
 
 def _bstride(t: Tensor | None, batched_dim: int) -> int:
