@@ -1,5 +1,5 @@
-"""The fused functions of linlm.ops.fused, and the compiled passes of a Mamba block (linlm.ops.scan_kernel's conv +
-SiLU and output gate, layers.mamba's rank-R dt product with its own backward, the MoE read-back's gather-sum),
+"""The fused functions of linlm.ops.fused, and the compiled passes of a Mamba block (linlm.ops.conv_kernel's conv +
+SiLU, linlm.ops.gate_kernel's output gate, layers.mamba's rank-R dt product with its own backward, the MoE read-back's gather-sum),
 against their composite torch references (embedding_bag for the read-back), forward + backward.
 
 Shapes are those of one paper-70m layer (LLaMA: d_model 512, 4 heads of 128, SwiGLU width 1536, vocab 8192; Mamba:
@@ -27,7 +27,7 @@ from _common import meta, print_table, time_fn, write_json  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from linlm.layers.mamba import dt_preactivation, output_gate  # noqa: E402
-from linlm.ops import fused, routing, scan_kernel  # noqa: E402
+from linlm.ops import conv_kernel, fused, kernel_library, routing  # noqa: E402
 
 
 def rope_reference_qkv(qkv, cos, sin):
@@ -51,7 +51,7 @@ def mamba_cases(T: int, din: int = 1024, K: int = 4, dt_din: int = 256, rank: in
     bd = torch.randn(dt_din, generator=g)
     return {
         "mamba output gate": (lambda a, c: (output_gate(a, c),), lambda a, c: (a * F.silu(c),), (y, z)),
-        "mamba conv + silu": (lambda a, c, e: (scan_kernel.conv_silu(a, None, c, e, None),),
+        "mamba conv + silu": (lambda a, c, e: (conv_kernel.conv_silu(a, None, c, e, None),),
                               lambda a, c, e: (conv_silu_reference(a, c, e),), (x, w, b)),
         f"mamba dt (rank {rank}, inner {dt_din})": (lambda a, c, e: (dt_preactivation(a, c, e),),
                                                    lambda a, c, e: (F.linear(a, c, e),), (low, wd, bd)),
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     results = []
     all_cases = cases(args.seq_len)
-    if scan_kernel.available():
+    if kernel_library.available():
         all_cases.update(mamba_cases(args.seq_len))
         all_cases.update(read_back_cases(args.seq_len))
     else:

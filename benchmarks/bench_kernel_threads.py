@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
-from linlm.ops import scan_kernel  # noqa: E402
+from linlm.ops import kernel_threads  # noqa: E402
 from linlm.ops.selective_scan import selective_scan_kernel  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if not scan_kernel.openmp_pool():
+    if not kernel_threads.openmp_pool():
         print("the compiled kernel is missing or was built without OpenMP: nothing to compare")
         return 0
     scan = scan_case()
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         a @ b
         scan()
 
-    runners = {"openmp pool": contextlib.nullcontext, "own threads": scan_kernel.own_threads}
+    runners = {"openmp pool": contextlib.nullcontext, "own threads": kernel_threads.own_threads}
     cases = {"scan alone": scan, "scan after a matmul": after_matmul, "the matmul": matmul}
     times = {(r, c): [] for r in runners for c in cases}
     for i in range(args.repeat + 1):  # the first round warms up

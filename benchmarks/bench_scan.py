@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
-from linlm.ops import scan_kernel  # noqa: E402
+from linlm.ops import kernel_library  # noqa: E402
 from linlm.ops.selective_scan import (  # noqa: E402
     selective_scan_chunked,
     selective_scan_kernel,
@@ -118,7 +118,7 @@ def main() -> int:
         t_ref, c_ref = timed(ref_fb, warmup=1, repeat=args.repeat)
         t_chk, c_chk = timed(chk_fb, warmup=2, repeat=args.repeat)
         kernel = {}
-        if scan_kernel.available():
+        if kernel_library.available():
             ker_fb = fwd_bwd(selective_scan_kernel, x)
             y_k, g_k = ker_fb()
             t_ker_f, c_ker_f = timed(fwd_only(selective_scan_kernel, x), warmup=2, repeat=args.repeat)

@@ -189,9 +189,9 @@ def test_bfloat16_autocast_keeps_the_activations_in_bfloat16(monkeypatch):
     """Under bf16 autocast the conv, the scan (u bfloat16) and the gate run their bf16 variants, and the block gives
     what converting around the float32 kernels gives (the kernels' bf16 dtypes switched off), output and every
     gradient within bf16 rounding (2 %, relative Frobenius norm; measured up to 0.7 %), with documents."""
-    from linlm.ops import scan_kernel
+    from linlm.ops import kernel_library, scan_kernel
 
-    if not scan_kernel.available():
+    if not kernel_library.available():
         pytest.skip("no C compiler: the kernels are not built")
     cfg = preset_config("mamba", "tiny")
     m = randomize_(MambaMixer(cfg, 0))
@@ -211,7 +211,7 @@ def test_bfloat16_autocast_keeps_the_activations_in_bfloat16(monkeypatch):
         return [y.detach().float(), xl.grad] + [p.grad.clone() for p in m.parameters()]
 
     got = run()
-    monkeypatch.setattr(scan_kernel, "IO_DTYPES", (torch.float32, torch.float64))
+    monkeypatch.setattr(kernel_library, "IO_DTYPES", (torch.float32, torch.float64))
     want = run()
     assert scan_u == [torch.bfloat16, torch.float32]
     names = ["y", "x", *(n for n, _ in m.named_parameters())]

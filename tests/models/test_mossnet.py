@@ -11,7 +11,7 @@ from ssm_helpers import randomize_
 from linlm.errors import ConfigError
 from linlm.layers.mamba import MambaMixer
 from linlm.layers.mossnet import MossNetMixer
-from linlm.ops import scan_kernel
+from linlm.ops import kernel_library, scan_kernel
 from linlm.models.counting import count_preset
 from linlm.models.presets import preset_config
 
@@ -320,7 +320,7 @@ def test_bfloat16_autocast_keeps_the_expert_rows_in_bfloat16(kernel, one_thread,
 
     got = run()
     assert scan_u == ([torch.bfloat16] if kernel == "s6" else [])
-    monkeypatch.setattr(scan_kernel, "IO_DTYPES", (torch.float32, torch.float64))
+    monkeypatch.setattr(kernel_library, "IO_DTYPES", (torch.float32, torch.float64))
     want = run()
     assert scan_u[1:] == ([torch.float32] if kernel == "s6" else [])
     names = ["y", "x", *(n for n, _ in m.named_parameters())]

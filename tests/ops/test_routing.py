@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from linlm.errors import ConfigError, ShapeError
-from linlm.ops import scan_kernel
+from linlm.ops import gather_sum_kernel, kernel_library
 from linlm.ops.routing import (
     combine,
     dispatch,
@@ -219,7 +219,7 @@ def test_read_back_weights_each_slot_and_sends_gradients_to_the_read_rows(backen
     embedding_bag (LINLM_SCAN_BACKEND=torch) against index arithmetic, in float64. 70 tokens span three of the
     kernel's 32-row items; with padding, 9 src rows are read by no token and get a zero gradient; without, every
     row is read (the MLP's combine: a permutation)."""
-    if backend == "kernel" and not scan_kernel.available():
+    if backend == "kernel" and not kernel_library.available():
         pytest.skip("no C compiler: the kernel is not built")
     if backend == "torch":
         monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
@@ -253,17 +253,17 @@ def test_read_back_gradcheck():
 def test_gather_sum_kernel_takes_rows_with_weights_in_their_compute_dtype():
     """The kernel takes float32, float64 and bfloat16 rows with weights of the dtype it sums in (float32 for
     bfloat16 rows); read_back converts the weights to it, and sends float16 rows through embedding_bag in float32."""
-    if not scan_kernel.available():
+    if not kernel_library.available():
         pytest.skip("no C compiler: the kernel is not built")
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(6, 4, generator=gen)
-    assert scan_kernel.gather_sum_takes(x, torch.rand(3, 2))
-    assert scan_kernel.gather_sum_takes(x.double(), torch.rand(3, 2).double())
-    assert scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2))
-    assert not scan_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2).bfloat16())
-    assert not scan_kernel.gather_sum_takes(x.half(), torch.rand(3, 2))
-    assert not scan_kernel.gather_sum_takes(x, torch.rand(3, 2).double())
-    assert not scan_kernel.gather_sum_takes(x[None], torch.rand(3, 2))
+    assert gather_sum_kernel.gather_sum_takes(x, torch.rand(3, 2))
+    assert gather_sum_kernel.gather_sum_takes(x.double(), torch.rand(3, 2).double())
+    assert gather_sum_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2))
+    assert not gather_sum_kernel.gather_sum_takes(x.bfloat16(), torch.rand(3, 2).bfloat16())
+    assert not gather_sum_kernel.gather_sum_takes(x.half(), torch.rand(3, 2))
+    assert not gather_sum_kernel.gather_sum_takes(x, torch.rand(3, 2).double())
+    assert not gather_sum_kernel.gather_sum_takes(x[None], torch.rand(3, 2))
     idx = torch.tensor([[0, 5], [2, 1], [4, 3]])
     w = torch.rand(3, 2, generator=gen, dtype=torch.float64)  # taken in float32
     for xl in (x.bfloat16(), x.half()):  # the kernel, embedding_bag: both sum in float32 and round once

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.ops import scan_kernel
+from linlm.ops import conv_kernel, gate_kernel, kernel_library
 from linlm.ops.grad import needs_grad
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
 
@@ -87,16 +87,16 @@ class ShortConv(nn.Module):
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, reset: torch.Tensor | None = None,
                 silu: bool = False):
         """(out, new_state); with silu=True, out = silu(conv), through the compiled kernel on the CPU when it is
-        available (linlm.ops.scan_kernel: one pass each way, the backward recomputes the conv)."""
+        available (linlm.ops.conv_kernel: one pass each way, the backward recomputes the conv)."""
         B, T, C = x.shape
         K = self.kernel
         if reset is not None:
             pos = torch.arange(T, device=x.device)
             # Position of the latest document start at or before t; far in the past when none.
             last = torch.where(reset, pos, -(T + K)).cummax(dim=1).values  # [B, T]
-        if silu and x.device.type == "cpu" and scan_kernel.available():
+        if silu and x.device.type == "cpu" and kernel_library.available():
             since = None if reset is None else pos - last
-            out = scan_kernel.conv_silu(x, state, self.weight, self.bias, since)
+            out = conv_kernel.conv_silu(x, state, self.weight, self.bias, since)
             if state is None:
                 state = x.new_zeros(B, K - 1, C)
             tail = torch.cat([state.to(x.dtype), x[:, max(0, T - (K - 1)):]], dim=1)  # K - 1 + min(T, K - 1)
@@ -197,8 +197,8 @@ def dt_preactivation(dt_low: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 def output_gate(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """y * silu(z), the block's output gate: one compiled pass each way where the gate kernel takes the pair (CPU,
     float32 / float64, one dtype; it saves y and z only), else torch's ops."""
-    if scan_kernel.gate_takes(z, y):
-        return scan_kernel.silu_mul(z, y)
+    if gate_kernel.gate_takes(z, y):
+        return gate_kernel.silu_mul(z, y)
     return y * F.silu(z)
 
 

@@ -1,14 +1,5 @@
-/* The S6 selective scan as a plain C kernel, forward and backward, for linlm.ops.scan_kernel.
-
-   One compile gives three variants: the file includes itself again at the end, so every function exists as
-   NAME_f32, NAME_f64 and NAME_bf16. REAL is the type of the arithmetic, IO the type of the activations a kernel
-   reads and writes (the scan's u, y and their gradients; every buffer of the conv and the gate but the conv's
-   weights; the gather-sum's rows, not its weights): float / float in _f32, double / double in _f64, and in _bf16
-   float arithmetic on bfloat16 activations (IO is uint16_t, widened to float by LD and rounded back to nearest even
-   by ST, as torch rounds), so that bfloat16 tensors are read and written in place instead of converted to float32
-   and back around the kernel. Everything accumulates in REAL.
-   No Python or torch headers: it takes raw pointers to contiguous row-major buffers and is called through ctypes,
-   which releases the GIL, so the caller can split the work items over threads. Shapes (as selective_scan.py):
+/* The S6 selective scan as a plain C kernel, forward and backward, for linlm.ops.scan_kernel. Shapes (as
+   selective_scan.py):
 
        u, y, du (IO), dt, ddt  [Bt, T, Din]      A            [Din, N] (a_bstride 0) or [Bt, Din, N]
        Bm, Cm              [Bt, T, N]            dB, dC       [ntiles, Bt, T, N] (one partial sum per tile)
@@ -25,121 +16,9 @@
    them. Both walk their tile through SUF(advance), inlined with constant sizes for the common shapes (TILE
    channels, N = 16). */
 
-#include <stdint.h>
-#include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#ifndef REAL
-#define REAL float
-#define REAL_IS_DOUBLE 0
-#define SUF(name) name##_f32
-#define IO float
-#define IO_IS_REAL 1  /* no widening: the kernels read and write IO buffers directly, without staging copies */
-#define LD(v) (v)
-#define ST(v) (v)
-#define KERNEL_PASS 1
-
-/* bfloat16 <-> float: the upper 16 bits of a float. Widening is exact; narrowing rounds to nearest even, a NaN
-   becoming the quiet NaN 0x7FC0, as c10::BFloat16 does (so results equal torch's .to(torch.bfloat16) of the float
-   result). Integer arithmetic only, so that gcc vectorises the loops that use them. */
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t i; float f; } v;
-    v.i = (uint32_t)h << 16;
-    return v.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    union { float f; uint32_t i; } v;
-    v.f = f;
-    const uint32_t rounded = (v.i + 0x7FFFu + ((v.i >> 16) & 1u)) >> 16;
-    return (v.i & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0 : (uint16_t)rounded;
-}
-#endif
+#include "_kernel_common.h"
 
 #define TILE 64
-
-/* exp(x) for x <= 0 (the decays; dt >= 0 and A <= 0 are checked by the caller), in plain arithmetic so that the
-   compiler vectorises it: range reduction x = n ln2 + r, |r| <= ln2 / 2, a polynomial for exp(r), and 2^n from the
-   exponent bits. The polynomial is 1 + r + c2 r^2 + ...: Taylor's in float64; in float32 a minimax fit of degree 6
-   (relative error 3.1e-9 on |r| <= ln2 / 2, below float32's rounding; Remez exchange in 50-digit arithmetic, 1 + r
-   fixed so that exp(0) is exactly 1), one multiply-add fewer than Taylor's degree 7 at the same accuracy: the
-   decays take most of the scan's time. Below the smallest normal number (x < -87.3 in float32, -708 in float64) it returns 0 (the
-   2^n factor is clamped to the bit pattern of 0.0); the clamp is on the integer n, because a comparison of floats
-   in the loop stops gcc from vectorising it. Valid for x down to about -1.4e9 (where n overflows an int32). */
-#if REAL_IS_DOUBLE
-#define EXP_LOG2E 1.4426950408889634
-#define EXP_LN2_HI 0.693145751953125
-#define EXP_LN2_LO 1.4286068203094173e-06
-#define EXP_NCOEF 14  /* 1/13! down to 1/0!: error below 1e-17 for |r| <= ln2 / 2 */
-#define EXP_MIN_N (-1023)
-#define EXP_BIAS 1023
-#define EXP_SHIFT 52
-#define EXP_BITS int64_t
-#define FABS __builtin_fabs
-#define COPYSIGN __builtin_copysign
-static const double SUF(exp_coef)[EXP_NCOEF] = {
-    1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
-    1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
-#else
-#define EXP_LOG2E 1.44269504f
-#define EXP_LN2_HI 0.693359375f
-#define EXP_LN2_LO (-2.12194440e-4f)
-#define EXP_NCOEF 7  /* degree 6, highest first */
-#define EXP_MIN_N (-127)
-#define EXP_BIAS 127
-#define EXP_SHIFT 23
-#define EXP_BITS int32_t
-#define FABS __builtin_fabsf  /* the float builtins: the double ones would convert every vector to double and back */
-#define COPYSIGN __builtin_copysignf
-static const float SUF(exp_coef)[EXP_NCOEF] = {
-    1.3814613224e-3f, 8.3687098264e-3f, 4.1668387363e-2f, 1.6666520690e-1f, 4.9999993452e-1f, 1.0f, 1.0f};
-#endif
-
-static inline REAL SUF(exp_neg)(REAL x) {
-    int32_t ni = (int32_t)(x * EXP_LOG2E - (REAL)0.5);  /* round to nearest, x <= 0 */
-    const REAL n = (REAL)ni;
-    const REAL r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
-    REAL p = SUF(exp_coef)[0];
-    for (int i = 1; i < EXP_NCOEF; i++) p = p * r + SUF(exp_coef)[i];
-    ni = ni < EXP_MIN_N ? EXP_MIN_N : ni;  /* 2^n = 0.0 below the normal range */
-    union { REAL f; EXP_BITS i; } v;
-    v.i = ((EXP_BITS)ni + EXP_BIAS) << EXP_SHIFT;
-    return p * v.f;
-}
-
-/* sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) for z < 0, e = exp(-|z|) in (0, 1] (no overflow for any z),
-   with the numerator chosen without a comparison (h = +-1/2 by z's sign), so that the loops stay vectorised. Each
-   branch is accurate relative to its value; 1 - 1 / (1 + e) for z < 0 would lose it to cancellation below about
-   z = -8 (float32: 1e-3 relative at z = -10, 20 % at -15). */
-static inline REAL SUF(sigmoid)(REAL z) {
-    const REAL e = SUF(exp_neg)(-FABS(z));
-    const REAL h = COPYSIGN((REAL)0.5, z);
-    return (((REAL)0.5 + h) + ((REAL)0.5 - h) * e) / ((REAL)1 + e);
-}
-
-/* d silu(z) / dz, given sg = sigmoid(z) */
-static inline REAL SUF(dsilu)(REAL z, REAL sg) {
-    return sg * ((REAL)1 + z * ((REAL)1 - sg));
-}
-
-/* softplus(x) = max(x, 0) + log1p(exp(-|x|)), with log1p(e) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) for
-   s = e / (2 + e) in [0, 1/3]: SP_NCOEF terms of the series in s^2 <= 1/9 (error below 2e-8 in float32, 2e-17 in
-   float64, relative, also for tiny e). max(x, 0) = (x + |x|) / 2 is exact. */
-#if REAL_IS_DOUBLE
-#define SP_NCOEF 17
-#else
-#define SP_NCOEF 8
-#endif
-static inline REAL SUF(softplus)(REAL x) {
-    const REAL ax = FABS(x);
-    const REAL e = SUF(exp_neg)(-ax);
-    const REAL s = e / ((REAL)2 + e), s2 = s * s;
-    REAL p = (REAL)1 / (REAL)(2 * SP_NCOEF - 1);
-    for (int i = SP_NCOEF - 2; i >= 0; i--) p = p * s2 + (REAL)1 / (REAL)(2 * i + 1);
-    return (REAL)0.5 * (x + ax) + (REAL)2 * s * p;
-}
 
 /* One step's dt for a tile: dt as given, or softplus(dt) when the caller passes the pre-activation (dt_sp). */
 static inline void SUF(load_dt)(REAL *restrict dtv, const REAL *restrict src, int64_t dl, int64_t dt_sp) {
@@ -256,10 +135,11 @@ SUF(scan_fwd_item)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride
     if (final) SUF(store_state)(final + b * Din * N, st, d0, dl, N);
 }
 
+/* The two entry points take the scan's inputs and sizes first, in the same order, then their own buffers. */
 void SUF(scan_fwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
-                   const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset, const int64_t *lengths,
-                   IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N,
-                   int64_t K, int64_t item0, int64_t item1) {
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, int64_t dt_sp,
+                   int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *init, IO *y, REAL *final,
+                   REAL *ckpt, int64_t item0, int64_t item1) {
     const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t d0 = (item % ntiles_) * TILE, dl = Din - d0 < TILE ? Din - d0 : TILE;
@@ -402,10 +282,10 @@ SUF(scan_bwd_item)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride
 }
 
 void SUF(scan_bwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm, const REAL *Cm,
-                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, const REAL *ckpt,
-                   const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
-                   REAL *dinit, REAL *work, int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K,
-                   int64_t item0, int64_t item1) {
+                   const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths, int64_t dt_sp,
+                   int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *ckpt, const IO *dy,
+                   const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD, REAL *dinit,
+                   REAL *work, int64_t item0, int64_t item1) {
     const int64_t ntiles_ = (Din + TILE - 1) / TILE;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t d0 = (item % ntiles_) * TILE, dl = Din - d0 < TILE ? Din - d0 : TILE;
@@ -419,377 +299,25 @@ void SUF(scan_bwd)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride
     }
 }
 
-/* Mamba's short convolution with the SiLU after it: a causal depthwise conv1d over time, K taps, on x [Bt, T, C]
-   with the K - 1 inputs before x in state [Bt, K - 1, C] (NULL: zeros), weights wt [K, C] (tap j reads the input
-   lag K - 1 - j steps back), bias [C]. since [Bt, T] (NULL: no documents) counts the steps since the latest document
-   start; a tap whose lag exceeds it reads an earlier document and is dropped. out = silu(pre). Items: (row b, block
-   of CONV_TB time steps), all channels, so that every access is a contiguous row. x's rows may be further apart than
-   C (xs elements: one half of a [Bt, T, 2C] projection, read in place); every other buffer is contiguous. */
-#define CONV_TB 128
-
-
-/* the input row that tap `lag` of output t reads, or NULL (before the state, or dropped at a document start) */
-static inline const IO *SUF(conv_src)(const IO *x, const IO *state, const int64_t *since, int64_t b, int64_t t,
-                                      int64_t lag, int64_t T, int64_t C, int64_t K, int64_t xs) {
-    const int64_t tau = t - lag;
-    if (since && since[b * T + t] < lag) return NULL;
-    if (tau >= 0) return x + (b * T + tau) * xs;
-    return state ? state + (b * (K - 1) + (K - 1 + tau)) * C : NULL;
-}
-
-/* the K rows that the taps of output t read (src[j] for tap j), a row of zeros for a dropped or missing one */
-static inline void SUF(conv_srcs)(const IO **src, const IO *zero, const IO *x, const IO *state,
-                                  const int64_t *since, int64_t b, int64_t t, int64_t T, int64_t C, int64_t K,
-                                  int64_t xs) {
-    for (int64_t j = 0; j < K; j++) {
-        const IO *p = SUF(conv_src)(x, state, since, b, t, K - 1 - j, T, C, K, xs);
-        src[j] = p ? p : zero;
-    }
-}
-
-/* The per-row loops, each one pass over the channels with the K taps in registers; inlined with K = 4 (Mamba's
-   d_conv) as a constant, so that the tap loop unrolls inside the vector loop. */
-static inline __attribute__((always_inline)) void
-SUF(conv_fwd_row)(IO *restrict o, const IO **src, const REAL *restrict wt, const REAL *restrict bias, int64_t C,
-                  int64_t K) {
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) {
-        REAL a = bias[c];
-        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * LD(src[j][c]);
-        o[c] = ST(a * SUF(sigmoid)(a));
-    }
-}
-
-/* dp = dy silu'(pre) for one output row; with own (a step of the item itself, not of its halo) also the bias and
-   weight gradients' partial sums */
-static inline __attribute__((always_inline)) void
-SUF(conv_bwd_row)(REAL *restrict dp, REAL *restrict gb, REAL *restrict dwi, const IO *restrict g, const IO **src,
-                  const REAL *restrict wt, const REAL *restrict bias, int64_t C, int64_t K, int own) {
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) {
-        REAL a = bias[c];
-        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * LD(src[j][c]);
-        const REAL d = LD(g[c]) * SUF(dsilu)(a, SUF(sigmoid)(a));
-        dp[c] = d;
-        if (own) {
-            gb[c] += d;
-            for (int64_t j = 0; j < K; j++) dwi[j * C + c] += d * LD(src[j][c]);
-        }
-    }
-}
-
-/* dst = sum over taps of w[j] dp[j]: the gradient of one input row, from the K dpre rows that read it */
-static inline __attribute__((always_inline)) void
-SUF(conv_dx_row)(IO *restrict dst, const REAL **dp, const REAL *restrict wt, int64_t C, int64_t K) {
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) {
-        REAL a = 0;
-        for (int64_t j = 0; j < K; j++) a += wt[j * C + c] * dp[j][c];
-        dst[c] = ST(a);
-    }
-}
-
-static inline __attribute__((always_inline)) void
-SUF(conv_fwd_items)(const IO *x, const IO *state, const REAL *wt, const REAL *bias, const int64_t *since,
-                    IO *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0,
-                    int64_t item1) {
-    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    IO zero[C];
-    const IO *src[K];
-    for (int64_t c = 0; c < C; c++) zero[c] = 0;
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
-        for (int64_t t = t0; t < t1; t++) {
-            SUF(conv_srcs)(src, zero, x, state, since, b, t, T, C, K, xs);
-            SUF(conv_fwd_row)(out + (b * T + t) * C, src, wt, bias, C, K);
-        }
-    }
-}
-
-void SUF(conv_fwd)(const IO *x, const IO *state, const REAL *wt, const REAL *bias, const int64_t *since, IO *out,
-                   int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
-    if (K == 4) SUF(conv_fwd_items)(x, state, wt, bias, since, out, Bt, T, C, (int64_t)4, xs, item0, item1);
-    else SUF(conv_fwd_items)(x, state, wt, bias, since, out, Bt, T, C, K, xs, item0, item1);
-}
-
-/* Backward, one pass per item: dpre = dy silu'(pre) for the item's steps and the K - 1 after them (a halo, recomputed
-   by the next item too), kept in a ring of K rows (ring, K x C per thread); each input position tau is finished as
-   soon as the last tap that reads it (output tau + K - 1) is known: dx[tau] (or, in a row's first block, the state
-   positions before it: dstate, which may be NULL) = sum over taps of w[j] dpre[tau + lag]. dw [items, K, C] and
-   dbias [items, C] get one partial sum per item over its own steps (the caller sums them). */
-static inline __attribute__((always_inline)) void
-SUF(conv_bwd_items)(const IO *dy, const IO *x, const IO *state, const REAL *wt, const REAL *bias,
-                    const int64_t *since, REAL *ring, IO *dx, IO *dstate, REAL *dw, REAL *dbias, int64_t Bt,
-                    int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
-    const int64_t nblk = (T + CONV_TB - 1) / CONV_TB;
-    IO zero[C];
-    REAL zero_dp[C];
-    const IO *src[K];
-    const REAL *dps[K];
-    for (int64_t c = 0; c < C; c++) zero[c] = 0;
-    for (int64_t c = 0; c < C; c++) zero_dp[c] = 0;
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t b = item / nblk, t0 = (item % nblk) * CONV_TB, t1 = t0 + CONV_TB < T ? t0 + CONV_TB : T;
-        REAL *restrict dwi = dw + item * K * C, *restrict gb = dbias + item * C;
-        for (int64_t c = 0; c < K * C; c++) dwi[c] = 0;
-        for (int64_t c = 0; c < C; c++) gb[c] = 0;
-        for (int64_t t = t0; t < t1 + K - 1; t++) {
-            if (t < T) {  /* dpre[t] into the ring (never read past the row's end) */
-                SUF(conv_srcs)(src, zero, x, state, since, b, t, T, C, K, xs);
-                REAL *dp = ring + ((t - t0) % K) * C;
-                if (t < t1) SUF(conv_bwd_row)(dp, gb, dwi, dy + (b * T + t) * C, src, wt, bias, C, K, 1);
-                else SUF(conv_bwd_row)(dp, gb, dwi, dy + (b * T + t) * C, src, wt, bias, C, K, 0);
-            }
-            /* input position tau = t - (K - 1) is read by outputs tau .. t, all known now (in a row's first block,
-               tau < 0 is a state position) */
-            const int64_t tau = t - (K - 1);
-            if (tau < (t0 == 0 ? -(K - 1) : t0) || tau >= t1) continue;
-            IO *dst;
-            if (tau >= 0) dst = dx + (b * T + tau) * C;
-            else if (dstate) dst = dstate + (b * (K - 1) + (K - 1 + tau)) * C;
-            else continue;
-            for (int64_t j = 0; j < K; j++) {
-                const int64_t lag = K - 1 - j, tt = tau + lag;
-                const int drop = tt < 0 || tt >= T || (since && since[b * T + tt] < lag);
-                dps[j] = drop ? zero_dp : ring + ((tt - t0) % K) * C;
-            }
-            SUF(conv_dx_row)(dst, dps, wt, C, K);
-        }
-    }
-}
-
-void SUF(conv_bwd)(const IO *dy, const IO *x, const IO *state, const REAL *wt, const REAL *bias,
-                   const int64_t *since, REAL *ring, IO *dx, IO *dstate, REAL *dw, REAL *dbias, int64_t Bt,
-                   int64_t T, int64_t C, int64_t K, int64_t xs, int64_t item0, int64_t item1) {
-    if (K == 4) SUF(conv_bwd_items)(dy, x, state, wt, bias, since, ring, dx, dstate, dw, dbias, Bt, T, C,
-                                    (int64_t)4, xs, item0, item1);
-    else SUF(conv_bwd_items)(dy, x, state, wt, bias, since, ring, dx, dstate, dw, dbias, Bt, T, C, K, xs, item0,
-                             item1);
-}
-
-/* The gated SiLU out = silu(g) * u, forward and backward, over M rows of F values: SwiGLU's activation (g and u the
-   two halves of one [M, 2F] projection) and Mamba's output gate (g = z, u = the scan's y). g, u, dg and du are read
-   or written with their own row strides (gs, us, dgs, dus elements; the values of a row are contiguous); out and dout
-   are contiguous [M, F]. Items: blocks of GATE_ROWS rows. The backward recomputes sigmoid(g) (nothing saved but the
-   inputs): du = dout silu(g), dg = dout u sigmoid(g) (1 + g (1 - sigmoid(g))). */
-#define GATE_ROWS 16
-
-void SUF(silu_mul_fwd)(const IO *g, int64_t gs, const IO *u, int64_t us, IO *out, int64_t M, int64_t F,
-                       int64_t item0, int64_t item1) {
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t r1 = (item + 1) * GATE_ROWS < M ? (item + 1) * GATE_ROWS : M;
-        for (int64_t r = item * GATE_ROWS; r < r1; r++) {
-            const IO *restrict gr = g + r * gs, *restrict ur = u + r * us;
-            IO *restrict o = out + r * F;
-#pragma omp simd
-            for (int64_t c = 0; c < F; c++) {
-                const REAL gv = LD(gr[c]);
-                o[c] = ST(gv * SUF(sigmoid)(gv) * LD(ur[c]));
-            }
-        }
-    }
-}
-
-void SUF(silu_mul_bwd)(const IO *dout, const IO *g, int64_t gs, const IO *u, int64_t us, IO *dg, int64_t dgs,
-                       IO *du, int64_t dus, int64_t M, int64_t F, int64_t item0, int64_t item1) {
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t r1 = (item + 1) * GATE_ROWS < M ? (item + 1) * GATE_ROWS : M;
-        for (int64_t r = item * GATE_ROWS; r < r1; r++) {
-            const IO *restrict o = dout + r * F, *restrict gr = g + r * gs, *restrict ur = u + r * us;
-            IO *restrict dgr = dg + r * dgs, *restrict dur = du + r * dus;
-#pragma omp simd
-            for (int64_t c = 0; c < F; c++) {
-                const REAL gv = LD(gr[c]), ov = LD(o[c]);
-                const REAL sg = SUF(sigmoid)(gv);
-                dur[c] = ST(ov * gv * sg);
-                dgr[c] = ST(ov * LD(ur[c]) * SUF(dsilu)(gv, sg));
-            }
-        }
-    }
-}
-
-/* The gather-sum of rows behind the mixtures of experts' read-back: out[n] = sum_j w[n, j] src[idx[n, j]] over the
-   m entries of row n of idx [M, m] (w [M, m]), src and out rows of D contiguous values, where no src row is read
-   twice (each expert slot is one token's; a permutation of the slots in the MLP's combine). Items: blocks of
-   GATHER_ROWS output rows. The backward: dsrc[idx[n, j]] = w[n, j] dout[n], a plain store as no row is read twice
-   (rows that no entry reads are not touched: the caller zeroes them), and dw[n, j] = dout[n] . src[idx[n, j]], both
-   from one read of dout[n] and of the row. Distinct items write distinct rows, so they may run on any threads. */
-#define GATHER_ROWS 32
-
-void SUF(gather_sum_fwd)(const IO *src, const int64_t *idx, const REAL *w, IO *out, int64_t M, int64_t m,
-                         int64_t D, int64_t item0, int64_t item1) {
-#if !IO_IS_REAL
-    REAL acc_row[D];  /* the row's sum, in REAL; the output row itself where IO is REAL */
-#endif
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t n1 = (item + 1) * GATHER_ROWS < M ? (item + 1) * GATHER_ROWS : M;
-        for (int64_t n = item * GATHER_ROWS; n < n1; n++) {
-            IO *restrict o = out + n * D;
-#if IO_IS_REAL
-            REAL *restrict acc = o;
-#else
-            REAL *restrict acc = acc_row;
-#endif
-            const IO *restrict s0 = src + idx[n * m] * D;
-            const REAL w0 = w[n * m];
-#pragma omp simd
-            for (int64_t c = 0; c < D; c++) acc[c] = w0 * LD(s0[c]);
-            for (int64_t j = 1; j < m; j++) {
-                const IO *restrict sj = src + idx[n * m + j] * D;
-                const REAL wj = w[n * m + j];
-#pragma omp simd
-                for (int64_t c = 0; c < D; c++) acc[c] += wj * LD(sj[c]);
-            }
-#if !IO_IS_REAL
-#pragma omp simd
-            for (int64_t c = 0; c < D; c++) o[c] = ST(acc[c]);
-#endif
-        }
-    }
-}
-
-void SUF(gather_sum_bwd)(const IO *dout, const IO *src, const int64_t *idx, const REAL *w, IO *dsrc, REAL *dw,
-                         int64_t M, int64_t m, int64_t D, int64_t item0, int64_t item1) {
-#if !IO_IS_REAL
-    REAL gv_row[D];  /* the output gradient's row, widened once for its m slots */
-#endif
-    for (int64_t item = item0; item < item1; item++) {
-        const int64_t n1 = (item + 1) * GATHER_ROWS < M ? (item + 1) * GATHER_ROWS : M;
-        for (int64_t n = item * GATHER_ROWS; n < n1; n++) {
-            const IO *restrict g = dout + n * D;
-#if IO_IS_REAL
-            const REAL *restrict gv = g;
-#else
-            REAL *restrict gv = gv_row;
-#pragma omp simd
-            for (int64_t c = 0; c < D; c++) gv[c] = LD(g[c]);
-#endif
-            for (int64_t j = 0; j < m; j++) {
-                const int64_t r = idx[n * m + j];
-                const IO *restrict sr = src + r * D;
-                IO *restrict ds = dsrc + r * D;
-                const REAL wj = w[n * m + j];
-                REAL acc = 0;
-#pragma omp simd reduction(+ : acc)
-                for (int64_t c = 0; c < D; c++) {
-                    acc += gv[c] * LD(sr[c]);
-                    ds[c] = ST(wj * gv[c]);
-                }
-                dw[n * m + j] = acc;
-            }
-        }
-    }
-}
-
-/* Entry points that split the work items over an OpenMP team (built with -fopenmp only): the library then runs in
-   torch's own OpenMP thread pool (the process has one libgomp, torch's), so the pool's worker, which spins for a few
-   milliseconds after each of torch's parallel ops, takes the kernel's share of the items instead of competing for a
-   core with a thread of the caller's. Each function is NAME's arguments without (item0, item1), then nitems and
-   nthreads; a per-thread scratch buffer is passed as the first thread's, with the spacing between threads' buffers.
-   Contiguous ranges of items per thread, as the callers' own splitting. */
+/* NAME_par: the items split over an OpenMP team (PAR_ITEMS in _kernel_common.h) */
 #ifdef _OPENMP
-#define PAR_ITEMS(CALL)                                                                                             \
-    _Pragma("omp parallel num_threads(nthreads)") {                                                                 \
-        const int64_t w_ = omp_get_thread_num(), nw_ = omp_get_num_threads();                                       \
-        const int64_t i0_ = nitems * w_ / nw_, i1_ = nitems * (w_ + 1) / nw_;                                       \
-        if (i0_ < i1_) CALL;                                                                                        \
-    }
-
 void SUF(scan_fwd_par)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
-                       const REAL *Cm, const REAL *D, int64_t d_bstride, const REAL *init, const uint8_t *reset,
-                       const int64_t *lengths, IO *y, REAL *final, REAL *ckpt, int64_t dt_sp, int64_t Bt, int64_t T,
-                       int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(scan_fwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, init, reset, lengths, y, final, ckpt, dt_sp,
-                            Bt, T, Din, N, K, i0_, i1_))
+                       const REAL *Cm, const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths,
+                       int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *init,
+                       IO *y, REAL *final, REAL *ckpt, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(scan_fwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, dt_sp, Bt, T, Din, N, K, init,
+                            y, final, ckpt, i0_, i1_))
 }
 
 void SUF(scan_bwd_par)(const IO *u, const REAL *dt, const REAL *A, int64_t a_bstride, const REAL *Bm,
                        const REAL *Cm, const REAL *D, int64_t d_bstride, const uint8_t *reset, const int64_t *lengths,
-                       const REAL *ckpt, const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB,
-                       REAL *dC, REAL *dD, REAL *dinit, REAL *work, int64_t wstride, int64_t dt_sp, int64_t Bt,
-                       int64_t T, int64_t Din, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(scan_bwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, ckpt, dy, dfinal, du, ddt, dA,
-                            dB, dC, dD, dinit, work + w_ * wstride, dt_sp, Bt, T, Din, N, K, i0_, i1_))
+                       int64_t dt_sp, int64_t Bt, int64_t T, int64_t Din, int64_t N, int64_t K, const REAL *ckpt,
+                       const IO *dy, const REAL *dfinal, IO *du, REAL *ddt, REAL *dA, REAL *dB, REAL *dC, REAL *dD,
+                       REAL *dinit, REAL *work, int64_t wstride, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(scan_bwd)(u, dt, A, a_bstride, Bm, Cm, D, d_bstride, reset, lengths, dt_sp, Bt, T, Din, N, K, ckpt,
+                            dy, dfinal, du, ddt, dA, dB, dC, dD, dinit, work + w_ * wstride, i0_, i1_))
 }
-
-void SUF(conv_fwd_par)(const IO *x, const IO *state, const REAL *wt, const REAL *bias, const int64_t *since,
-                       IO *out, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
-                       int64_t nthreads) {
-    PAR_ITEMS(SUF(conv_fwd)(x, state, wt, bias, since, out, Bt, T, C, K, xs, i0_, i1_))
-}
-
-void SUF(conv_bwd_par)(const IO *dy, const IO *x, const IO *state, const REAL *wt, const REAL *bias,
-                       const int64_t *since, REAL *ring, int64_t rstride, IO *dx, IO *dstate, REAL *dw,
-                       REAL *dbias, int64_t Bt, int64_t T, int64_t C, int64_t K, int64_t xs, int64_t nitems,
-                       int64_t nthreads) {
-    PAR_ITEMS(SUF(conv_bwd)(dy, x, state, wt, bias, since, ring + w_ * rstride, dx, dstate, dw, dbias, Bt, T, C, K,
-                            xs, i0_, i1_))
-}
-
-void SUF(silu_mul_fwd_par)(const IO *g, int64_t gs, const IO *u, int64_t us, IO *out, int64_t M, int64_t F,
-                           int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(silu_mul_fwd)(g, gs, u, us, out, M, F, i0_, i1_))
-}
-
-void SUF(silu_mul_bwd_par)(const IO *dout, const IO *g, int64_t gs, const IO *u, int64_t us, IO *dg,
-                           int64_t dgs, IO *du, int64_t dus, int64_t M, int64_t F, int64_t nitems,
-                           int64_t nthreads) {
-    PAR_ITEMS(SUF(silu_mul_bwd)(dout, g, gs, u, us, dg, dgs, du, dus, M, F, i0_, i1_))
-}
-
-void SUF(gather_sum_fwd_par)(const IO *src, const int64_t *idx, const REAL *w, IO *out, int64_t M, int64_t m,
-                             int64_t D, int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(gather_sum_fwd)(src, idx, w, out, M, m, D, i0_, i1_))
-}
-
-void SUF(gather_sum_bwd_par)(const IO *dout, const IO *src, const int64_t *idx, const REAL *w, IO *dsrc,
-                             REAL *dw, int64_t M, int64_t m, int64_t D, int64_t nitems, int64_t nthreads) {
-    PAR_ITEMS(SUF(gather_sum_bwd)(dout, src, idx, w, dsrc, dw, M, m, D, i0_, i1_))
-}
-#undef PAR_ITEMS
 #endif
 
-/* The same code again: in double precision (pass 2), then float arithmetic on bfloat16 activations (pass 3). */
-#if KERNEL_PASS < 3
-#undef REAL
-#undef REAL_IS_DOUBLE
-#undef SUF
-#undef IO
-#undef IO_IS_REAL
-#undef LD
-#undef ST
-#undef EXP_LOG2E
-#undef EXP_LN2_HI
-#undef EXP_LN2_LO
-#undef EXP_NCOEF
-#undef EXP_MIN_N
-#undef EXP_BIAS
-#undef EXP_SHIFT
-#undef EXP_BITS
-#undef SP_NCOEF
-#undef FABS
-#undef PF_STEPS
-#undef COPYSIGN
-#if KERNEL_PASS == 1
-#undef KERNEL_PASS
-#define KERNEL_PASS 2
-#define REAL double
-#define REAL_IS_DOUBLE 1
-#define SUF(name) name##_f64
-#define IO double
-#define IO_IS_REAL 1
-#define LD(v) (v)
-#define ST(v) (v)
-#else
-#undef KERNEL_PASS
-#define KERNEL_PASS 3
-#define REAL float
-#define REAL_IS_DOUBLE 0
-#define SUF(name) name##_bf16
-#define IO uint16_t
-#define IO_IS_REAL 0
-#define LD(v) bf16_to_f32(v)
-#define ST(v) f32_to_bf16(v)
-#endif
-#include "_scan_kernel.c"
-#endif
+#define KERNEL_SELF "_scan_kernel.c"
+#include "_kernel_passes.h"

@@ -4,16 +4,16 @@ projection, RMSNorm, and the tied LM head with its cross-entropy.
 Each one computes exactly its composite PyTorch expression (the ``*_reference`` functions here, which tests compare
 it against, values and every gradient). What changes is the cost. Autograd's generic backward for the composite
 expressions allocates a fresh tensor per intermediate and re-assembles split tensors with a concatenation; on a CPU,
-where these memory-bound passes take about a tenth of a LLaMA training step at the paper-70m shape, each function
-here instead writes its result, and its gradient, straight into one output buffer with in-place and ``out=`` ops.
+where these passes are memory-bound, each function here instead writes its result, and its gradient, straight into
+one output buffer with in-place and ``out=`` ops.
 
 - ``rope_qkv(qkv, cos, sin)``: qkv [B, T, 3, H, D] (the output of one fused projection); rotates the q and k slots by
   the half-split RoPE convention (as in transformers' Llama), passes v through, and returns [3, B, H, T, D].
   cos, sin: [T, D / 2]. The backward is the same rotation by the opposite angle.
 - ``glu(h, activation)``: h [..., 2 F] holding [gate | up]; returns act(gate) * up, act "silu" (SwiGLU) or None
   (SGLU). The gradient comes back as one [..., 2 F] tensor, with no concatenation.
-  On the CPU in float32 / float64, SwiGLU runs on the compiled gate kernel
-  (``linlm.ops.scan_kernel.glu_silu``: one pass each way, only h saved).
+  On the CPU in float32, float64 and bfloat16, SwiGLU runs on the compiled gate kernel
+  (``linlm.ops.gate_kernel.glu_silu``: one pass each way, only h saved).
 - ``rms_norm(x, weight, eps)``: x / sqrt(mean(x^2) + eps) * weight over the last dim; weight may be None
   (SRMSNorm). The mean square is one reduction (a vector norm), with no x^2 tensor.
 - ``linear_cross_entropy(h, weight, targets)``: mean cross-entropy of h @ weight^T, a chunk of tokens at a time,
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from linlm.ops import scan_kernel
+from linlm.ops import gate_kernel
 from linlm.ops.grad import needs_grad
 
 
@@ -159,8 +159,8 @@ def glu(h: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
         raise ValueError(f"glu: activation must be 'silu' or None, got {activation!r}")
     if h.shape[-1] % 2:
         raise ValueError(f"glu: the last dim holds [gate | up] and must be even, got {h.shape[-1]}")
-    if activation == "silu" and scan_kernel.gate_takes(h):
-        return scan_kernel.glu_silu(h)  # one pass each way in compiled code (CPU, float32 / float64)
+    if activation == "silu" and gate_kernel.gate_takes(h):
+        return gate_kernel.glu_silu(h)  # one pass each way in compiled code (CPU: float32, float64, bfloat16)
     if not needs_grad(h):
         return _glu_forward(h, activation == "silu")[0]
     return _GLU.apply(h, activation == "silu")

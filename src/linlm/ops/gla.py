@@ -1,5 +1,8 @@
 """Gated linear attention: the one recurrence behind TNL, HGRN2, cosFormer2 and the SSD-style experts.
 
+One algorithm in its three forms (with the dispatcher that picks one), so the file is longer than most: the forms
+share the argument checks and the conventions below, and the chunk form's pieces belong together.
+
 Per head, with state S in R^{K x V}:
 
     S_t = Diag(a_t) S_{t-1} + k_t v_t^T        o_t = S_t^T q_t
@@ -7,7 +10,7 @@ Per head, with state S in R^{K x V}:
 Three forms, which agree to float32 rounding:
 
 - ``gla_reference``: the definition, a loop over time. Used by tests.
-- ``gla_chunk``: the chunkwise-parallel form for training and prefill (see spec/chunkwise.md).
+- ``gla_chunk``: the chunkwise-parallel form for training and prefill.
 - ``gla_step``: one decoding step, O(K V) per head whatever the context.
 
 Conventions shared by all three:
@@ -33,9 +36,9 @@ How the chunk form works (chunks of C steps; B_t is the sum of log a over [chunk
   - Scalar gates: D[t, s] = exp(sum over (s, t]) from a true segment sum (a masked cumulative sum), C x C.
   - Vector gates: a binary hierarchy of reference points. At each level every block's right half meets its left
     half through one matmul of q * prod(a over (r, t]) and k * prod(a over (s, r]), r the boundary between the
-    halves; the diagonal is q_t . k_t. This replaces the sub-chunks-plus-pairwise-[c, c, K] scheme of
-    spec/chunkwise.md: same safety argument, no [c, c, K] tensor, about 3x faster on CPU (benchmarks/bench_ops.py
-    and the report of the change that introduced it).
+    halves; the diagonal is q_t . k_t. The same safety argument as sub-chunks with pairwise decays over
+    [c, c, K], without ever forming a [c, c, K] tensor. benchmarks/bench_ops.py measures the chunk form against the
+    reference.
   - exp arguments are clamped at -87: below that float32 exp goes denormal through a very slow path on CPUs, and
     exp(-87) = 1.6e-38 is already nothing next to the terms it is summed with.
 - Resets become log a = -inf at the reset position. Sums with -inf stay -inf (nothing is ever subtracted), and
@@ -234,7 +237,7 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
-# Below this, float32 exp returns denormals or zero through a slow path (about 50x slower on x86 CPUs). A decay
+# Below this, float32 exp returns denormals or zero through a slow path on x86 CPUs. A decay
 # factor of exp(-87) = 1.6e-38 is already nothing next to any term of the sum, so exponents are clamped here.
 _EXP_FLOOR = -87.0
 

@@ -1,6 +1,6 @@
-"""When to skip an autograd.Function: its apply costs several microseconds per call even under no_grad, which at
-batch-1 decoding (tens of calls per token) is a few percent of a step, so the ops' wrappers run their forward
-computation directly when autograd does not record the call."""
+"""When to skip an autograd.Function: its apply has a cost per call even under no_grad, which adds up at batch-1
+decoding (tens of calls per token), so the ops' wrappers run their forward computation directly when autograd does
+not record the call."""
 
 from __future__ import annotations
 

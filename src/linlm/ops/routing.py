@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linlm.errors import ConfigError, ShapeError
-from linlm.ops import scan_kernel
+from linlm.ops import gather_sum_kernel, kernel_library
 from linlm.ops.grad import needs_grad
 
 __all__ = [
@@ -142,9 +142,8 @@ def matmul_row_quantum(x: Tensor) -> int:
 
     Why: torch runs CPU bfloat16 matmuls on oneDNN, which JIT-compiles a primitive for every new shape and keeps
     1024 of them in an LRU cache. Routed sizes take hundreds of values (an expert's rows at paper-70m, seq 2048:
-    about 380 to 660), so a MossNet step kept compiling: about 190 primitives a step, each about 0.5 ms and 90
-    freshly touched pages (measured on a 2-core AMD EPYC, Zen 4, oneDNN 3.12). float32 matmuls (MKL) compile
-    nothing, and rounding there would only add work."""
+    about 380 to 660), so a MossNet step kept compiling primitives, each a compile and freshly touched pages.
+    float32 matmuls (MKL) compile nothing, and rounding there would only add work."""
     if x.device.type != "cpu":
         return 1
     bf16 = x.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
@@ -176,8 +175,8 @@ def pad_groups(order: Tensor, counts: Tensor, k: int, quantum: int = 1) -> tuple
 
 class _GatherRows(torch.autograd.Function):
     """x.index_select(0, src) whose backward is a gather-sum over the rows that read each x row (`reads`), not a
-    scatter-add of every gathered row: a scatter-add must allow any row to be hit any number of times, and measured
-    about 6x slower at MossNet's shapes (2048 x 256 rows gathered into 4544, 1 thread: 1.2 vs 0.2 ms)."""
+    scatter-add of every gathered row: a scatter-add must allow any row to be hit any number of times, which
+    makes it the slower of the two."""
 
     @staticmethod
     def forward(ctx, x, src, reads):
@@ -207,11 +206,10 @@ def read_back(src: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
     of src may be read twice (each slot is one token's): the backward stores each row's gradient. The compiled
     kernel on the CPU for float32, float64 and bfloat16 rows (bfloat16 read and written in place), else
     embedding_bag in the summing precision, whose weighted backward sorts the indices first (it allows a row to be
-    read any number of times). benchmarks/bench_fused.py times the two, fwd + bwd: at MossNet's demo read-back
-    (4096 of 4352 slots, 256 wide) 0.60 against 1.37 ms on a 2-core AVX2 CPU."""
-    w = weights.to(scan_kernel.compute_dtype(src.dtype))
-    if scan_kernel.gather_sum_takes(src, w):
-        return scan_kernel.weighted_gather_sum(src, idx, w)
+    read any number of times). benchmarks/bench_fused.py measures the two, forward + backward."""
+    w = weights.to(kernel_library.compute_dtype(src.dtype))
+    if gather_sum_kernel.gather_sum_takes(src, w):
+        return gather_sum_kernel.weighted_gather_sum(src, idx, w)
     return F.embedding_bag(idx, src.to(w.dtype), per_sample_weights=w, mode="sum").to(src.dtype)
 
 

@@ -1,5 +1,8 @@
 """The Mamba-1 selective scan (S6) in three forms: reference, chunked (training/prefill) and one-step (decode).
 
+One algorithm, the S6 recurrence, in each of its forms (and the entry to the compiled kernel's, with the dispatcher
+that picks one), so the file is longer than most: its forms share the argument checks and the dtype rules below.
+
 For every channel d the state s_t[d, :] in R^N follows
 
     s_t[d, n] = exp(dt_t[d] * A[d, n]) * s_{t-1}[d, n] + dt_t[d] * u_t[d] * B_t[n]
@@ -32,11 +35,11 @@ block), with no Python loop over time steps:
    down-sweep of k - 1 levels fill in every prefix. Combining segment (w1, h1) into the later (w2, h2) gives
    (w2 w1, h2 + w2 h1). Each level is two in-place ops on strided views of the time axis (rows of Din * N contiguous
    floats), and all levels together touch each element about twice: about 2 passes, against log2(C) for a doubling
-   (Hillis-Steele) scan, which measured 1.6x slower end to end. Afterwards h_t is the state reached from a zero state
-   at the chunk's entry and w_t the decay product since that entry. Decays are multiplied, never divided and never
-   exp(+sum): nothing can overflow, small products underflow harmlessly to 0, and a product of k decays has a
-   relative error of about k * eps whatever the size of the cumulative log-decay (measured over 63 decays after a step
-   of -400: products 1.2e-6, exp of differences of a float32 cumsum 1.5e-5).
+   (Hillis-Steele) scan. Afterwards h_t is the state reached from a zero state at the chunk's entry and w_t the
+   decay product since that entry. Decays are multiplied, never divided and never exp(+sum): nothing can overflow,
+   small products underflow harmlessly to 0, and a product of k decays has a relative error of about k * eps
+   whatever the size of the cumulative log-decay (measured over 63 decays after a step of -400: products 1.2e-6,
+   exp of differences of a float32 cumsum 1.5e-5).
 3. A Python loop over the T / C chunks carries the state: start_{c+1} = h_exit(c) + w_exit(c) * start_c.
 4. s_t = h_t + w_t * start(chunk of t), and y_t = <C_t, s_t> is a batched matvec.
 
@@ -61,7 +64,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.errors import ConfigError, ShapeError
-from linlm.ops import backends, scan_kernel
+from linlm.ops import backends, kernel_library, scan_kernel
 
 __all__ = [
     "selective_scan",
@@ -223,8 +226,7 @@ def selective_scan_reference(
 
 # Elements per block buffer (Bt * steps * Din * N); a block of steps is processed in a few such buffers. 2 MiB in
 # float32: far under glibc's mmap threshold, so they are recycled rather than page-faulted in on every call, and mostly
-# in cache during the scan's passes. Measured (fwd+bwd, T 2048, Din 512, chunk 64, 1 thread, CPU time): 2^19 and 2^18
-# best, 2^17 and 2^20 about 10% slower.
+# in cache during the scan's passes.
 _BLOCK_ELEMS = 1 << 19
 
 
@@ -432,8 +434,8 @@ def selective_scan_chunked(
 
     chunk_size: steps per chunk, any positive int, rounded down to a power of two (and to T); the last chunk is
     padded. Work is about the same for any chunk size; the loop between chunks takes T / chunk_size small steps,
-    the tree log2(chunk_size) levels. At Din 512, N 16, T 2048, chunk sizes 16 to 64 are within run-to-run noise of
-    each other (benchmarks/bench_scan.py sweeps them).
+    the tree log2(chunk_size) levels. benchmarks/bench_scan.py measures the chunk sizes against each other (its
+    sweep).
     """
     fn = "selective_scan_chunked"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -460,7 +462,7 @@ def selective_scan_kernel(
 ) -> tuple[Tensor, Tensor | None]:
     """The compiled CPU kernel (linlm.ops.scan_kernel): same result as selective_scan_reference, one pass over the
     sequence per direction, states checkpointed every 64 steps for the backward. Raises ConfigError when the kernel
-    cannot be built (see scan_kernel.available).
+    cannot be built (see kernel_library.available).
 
     lengths: None, or int [Bt]: row b ends after lengths[b] steps and the rest is padding that is skipped (y there is
     D u; the final state is the one after step lengths[b] - 1). The same as the reference on each row's prefix.
@@ -473,7 +475,7 @@ def selective_scan_kernel(
     if N > scan_kernel.MAX_STATE:
         raise ShapeError(f"{fn}: the kernel takes a state size N of at most {scan_kernel.MAX_STATE}, got N = {N} "
                          f"(from `A`); use selective_scan_chunked")
-    if not scan_kernel.available():
+    if not kernel_library.available():
         raise ConfigError(f"{fn}: the selective-scan kernel is not available (no C compiler, the build failed, or "
                           f"LINLM_SCAN_BACKEND=torch); use selective_scan_chunked")
     cd = _compute_dtype(u)
@@ -482,7 +484,7 @@ def selective_scan_kernel(
         return u.new_zeros(Bt, 0, Din), (s if output_final_state else None)
     # u (so y and du) is read and written in its own dtype where the kernel has a variant for it (bfloat16: in
     # place, computing in float32; the same values as converting around a float32 kernel), the rest in float32
-    io = u.dtype if u.dtype in scan_kernel.IO_DTYPES else cd
+    io = u.dtype if u.dtype in kernel_library.IO_DTYPES else cd
     uc = u.to(io)
     dtc, Ac, Bc, Cc = (t.to(cd) for t in (dt, A, B, C))
     init = None if initial_state is None else initial_state.to(cd)
@@ -495,13 +497,13 @@ def selective_scan_kernel(
 
 def selective_scan(u, dt, A, B, C, D=None, *, chunk_size=64, lengths=None, dt_softplus=False,
                    **kw) -> tuple[Tensor, Tensor | None]:
-    """The scan models call: the compiled kernel on the CPU when it is available (scan_kernel.available());
+    """The scan models call: the compiled kernel on the CPU when it is available (kernel_library.available());
     on CUDA, mamba_ssm's selective_scan_fn when it is installed and takes the case (linlm.ops.backends says which
     cases; LINLM_GPU_KERNELS=torch turns it off); else the chunked form. Keywords as selective_scan_kernel;
     chunk_size only matters to the chunked form. Off the CPU kernel, `lengths` runs as dt = 0 and C = 0 on the
     padding (the same result, at the cost of scanning the padding)."""
     if (isinstance(u, Tensor) and u.device.type == "cpu" and isinstance(A, Tensor)
-            and A.shape[-1] <= scan_kernel.MAX_STATE and scan_kernel.available()):
+            and A.shape[-1] <= scan_kernel.MAX_STATE and kernel_library.available()):
         return selective_scan_kernel(u, dt, A, B, C, D, lengths=lengths, dt_softplus=dt_softplus, **kw)
     if lengths is not None:
         if dt_softplus:  # activated first, so that the padding gets dt = 0
