@@ -213,7 +213,9 @@ def register_mqar(subparsers):
                     "the run in training (its checkpoint saved, nothing of it recorded; exit 130), and the same "
                     "command again continues it from that checkpoint, reading the finished runs' results back.")
     p.add_argument("--out-dir", required=True, help="one run directory per model is made below it")
-    p.add_argument("--archs", default="llama,tnl,hgrn2,cosformer2,mamba", help="comma-separated architectures")
+    p.add_argument("--archs", default=None,
+                   help="comma-separated architectures (default: every registered one but the mixtures of experts, "
+                        "whose runs --experts sets; see `linlm archs`)")
     p.add_argument("--widths", default="32,64", help="comma-separated d_model values (multiples of --head-dim)")
     p.add_argument("--experts", type=int, default=4,
                    help="SSM experts of the MossNet run, beside the one-expert MossNet (1: that one alone; 0: no "
@@ -266,7 +268,7 @@ def cmd_mqar(args) -> int:
         raise ConfigError(f"--widths {args.widths!r}: expected comma-separated integers, e.g. 32,64") from None
     if not widths or min(widths) < 1:
         raise ConfigError(f"--widths {args.widths!r}: expected comma-separated widths >= 1, e.g. 32,64")
-    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip()) if args.archs is not None else mqar_archs()
     runs = default_runs(widths, args.experts, archs)
     cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
     out = outputs.check_dir(args.out_dir, "--out-dir", names=["results.json", "mqar.png"])
@@ -290,6 +292,15 @@ def cmd_mqar(args) -> int:
         "format": "linlm-mqar"}, "--out-dir")
     print(f"results: {path}\nplot: {plot}")
     return 0
+
+
+def mqar_archs() -> tuple[str, ...]:
+    """The default architectures of ``linlm mqar``: every registered one but the mixtures of experts (MossNet),
+    whose runs ``--experts`` sets."""
+    from linlm.models.archs.base import BASELINE, LINEAR_ATTENTION, SSM
+    from linlm.models.registry import arch_names
+
+    return tuple(arch_names(BASELINE, LINEAR_ATTENTION, SSM))
 
 
 def _mqar_command(args) -> str:
