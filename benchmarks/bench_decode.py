@@ -31,8 +31,13 @@ from _common import meta, print_table, write_json  # noqa: E402
 
 from linlm.devices import native_bf16  # noqa: E402
 from linlm.infer.profile import HF_LLAMA, plot, profile, rows_to_dicts  # noqa: E402
+from linlm.models.registry import ARCHITECTURES, arch_names  # noqa: E402
 
-LINEAR = ["tnl", "hgrn2", "cosformer2", "mamba", "mossnet"]
+
+def constant_state_archs() -> list[str]:
+    """The registered architectures whose decoding state does not grow with the context: their latency and state
+    must stay flat."""
+    return [a for a in arch_names() if ARCHITECTURES[a].constant_state]
 
 
 def bf16_supported() -> bool:
@@ -85,7 +90,7 @@ def targets(rows, contexts, interleaved=None) -> list[dict]:
     def add(name, value, target, held):
         out.append({"target": name, "value": value, "goal": target, "held": held})
 
-    for arch in LINEAR:
+    for arch in constant_state_archs():
         a, b = ok.get((arch, lo, "float32")), ok.get((arch, hi, "float32"))
         if a and b:
             ratio = b["decode_ms_per_token"] / a["decode_ms_per_token"]
@@ -109,7 +114,7 @@ def targets(rows, contexts, interleaved=None) -> list[dict]:
         elif ours and theirs:
             ratio = ours["decode_ms_per_token"] / theirs["decode_ms_per_token"]
             add(f"llama / transformers Llama decode latency at {n}", round(ratio, 3), "<= 1.0", ratio <= 1.0)
-    mem = {a: ok[(a, hi, "float32")] for a in [*LINEAR, "llama", HF_LLAMA] if (a, hi, "float32") in ok}
+    mem = {a: ok[(a, hi, "float32")] for a in [*arch_names(), HF_LLAMA] if (a, hi, "float32") in ok}
     for arch, r in mem.items():
         add(f"{arch}: prefill memory at {hi} (peak - before, MiB)",
             round((r["peak_memory_bytes"] - r["memory_before_bytes"]) / 2**20, 1), "report", None)
@@ -128,10 +133,11 @@ def targets(rows, contexts, interleaved=None) -> list[dict]:
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="paper-70m")
-    p.add_argument("--archs", default=",".join(["llama", *LINEAR]))
+    p.add_argument("--archs", default=",".join(arch_names()),
+                   help="comma-separated architectures (default: every registered one, %(default)s)")
     p.add_argument("--contexts", default="512,2048,8192,16384,32768")
     p.add_argument("--decode-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
@@ -142,7 +148,7 @@ def main() -> int:
                         "(their latencies are close there); 0: none")
     p.add_argument("--interleave-rounds", type=int, default=7)
     p.add_argument("--plot", default=None, help="write the fp32 latency and memory plot (linlm.infer.profile.plot)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     archs = [a for a in args.archs.split(",") if a] + [HF_LLAMA]
     contexts = [int(n) for n in args.contexts.split(",")]

@@ -41,6 +41,7 @@ from _common import apply_runtime_settings, meta, print_table, write_json  # noq
 
 from linlm import create_model  # noqa: E402
 from linlm.models.presets import preset_config  # noqa: E402
+from linlm.models.registry import arch_names  # noqa: E402
 from linlm.eval.scoring import Request, ScoreStats, score_requests  # noqa: E402
 
 
@@ -81,16 +82,17 @@ def harness_style(model, items: list[Request], batch_size: int) -> list[list[flo
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--archs", nargs="*", default=["tnl", "hgrn2", "llama", "mamba"])
+    ap.add_argument("--archs", nargs="*", default=arch_names(),
+                    help="architectures (default: every registered one, %(default)s)")
     ap.add_argument("--preset", default="paper-70m")
     ap.add_argument("--vocab", type=int, default=0, help="0: the preset's own (paper presets: 100,280)")
     ap.add_argument("--items", type=int, default=96)
     ap.add_argument("--batch-size", type=int, default=16, help="linlm eval's default")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     apply_runtime_settings()
     if args.threads:
         torch.set_num_threads(args.threads)

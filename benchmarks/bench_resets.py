@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm.models.lm import create_model  # noqa: E402
+from linlm.models.registry import arch_names  # noqa: E402
 
 
 def packed_batch(batch: int, seq_len: int, vocab: int, doc_len: int, seed: int = 0):
@@ -34,7 +35,8 @@ def packed_batch(batch: int, seq_len: int, vocab: int, doc_len: int, seed: int =
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--archs", nargs="*", default=["llama", "tnl", "hgrn2", "mamba"])
+    ap.add_argument("--archs", nargs="*", default=arch_names(),
+                    help="architectures (default: every registered one, %(default)s)")
     ap.add_argument("--preset", default="small")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=1024)

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, write_json  # noqa: E402
 
 from linlm.devices import native_bf16  # noqa: E402
+from linlm.models.archs.base import LINEAR_ATTENTION  # noqa: E402
+from linlm.models.registry import arch_names  # noqa: E402
 from linlm.train.config_loading import build_config, preset_path  # noqa: E402
 from linlm.train import train  # noqa: E402
 from linlm.train.metrics import read_metrics  # noqa: E402
@@ -47,7 +49,9 @@ def run_once(arch: str, precision: str, threads: int, args, workdir: Path) -> li
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--archs", nargs="+", default=["tnl"])
+    ap.add_argument("--archs", nargs="+", default=arch_names(LINEAR_ATTENTION, scaling_study=True)[:1],
+                    help="architectures (default: %(default)s, the scaling study's first linear-attention one: this "
+                         "benchmark times the trainer and its loader, not the architectures)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of every run")
     ap.add_argument("--batch", type=int, default=1, help="sequences of 2048 tokens per step")

@@ -51,7 +51,7 @@ from linlm.devices import native_bf16  # noqa: E402
 from linlm.train.config import OptimSection  # noqa: E402
 from linlm.train.optim import build_optimizer  # noqa: E402
 from linlm.models.counting import count  # noqa: E402
-from linlm.models.registry import ARCHITECTURES  # noqa: E402
+from linlm.models.registry import arch_names  # noqa: E402
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -289,7 +289,8 @@ def main(argv=None) -> int:
                     help="precision of the demo phase (default: the demo's precision auto, bf16 where this CPU "
                          "computes bfloat16 natively, else fp32: there bf16 matmuls take a slow fallback)")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192])
-    ap.add_argument("--archs", nargs="+", default=None)
+    ap.add_argument("--archs", nargs="+", default=arch_names(),
+                    help="architectures (default: every registered one, %(default)s)")
     ap.add_argument("--ssm-kernels", nargs="+", choices=["s6", "ssd"], default=["s6", "ssd"],
                     help="MossNet's ssm_kernel choices, one row each")
     ap.add_argument("--batch", type=int, default=1)
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args._peak_rss_child:
         return peak_rss_child(args._peak_rss_child)
-    archs = args.archs or list(ARCHITECTURES)
+    archs = args.archs
     entries = [(a, "fused", k) for a in archs for k in (args.ssm_kernels if a == "mossnet" else [None])]
 
     phases = []

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 import linlm
 from linlm.layers.cosformer2 import lrpe, lrpe_factors
 from linlm.layers.tnl import tnl_log_decay, tnl_slopes
-from linlm.models.config import SAVED_BEFORE, ModelConfig
+from linlm.models.archs.cosformer2 import CosFormer2Options
+from linlm.models.archs.tnl import TNLOptions
+from linlm.models.config import ModelConfig
 from linlm.models.lm import CausalLM
 from linlm.ops.gla import gla_reference
 
@@ -57,8 +59,12 @@ def test_tnl_log_decay_uses_slopes_and_depth():
 
 
 def _cfg(arch, **kw):
-    return ModelConfig(arch=arch, vocab_size=64, d_model=48, n_layers=3, n_heads=6, glu_dim=64, chunk_size=8,
-                       **kw).validate()
+    return ModelConfig.from_dict(dict(arch=arch, vocab_size=64, d_model=48, n_layers=3, n_heads=6, glu_dim=64,
+                                      chunk_size=8, **kw))
+
+
+# The options' values before they existed (ArchSpec.saved_before), in the flat spelling of that time.
+SAVED_BEFORE = {"tnl_slopes": "pow2", "tnl_v_silu": False, "cosformer2_gate_before_norm": False}
 
 
 def _srms(x, eps):
@@ -71,7 +77,8 @@ def _gate(mixer, x):
 
 @pytest.mark.parametrize("rule,v_silu", [("alibi", True), ("pow2", False), ("alibi", False), ("pow2", True)])
 def test_tnl_mixer_against_its_definition(rule, v_silu):
-    cfg = _cfg("tnl", tnl_slopes=rule, tnl_v_silu=v_silu)
+    cfg = _cfg("tnl", options={"slopes": rule, "v_silu": v_silu})
+    assert cfg == _cfg("tnl", tnl_slopes=rule, tnl_v_silu=v_silu)  # the earlier flat spelling means the same
     layer = 1
     mixer = CausalLM(cfg).layers[layer].mixer.double()
     B, T, H, K = 2, 21, 6, 8
@@ -88,7 +95,8 @@ def test_tnl_mixer_against_its_definition(rule, v_silu):
 
 @pytest.mark.parametrize("before", [True, False])
 def test_cosformer2_gate_order(before):
-    cfg = _cfg("cosformer2", cosformer2_gate_before_norm=before)
+    cfg = _cfg("cosformer2", options={"gate_before_norm": before})
+    assert cfg == _cfg("cosformer2", cosformer2_gate_before_norm=before)
     mixer = CausalLM(cfg).layers[0].mixer.double()
     B, T, H, K = 2, 13, 6, 8
     x = torch.randn(B, T, 48, dtype=torch.float64)
@@ -103,27 +111,42 @@ def test_cosformer2_gate_order(before):
 
 
 def test_new_configs_get_the_authors_choices():
-    cfg = ModelConfig.from_dict({"arch": "tnl", "n_heads": 2, "d_model": 64})
-    assert (cfg.tnl_slopes, cfg.tnl_v_silu, cfg.cosformer2_gate_before_norm) == ("alibi", True, True)
+    assert ModelConfig.from_dict({"arch": "tnl", "n_heads": 2, "d_model": 64}).options == TNLOptions("alibi", True)
+    assert ModelConfig.from_dict({"arch": "cosformer2"}).options == CosFormer2Options(gate_before_norm=True, tpe=True)
 
 
-def test_saved_config_without_the_keys_reads_the_old_choices():
-    data = {k: v for k, v in _cfg("tnl").to_dict().items() if k not in SAVED_BEFORE}
-    cfg = ModelConfig.from_saved(data)
-    assert (cfg.tnl_slopes, cfg.tnl_v_silu, cfg.cosformer2_gate_before_norm) == ("pow2", False, False)
-    assert ModelConfig.from_saved({**data, "tnl_v_silu": True}).tnl_v_silu  # keys present are kept
+def _flat_before_the_options(cfg: ModelConfig) -> dict:
+    """cfg's config.json "config" as linlm wrote it before these options existed: flat, with tpe, no options."""
+    data = cfg.to_dict()
+    data.pop("options")
+    return {**data, "tpe": True}
+
+
+@pytest.mark.parametrize("arch,old", [("tnl", TNLOptions("pow2", False)),
+                                      ("cosformer2", CosFormer2Options(gate_before_norm=False, tpe=True))])
+def test_saved_config_without_the_keys_reads_the_old_choices(arch, old):
+    data = _flat_before_the_options(_cfg(arch))
+    assert ModelConfig.from_saved(data).options == old
+
+
+def test_saved_config_keeps_the_options_it_holds_in_either_spelling():
+    data = _flat_before_the_options(_cfg("tnl"))
+    assert ModelConfig.from_saved({**data, "tnl_v_silu": True}).options == TNLOptions("pow2", True)
+    del data["tpe"]
+    assert ModelConfig.from_saved({**data, "options": {"slopes": "alibi"}}).options == TNLOptions("alibi", False)
+    # A config saved with every option computes with what it holds: nothing is filled in.
+    assert ModelConfig.from_saved(_cfg("tnl").to_dict()).options == TNLOptions("alibi", True)
 
 
 @pytest.mark.parametrize("arch", ["tnl", "cosformer2"])
 def test_model_saved_before_the_options_computes_what_it_computed(tmp_path, arch):
     old = CausalLM(_cfg(arch, **SAVED_BEFORE)).eval()  # what linlm built before the options existed
     old.save(tmp_path / "m")
-    # Rewrite config.json as the earlier format wrote it: version 1, no config_sha256, none of the new keys.
+    # Rewrite config.json as the earlier format wrote it: version 1, no config_sha256, flat, none of the new keys.
     meta = json.loads((tmp_path / "m" / "config.json").read_text())
     meta["format_version"] = 1
     del meta["config_sha256"]
-    for key in SAVED_BEFORE:
-        del meta["config"][key]
+    meta["config"] = _flat_before_the_options(old.config)
     (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
 
     ids = torch.randint(0, 64, (2, 17))

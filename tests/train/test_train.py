@@ -250,8 +250,9 @@ def test_mixture_of_experts_aux_loss_is_logged(make_config):
 
 
 def _as_written_before_the_options(run: Path, keys) -> None:
-    """Rewrite a run directory as linlm wrote it before the options in ``keys`` existed: no such keys in its configs,
-    config.json in format 1 without a checksum, and manifests that match (each file recorded in its ledger as
+    """Rewrite a run directory as linlm wrote it before the options in ``keys`` existed: no such keys in its configs
+    (config.json's model config flat, with tpe and no options), config.json in format 1 without a checksum, and
+    manifests that match (each file recorded in its ledger as
     linlm's, as linlm would have)."""
     import yaml
 
@@ -269,8 +270,8 @@ def _as_written_before_the_options(run: Path, keys) -> None:
         meta = json.loads((ck / "config.json").read_text())
         meta["format_version"] = 1
         meta.pop("config_sha256", None)
-        for k in keys:
-            del meta["config"][k]
+        meta["config"].pop("options")
+        meta["config"]["tpe"] = True
         outputs.write_text(ck / "config.json", json.dumps(meta))
         strip_yaml(ck / "train_config.yaml")
         manifest = json.loads((ck / MANIFEST).read_text())
@@ -280,8 +281,8 @@ def _as_written_before_the_options(run: Path, keys) -> None:
 
 
 def test_a_run_saved_before_the_new_defaults_resumes_with_the_options_it_was_trained_with(make_config):
-    from linlm.models.config import SAVED_BEFORE
-
+    # The options' values before they existed (ArchSpec.saved_before), in the flat spelling of that time.
+    SAVED_BEFORE = {"tnl_slopes": "pow2", "tnl_v_silu": False, "cosformer2_gate_before_norm": False}
     shape = {"n_layers": 2, "d_model": 32, "n_heads": 2, "glu_dim": 64, "max_seq_len": 128}
     first = train(make_config("run", model__arch="tnl", model__overrides={**shape, **SAVED_BEFORE}, steps=4),
                   verbose=False)
@@ -290,4 +291,4 @@ def test_a_run_saved_before_the_new_defaults_resumes_with_the_options_it_was_tra
                     verbose=False)
     assert resumed.step == 6
     saved = json.loads((resumed.checkpoint / "config.json").read_text())["config"]
-    assert {k: saved[k] for k in SAVED_BEFORE} == SAVED_BEFORE  # not the new defaults (alibi, SiLU on v, gate first)
+    assert saved["options"] == {"slopes": "pow2", "v_silu": False}  # not the new defaults (alibi, SiLU on v)

@@ -9,7 +9,7 @@ import torch
 
 from linlm.models.counting import count
 from linlm.models.lm import create_model
-from linlm.models.registry import ARCHITECTURES
+from linlm.models.registry import arch_names
 
 SAMPLE = "Linear attention keeps a fixed-size state, so decoding costs the same at every position."
 
@@ -17,7 +17,8 @@ SAMPLE = "Linear attention keeps a fixed-size state, so decoding costs the same 
 def register(subparsers) -> None:
     p = subparsers.add_parser("check", help="build every architecture, check decoding against a full pass, "
                                             "print a table")
-    p.add_argument("--archs", nargs="*", default=None, help="architectures to include (default: all)")
+    p.add_argument("--archs", nargs="*", default=None,
+                   help="architectures to include (default: every registered one, see `linlm archs`)")
     p.add_argument("--preset", default="tiny")
     p.set_defaults(func=cmd_check)
 
@@ -44,7 +45,7 @@ def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
 def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed: int = 0) -> list[dict]:
     from linlm.infer.report import print_table
 
-    archs = list(archs or ARCHITECTURES)
+    archs = list(archs or arch_names())
     ids = torch.tensor([list(SAMPLE.encode("utf-8"))], dtype=torch.long)
     rows, results = [], []
     for arch in archs:

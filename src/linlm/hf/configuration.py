@@ -6,6 +6,9 @@ The linlm ``ModelConfig`` travels whole in the ``linlm`` field of config.json; `
 
 from __future__ import annotations
 
+import sys
+from typing import Callable, Iterator, Mapping
+
 from transformers import PreTrainedConfig
 
 from linlm.errors import CheckpointError, ConfigError
@@ -37,7 +40,7 @@ class LinlmConfig(PreTrainedConfig):
             )
         values = dict(self.linlm)
         if values["arch"] != self.arch:
-            cls = "Linlm" + str(values["arch"]).capitalize() + "ForCausalLM"
+            cls = class_name(str(values["arch"]), "ForCausalLM")
             raise CheckpointError(
                 f"config.json describes a linlm {values['arch']!r} model, but this class builds {self.arch!r}; load it "
                 f"with AutoModelForCausalLM.from_pretrained (which picks the class from model_type) or {cls}"
@@ -48,12 +51,55 @@ class LinlmConfig(PreTrainedConfig):
             raise CheckpointError(f"config.json: invalid linlm config: {e}") from None
 
 
-CONFIG_CLASSES: dict[str, type[LinlmConfig]] = {}
-for _arch in ARCHITECTURES:
-    _name = "Linlm" + _arch.capitalize() + "Config"
-    CONFIG_CLASSES[_arch] = type(_name, (LinlmConfig,), {"model_type": MODEL_TYPE_PREFIX + _arch, "arch": _arch,
-                                                         "__module__": __name__, "__qualname__": _name})
-    globals()[_name] = CONFIG_CLASSES[_arch]
+class PerArch(Mapping):
+    """{architecture: class} over the registry as it is at each access: the class of an architecture is made (by
+    ``make``) the first time it is asked for, so an architecture registered after this module was imported has one
+    too. Each class is also a module attribute of ``module`` under its own name (``LinlmTnlConfig``)."""
+
+    def __init__(self, make: Callable[[str], type], module: str):
+        self._make, self._module, self._made = make, module, {}
+
+    def __getitem__(self, arch: str) -> type:
+        if arch not in ARCHITECTURES:
+            raise KeyError(arch)
+        if arch not in self._made:
+            cls = self._made[arch] = self._make(arch)
+            setattr(sys.modules[self._module], cls.__name__, cls)
+        return self._made[arch]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(ARCHITECTURES))
+
+    def __len__(self) -> int:
+        return len(ARCHITECTURES)
+
+    def named(self, name: str) -> type:
+        """The class called ``name`` (a module's ``__getattr__``); AttributeError when there is none."""
+        for arch in self if name.startswith("Linlm") else ():
+            if self[arch].__name__ == name:
+                return self[arch]
+        raise AttributeError(f"module {self._module!r} has no attribute {name!r}")
+
+
+def class_name(arch: str, suffix: str) -> str:
+    return "Linlm" + arch.capitalize() + suffix
+
+
+def _config_class(arch: str) -> type[LinlmConfig]:
+    name = class_name(arch, "Config")
+    cls = type(name, (LinlmConfig,), {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch, "__module__": __name__,
+                                      "__qualname__": name})
+    auto = sys.modules.get("transformers.models.auto.configuration_auto")
+    if auto is not None and hasattr(auto, "AutoConfig"):  # registered already: add this one (else it is, on load)
+        auto.AutoConfig.register(cls.model_type, cls, exist_ok=True)
+    return cls
+
+
+CONFIG_CLASSES: Mapping[str, type[LinlmConfig]] = PerArch(_config_class, __name__)
+
+
+def __getattr__(name: str) -> type:
+    return CONFIG_CLASSES.named(name)
 
 
 def hf_config_for(cfg: ModelConfig, **kwargs) -> LinlmConfig:

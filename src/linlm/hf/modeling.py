@@ -14,7 +14,8 @@ decodes as if it were alone. Padding anywhere else than on the left is refused.
 
 from __future__ import annotations
 
-from typing import Optional
+import sys
+from typing import Mapping, Optional
 
 import torch
 from transformers import GenerationMixin, PreTrainedModel
@@ -22,7 +23,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from linlm.errors import CheckpointError, ShapeError
-from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, hf_config_for
+from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, PerArch, class_name, hf_config_for
 from linlm.layers.state import ModelState
 from linlm.layers.tnl import TNLMixer, tnl_log_decay
 from linlm.models.lm import CausalLM
@@ -121,7 +122,8 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
             cfg = self.model.config if hasattr(self, "model") else self.config.to_linlm()
             idx = next(i for i, layer in enumerate(self.model.layers) if layer.mixer is module)
             with torch.no_grad():
-                module.log_decay = tnl_log_decay(cfg.n_heads, idx, cfg.n_layers).to(module.log_decay.device)
+                decay = tnl_log_decay(cfg.n_heads, idx, cfg.n_layers, cfg.options.slopes)
+                module.log_decay = decay.to(module.log_decay.device)
 
     def get_input_embeddings(self):
         return self.model.embed
@@ -160,12 +162,21 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
 
 
-MODEL_CLASSES: dict[str, type[LinlmForCausalLM]] = {}
-for _arch, _cfg_cls in CONFIG_CLASSES.items():
-    _name = "Linlm" + _arch.capitalize() + "ForCausalLM"
-    MODEL_CLASSES[_arch] = type(_name, (LinlmForCausalLM,), {"config_class": _cfg_cls, "__module__": __name__,
-                                                             "__qualname__": _name})
-    globals()[_name] = MODEL_CLASSES[_arch]
+def _model_class(arch: str) -> type[LinlmForCausalLM]:
+    name = class_name(arch, "ForCausalLM")
+    cls = type(name, (LinlmForCausalLM,), {"config_class": CONFIG_CLASSES[arch], "__module__": __name__,
+                                           "__qualname__": name})
+    auto = sys.modules.get("transformers.models.auto.modeling_auto")
+    if auto is not None and hasattr(auto, "AutoModelForCausalLM"):  # registered already: add this one
+        auto.AutoModelForCausalLM.register(cls.config_class, cls, exist_ok=True)
+    return cls
+
+
+MODEL_CLASSES: Mapping[str, type[LinlmForCausalLM]] = PerArch(_model_class, __name__)
+
+
+def __getattr__(name: str) -> type:
+    return MODEL_CLASSES.named(name)
 
 
 def to_hf(model: CausalLM) -> LinlmForCausalLM:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 
 def register(subparsers) -> None:
@@ -30,9 +31,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="prefill and decode speed, memory and state size against context",
                               description="Profile inference of each architecture at each context length (batch 1), "
                                           "beside transformers' LlamaForCausalLM of the same shape (hf-llama).")
-    p.add_argument("--archs", default="llama,tnl,hgrn2,cosformer2,mamba,mossnet",
-                   help="comma-separated architectures; add hf-llama for transformers' Llama (added by default "
-                        "unless --no-hf)")
+    p.add_argument("--archs", default=None,
+                   help="comma-separated architectures (default: every registered one, see `linlm archs`); add "
+                        "hf-llama for transformers' Llama (added beside llama unless --no-hf)")
     p.add_argument("--preset", default="paper-70m")
     p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
     p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
@@ -121,6 +122,13 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
+def profile_archs(text: Optional[str]) -> list[str]:
+    """The architectures of ``--archs``: the comma-separated names, or every registered architecture."""
+    from linlm.models.registry import arch_names
+
+    return [a.strip() for a in text.split(",") if a.strip()] if text is not None else arch_names()
+
+
 def cmd_profile(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
 
@@ -147,7 +155,7 @@ def _profile(args) -> int:
     from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
     from linlm.infer.report import print_table
 
-    archs = [a.strip() for a in args.archs.split(",") if a.strip()]
+    archs = profile_archs(args.archs)
     if not args.no_hf and "llama" in archs and HF_LLAMA not in archs:
         archs.append(HF_LLAMA)
     contexts = _int_list(args.contexts, "--contexts")

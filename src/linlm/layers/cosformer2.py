@@ -36,7 +36,7 @@ class CosFormer2Mixer(nn.Module):
         self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
         self.out = nn.Linear(d, d, bias=False)
         # The authors gate before the norm: Norm(o * gate) W_o. False is TNL's order, linlm's earlier choice.
-        self.gate_before_norm = cfg.cosformer2_gate_before_norm
+        self.gate_before_norm = cfg.options.gate_before_norm
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape

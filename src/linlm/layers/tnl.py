@@ -52,9 +52,10 @@ class TNLMixer(nn.Module):
         self.gate = LowRankGate(d, cfg.head_dim)
         self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
         self.out = nn.Linear(d, d, bias=False)
-        # The authors apply SiLU to v as well as to q and k; tnl_v_silu=False is linlm's earlier v (no activation).
-        self.v_silu = cfg.tnl_v_silu
-        self.register_buffer("log_decay", tnl_log_decay(H, layer_idx, cfg.n_layers, cfg.tnl_slopes), persistent=False)
+        # The authors apply SiLU to v as well as to q and k; options.v_silu=False is linlm's earlier v (no activation).
+        self.v_silu = cfg.options.v_silu
+        self.register_buffer("log_decay", tnl_log_decay(H, layer_idx, cfg.n_layers, cfg.options.slopes),
+                             persistent=False)
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape

@@ -63,7 +63,7 @@ class CausalLM(nn.Module):
         self.spec = spec
         d = config.d_model
         self.embed = nn.Embedding(config.vocab_size, d)
-        self.embed_mixer = spec.embed_mixer(config) if spec.embed_mixer is not None and config.tpe else None
+        self.embed_mixer = spec.embed_mixer(config) if spec.embed_mixer is not None else None
         self.shared = spec.shared(config) if spec.shared is not None else None
         self.layers = nn.ModuleList(Block(config, i, spec) for i in range(config.n_layers))
         self.norm = make_norm(spec.norm_kind(config), d, config.norm_eps)
@@ -149,6 +149,8 @@ class CausalLM(nn.Module):
         mine = self.state_signature()
         if state.signature is not None and state.signature != mine:
             diff = sorted(k for k in set(mine) | set(state.signature) if state.signature.get(k) != mine.get(k))
+            if "arch" in diff and "options" in diff:  # each architecture has its own options: arch says it
+                diff.remove("options")
             theirs = ", ".join(f"{k}={state.signature.get(k)!r}" for k in diff)
             ours = ", ".join(f"{k}={mine.get(k)!r}" for k in diff)
             raise ShapeError(f"state comes from another model ({theirs}) than this one ({ours}); pass a state made by "

@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 import torch
 
-from linlm.config import from_dict
 from linlm.errors import ConfigError, choices_text
 from linlm.models.block import Block
 from linlm.models.config import ModelConfig
@@ -39,7 +38,7 @@ for _name in PRESETS:
 
 def layer_params(values: dict) -> tuple[int, int]:
     """(parameters, active parameters) of one block of the config ``values``, built on the meta device."""
-    cfg = from_dict(ModelConfig, values).validate()
+    cfg = ModelConfig.from_dict(values)
     with torch.device("meta"):
         block = Block(cfg, 0, get_arch(cfg.arch))
     return sum(p.numel() for p in block.parameters()), active_params(block)
@@ -49,7 +48,7 @@ def preset_row(arch: str, preset: str) -> dict[str, Any]:
     """The fields ``preset`` sets for ``arch``, after the architecture's own preset rule."""
     if preset not in PRESETS:
         raise ConfigError(f"preset: unknown preset {preset!r}; valid choices are {choices_text(PRESETS)}")
-    row = {**ModelConfig().to_dict(), **PRESETS[preset], "arch": arch}
+    row = {**ModelConfig(arch=arch).to_dict(), **PRESETS[preset]}
     return get_arch(arch).preset_row(preset, row, layer_params)
 
 
@@ -58,4 +57,4 @@ def preset_config(arch: str, preset: Optional[str] = None, **overrides: Any) -> 
     if preset is not None:
         values.update(preset_row(arch, preset))
     values.update(overrides)
-    return from_dict(ModelConfig, values).validate()
+    return ModelConfig.from_dict(values)

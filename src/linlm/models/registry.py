@@ -45,6 +45,13 @@ def baseline_arch() -> str:
     return arch_names(BASELINE)[0]
 
 
+def arch_color(name: str) -> str:
+    """An architecture's colour in every plot; grey for a name not registered (a run of an architecture since
+    removed)."""
+    spec = ARCHITECTURES.get(name)
+    return spec.color if spec is not None else ArchSpec.color
+
+
 def get_arch(name: str) -> ArchSpec:
     if name not in ARCHITECTURES:
         raise ConfigError(f"arch: unknown architecture {name!r}; valid choices are {choices_text(ARCHITECTURES)}")

@@ -4,7 +4,7 @@ A ladder is a YAML file (the built-in ones live in ``linlm/scaling/ladders/``: `
 
     name: cpu
     description: ...
-    archs: [llama, tnl, hgrn2, cosformer2]   # the default --archs
+    archs: [llama, tnl]                      # optional: the default --archs (else the scaling study's set)
     max_epochs: 4                            # no run may see its training data more often than this
     jobs: 1                                  # runs trained at once, each in its own process (--jobs overrides)
     train: {...}                             # TrainConfig keys shared by every run (data, optim, schedule, ...)
@@ -32,6 +32,12 @@ from linlm.errors import ConfigError, LinlmError, choices_text
 LADDER_DIR = Path(__file__).resolve().parent / "ladders"
 
 
+def _study_archs() -> list[str]:
+    from linlm.models.registry import arch_names
+
+    return arch_names(scaling_study=True)
+
+
 @dataclass
 class Rung:
     name: str
@@ -46,7 +52,8 @@ class Ladder:
     name: str
     rungs: list[Rung]
     description: str = ""
-    archs: list[str] = field(default_factory=lambda: ["llama", "tnl", "hgrn2", "cosformer2"])
+    # The default --archs: the architectures of the scaling study (ArchSpec.scaling_study), read at build time.
+    archs: list[str] = field(default_factory=_study_archs)
     max_epochs: float = 4.0
     train: dict = field(default_factory=dict)
     # Extra torchrun arguments for --emit torchrun (e.g. "--nnodes=4 --nproc_per_node=8").

@@ -26,14 +26,14 @@ from linlm.scaling.analysis import Analysis
 from linlm.scaling.fits import PFLOPS_DAY, PowerLaw
 from linlm.scaling.paper import PAPER_TABLE3
 
-COLORS = {"llama": "tab:blue", "tnl": "tab:orange", "hgrn2": "tab:green", "cosformer2": "tab:red",
-          "mamba": "tab:purple", "mossnet": "tab:brown"}
 REPORT_FILES = ("report.md", "report.html", "loss_vs_compute.png", "optimal_allocation.png", "isoflop.png",
                 "fit.json")
 
 
 def _color(arch: str) -> str:
-    return COLORS.get(arch, "tab:gray")
+    from linlm.models.registry import arch_color
+
+    return arch_color(arch)
 
 
 DPI = 110
@@ -272,11 +272,14 @@ def build_blocks(a: Analysis, images: dict[str, bytes]) -> list[tuple]:
         b.append(("table", ["a", "b", "crossover C (PFLOP/s-days)", "95% CI", "lower loss beyond it"], rows))
     else:
         b.append(("p", "Fewer than two architectures have a fitted L(C)."))
+    from linlm.models.archs.base import LINEAR_ATTENTION
+    from linlm.models.registry import arch_names, baseline_arch
     from linlm.scaling.fits import crossover
     from linlm.scaling.paper import paper_law
 
-    paper_rows = [["llama", arch, f"{crossover(paper_law('llama'), paper_law(arch)):.3e}"]
-                  for arch in ("tnl", "hgrn2", "cosformer2")]
+    base = baseline_arch()
+    paper_rows = [[base, arch, f"{crossover(paper_law(base), paper_law(arch)):.3e}"]
+                  for arch in arch_names(LINEAR_ATTENTION, scaling_study=True) if arch in PAPER_TABLE3]
     b.append(("p", "For comparison, the crossovers implied by the paper's own L(C) (beyond them LLaMA's steeper law "
                    "gives the lower loss):"))
     b.append(("table", ["a", "b", "crossover C (PFLOP/s-days)"], paper_rows))

@@ -69,9 +69,9 @@ def locate(err: ConfigError, path: Optional[str | Path], from_file: Mapping, ove
 
 def _misplaced_model_keys(tree: Mapping) -> None:
     """The other commands' old spelling ``vocab_size=`` for ``model.overrides.vocab_size=``: name the new one."""
-    from linlm.models.config import ModelConfig
+    from linlm.models.config import model_keys
 
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    model_fields = model_keys()
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key, value in tree.items():
         if key in model_fields and key not in train_fields:

@@ -16,16 +16,15 @@ from linlm.train import checkpoint as ckpt
 
 def as_saved(model_config, checkpoint: Path, overrides: dict):
     """The model config to resume ``checkpoint`` with: a run started before an option's default changed
-    (``linlm.models.config.SAVED_BEFORE``) keeps computing what it computed, unless its config now sets that option.
+    (``ArchSpec.saved_before``) keeps computing what it computed, unless its config now sets that option.
     The checkpoint is verified later; an unreadable config.json changes nothing here."""
-    from linlm.models.config import SAVED_BEFORE
+    from linlm.models.config import resume_options
 
     try:
         saved = json.loads((checkpoint / "config.json").read_text()).get("config", {})
     except (OSError, ValueError, AttributeError):
         return model_config
-    keep = {k: v for k, v in SAVED_BEFORE.items() if k not in saved and k not in overrides}
-    return model_config.replace(**keep) if keep else model_config
+    return resume_options(model_config, saved, overrides)
 
 
 def load_initial_weights(model: nn.Module, model_config, source: str) -> Path:
@@ -33,7 +32,10 @@ def load_initial_weights(model: nn.Module, model_config, source: str) -> Path:
     returns the checkpoint's path. A checkpoint of another model, or with non-finite weights, is refused."""
     path = ckpt.resolve_checkpoint(source)
     c = ckpt.load_checkpoint(path, verified=True)
-    theirs = json.loads((path / "config.json").read_text()).get("config", {})
+    from linlm.models.config import ModelConfig
+
+    # Read as a saved config, so that one written with the options' earlier flat spellings compares equal.
+    theirs = ModelConfig.from_saved(json.loads((path / "config.json").read_text()).get("config", {})).to_dict()
     mine = model_config.to_dict()
     differ = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
     if differ:

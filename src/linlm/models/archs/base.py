@@ -7,8 +7,9 @@ so that the registry stays below models/config.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
 from torch import nn
 
@@ -28,6 +29,11 @@ FAMILIES = (BASELINE, LINEAR_ATTENTION, SSM, MIXTURE)
 
 
 @dataclass(frozen=True)
+class NoOptions:
+    """The options of an architecture that has none of its own."""
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     name: str
     mixer: Callable[..., nn.Module]  # (cfg, layer_idx) -> token mixer
@@ -43,8 +49,8 @@ class ArchSpec:
     paper_flops: Optional[Callable[..., float]] = None
     # Model-level module whose output every layer receives as ctx (HGRN2's lower-bound table).
     shared: Optional[Callable[..., nn.Module]] = None
-    # Applied once to the embeddings (cosFormer2's TPE), when the config enables it.
-    embed_mixer: Optional[Callable[..., nn.Module]] = None
+    # (cfg) -> a module applied once to the embeddings, or None when the config turns it off (cosFormer2's TPE).
+    embed_mixer: Optional[Callable[..., Optional[nn.Module]]] = None
     # True when the decoding state does not grow with the context.
     constant_state: bool = True
     # True when inputs longer than cfg.max_seq_len must be refused.
@@ -53,10 +59,22 @@ class ArchSpec:
     extra_validate: Optional[Callable[..., None]] = None
     # (preset name, row: full dict of ModelConfig fields, layer counter) -> the row this architecture uses.
     preset_rule: Optional[Callable[[str, dict, LayerCounter], dict]] = None
+    # The options of this architecture alone: a frozen dataclass whose every field has a default (the authors'
+    # choice); ModelConfig.options holds one. Its validate(), when defined, raises ConfigError for bad values.
+    options: type = NoOptions
+    # Earlier spellings of these options as flat ModelConfig fields ({"tnl_v_silu": "v_silu"}): still read.
+    flat_options: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # The value each option had before it existed ({"v_silu": False}): a config saved then, which lacks the
+    # option, is read back with it (ModelConfig.from_saved), so that it computes what it computed.
+    saved_before: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"ArchSpec {self.name!r}: family {self.family!r} is not one of {FAMILIES}")
+        names = {f.name for f in dataclasses.fields(self.options)}
+        unknown = sorted({*self.flat_options.values(), *self.saved_before} - names)
+        if unknown:
+            raise ValueError(f"ArchSpec {self.name!r}: {unknown} are not fields of {self.options.__name__}")
 
     def validate(self, cfg) -> None:
         if self.extra_validate is not None:

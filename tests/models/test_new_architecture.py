@@ -1,0 +1,162 @@
+"""An architecture is one module-like object and one registry line: a toy one, added here, is seen everywhere.
+
+The toy mixes tokens with a running mean of decay ``options.decay``: h_t = a h_(t-1) + (1 - a) x_t (h restarts at
+a document start), y_t = W h_t. It has an option of its own, so that its options travel as the built-in ones do.
+"""
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from linlm.cli import main
+from linlm.config import config_error
+from linlm.models.archs.base import ArchSpec, sglu
+from linlm.models.lm import create_model
+from linlm.models.registry import ARCHITECTURES, arch_color, arch_names
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@dataclass(frozen=True)
+class ToyOptions:
+    decay: float = 0.5
+
+    def validate(self) -> None:
+        if not 0 <= self.decay < 1:
+            raise config_error("options.decay", f"must be in [0, 1), got {self.decay}")
+
+
+class ToyMixer(nn.Module):
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        self.decay = cfg.options.decay
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
+        h = x.new_zeros(x.shape[0], x.shape[2]) if state is None else state
+        ys = []
+        for t in range(x.shape[1]):
+            if reset is not None:
+                h = torch.where(reset[:, t, None], torch.zeros_like(h), h)
+            h = self.decay * h + (1 - self.decay) * x[:, t]
+            ys.append(h)
+        return self.out(torch.stack(ys, dim=1)), (h if return_state else None)
+
+
+TOY = ArchSpec("toy", ToyMixer, sglu, "srms", "Toy: a running mean of the past tokens", color="tab:olive",
+               scaling_study=True, options=ToyOptions, flat_options={"toy_decay": "decay"},
+               saved_before={"decay": 0.25})
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """The toy's registry line, for this test only."""
+    assert "toy" not in ARCHITECTURES
+    monkeypatch.setitem(ARCHITECTURES, "toy", TOY)
+    yield TOY
+    monkeypatch.undo()
+    assert "toy" not in ARCHITECTURES
+
+
+def test_the_toy_is_listed_counted_and_checked(toy, capsys):
+    assert main(["archs"]) == 0
+    assert "Toy: a running mean of the past tokens" in capsys.readouterr().out
+    assert main(["count", "--arch", "toy", "--preset", "tiny", "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out)
+    assert counted["arch"] == "toy" and counted["config"]["options"] == {"decay": 0.5}
+    model = create_model("toy", preset="tiny")
+    assert counted["total_params"] == sum(p.numel() for p in model.parameters())
+    # `linlm check` with its default (every architecture) builds the toy and checks its decoding.
+    from linlm.commands.check import run_check
+
+    rows = {r["arch"]: r for r in run_check()}
+    assert list(rows) == arch_names() and "toy" in rows
+    assert rows["toy"]["max_logit_diff"] < 1e-5 and rows["toy"]["state_bytes"] == 64 * 4 * 2  # 2 layers of [1, 64]
+    assert main(["check", "--archs", "toy"]) == 0
+    assert "toy" in capsys.readouterr().out
+
+
+def test_the_toy_options_are_read_validated_and_saved(toy, tmp_path):
+    import linlm
+    from linlm.models.config import ModelConfig
+
+    model = create_model("toy", preset="tiny", options={"decay": 0.9})
+    assert model.layers[0].mixer.decay == 0.9
+    assert create_model("toy", preset="tiny", toy_decay=0.8).config.options == ToyOptions(0.8)  # its flat spelling
+    with pytest.raises(linlm.errors.ConfigError, match=r"^toy_decay: must be in \[0, 1\), got 1.5$"):
+        create_model("toy", toy_decay=1.5)
+    with pytest.raises(linlm.errors.ConfigError, match=r"^options.decay: must be in \[0, 1\), got 1.5$"):
+        create_model("toy", options={"decay": 1.5})
+    model.save(tmp_path / "m")
+    ids = torch.randint(0, 512, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(linlm.load(tmp_path / "m")(ids), model(ids))
+    # A config saved before the option existed reads back with the value of then.
+    data = {k: v for k, v in model.config.to_dict().items() if k != "options"}
+    assert ModelConfig.from_saved(data).options == ToyOptions(0.25)
+
+
+def test_the_toy_has_transformers_classes(toy, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from linlm.hf.configuration import CONFIG_CLASSES
+    from linlm.hf.modeling import MODEL_CLASSES, to_hf
+
+    assert "toy" in MODEL_CLASSES and "toy" in CONFIG_CLASSES and "toy" in list(MODEL_CLASSES)
+    model = create_model("toy", preset="tiny", options={"decay": 0.75}).eval()
+    to_hf(model).save_pretrained(tmp_path / "hf")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(back) is MODEL_CLASSES["toy"] and type(back).__name__ == "LinlmToyForCausalLM"
+    assert back.model.config.options == ToyOptions(0.75)
+    ids = torch.randint(0, 512, (1, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids), rtol=0, atol=0)
+
+
+def test_the_toy_is_on_the_scaling_ladders_and_in_the_plots(toy, tmp_path):
+    from linlm.scaling.ladder import ladder_from_dict, load_ladder, plan_runs
+
+    assert "toy" in load_ladder("smoke").archs
+    ladder = ladder_from_dict({"rungs": [{"name": "xs", "model": {"n_layers": 1, "d_model": 16, "n_heads": 1},
+                                          "tokens": 4096}],
+                               "train": {"data": {"seq_len": 32}, "batch_size": 4}}, "toy-ladder", "test")
+    assert ladder.archs == arch_names(scaling_study=True) and ladder.archs[-1] == "toy"
+    runs = {r.name: r for r in plan_runs(ladder, None, tmp_path)}
+    assert "toy-xs" in runs and runs["toy-xs"].config.model.arch == "toy" and runs["toy-xs"].params > 0
+    assert arch_color("toy") == "tab:olive"
+
+
+def test_the_toy_is_in_the_eval_and_profile_defaults(toy):
+    from linlm.eval.cli import mqar_archs
+    from linlm.infer.cli import profile_archs
+
+    assert profile_archs(None) == arch_names() and "toy" in profile_archs(None)
+    assert "toy" in mqar_archs() and "mossnet" not in mqar_archs()  # MossNet's runs are --experts'
+    assert profile_archs("tnl, llama") == ["tnl", "llama"]
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"_registry_test_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["bench_decode", "bench_eval", "bench_resets", "bench_train_step"])
+def test_the_toy_is_in_the_benchmark_defaults(toy, name, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option in --help
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put benchmarks/ on it
+    bench = _bench(name)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    archs_help = text[text.index("\n  --archs"):].split("\n  --")[1]  # up to the next option
+    assert "toy" in archs_help and "mossnet" in archs_help
+    if name == "bench_decode":
+        assert "toy" in bench.constant_state_archs() and "llama" not in bench.constant_state_archs()
