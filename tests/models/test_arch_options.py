@@ -18,7 +18,7 @@ from linlm.models.archs.tnl import TNLMixer, TNLOptions
 from linlm.models.config import ModelConfig, model_keys, resume_options
 from linlm.models.format import config_checksum
 from linlm.models.lm import CausalLM, create_model
-from linlm.train.config import build_config, build_model_config, load_train_config
+from linlm.train.config_loading import build_config, build_model_config, load_train_config
 
 # A model config as linlm wrote it in config.json before options were nested: every option a flat field, those of
 # every architecture in every config. Written out by hand, not by the code under test.

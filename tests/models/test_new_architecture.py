@@ -132,7 +132,7 @@ def test_the_toy_is_on_the_scaling_ladders_and_in_the_plots(toy, tmp_path):
 
 
 def test_the_toy_is_in_the_eval_and_profile_defaults(toy):
-    from linlm.eval.cli import mqar_archs
+    from linlm.experiments.mqar import default_archs as mqar_archs
     from linlm.infer.cli import profile_archs
 
     assert profile_archs(None) == arch_names() and "toy" in profile_archs(None)
