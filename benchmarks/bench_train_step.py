@@ -227,7 +227,8 @@ def profile_phase(entries, phase: dict, args) -> None:
 
 
 def peak_rss_child(argv) -> int:
-    """Child of --memory: build one model, run warm-up + 2 steps, print the process's peak RSS in bytes."""
+    """Child of --memory: build one model, run warm-up + 2 steps, print the process's peak RSS in bytes and the minor
+    page faults per step of the two steps after the warm-up (fresh pages touched, this model alone in its process)."""
     arch, kernel, shape, dtype, seq, vocab = argv
     args = argparse.Namespace(vocab=int(vocab))
     threads = DEMO["threads"] if shape == "demo" else None
@@ -235,9 +236,12 @@ def peak_rss_child(argv) -> int:
                  batch=DEMO["batch"] if shape == "demo" else 1)
     with num_threads(threads):
         _, _, step = build((arch, "fused", None if kernel == "-" else kernel), phase, args)
-        for _ in range(3):
+        step()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(2):
             step()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 2
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, faults)
     return 0
 
 
@@ -252,9 +256,12 @@ def peak_rss(entries, phases, args) -> list[dict]:
             cmd = [sys.executable, __file__, "--_peak-rss-child", arch, kernel or "-", ph["shape"], ph["dtype"],
                    str(ph["seq"]), str(args.vocab)]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            rss = int(proc.stdout.strip().splitlines()[-1])
-            out.append(dict(arch=row_name(arch, "fused", kernel), phase=ph["name"], peak_rss_bytes=rss))
-            print(f"  [{ph['name']}] {out[-1]['arch']:>22}: peak RSS {rss / 2**20:,.0f} MiB", flush=True)
+            rss, faults = proc.stdout.strip().splitlines()[-1].split()
+            rss = int(rss)
+            out.append(dict(arch=row_name(arch, "fused", kernel), phase=ph["name"], peak_rss_bytes=rss,
+                            page_faults_per_step=float(faults)))
+            print(f"  [{ph['name']}] {out[-1]['arch']:>22}: peak RSS {rss / 2**20:,.0f} MiB, "
+                  f"{float(faults):,.0f} page faults/step", flush=True)
     return out
 
 
