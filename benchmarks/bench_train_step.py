@@ -226,9 +226,13 @@ def profile_phase(entries, phase: dict, args) -> None:
                                         max_name_column_width=40))
 
 
+WARM_STEPS, COUNTED_STEPS = 3, 3
+
+
 def peak_rss_child(argv) -> int:
-    """Child of --memory: build one model, run warm-up + 2 steps, print the process's peak RSS in bytes and the minor
-    page faults per step of the two steps after the warm-up (fresh pages touched, this model alone in its process)."""
+    """Child of --memory: build one model, run WARM_STEPS steps, then COUNTED_STEPS more; print the process's peak RSS
+    in bytes and the median minor page faults of the counted steps (fresh pages touched, this model alone in its
+    process: a step that reuses its memory touches none)."""
     arch, kernel, shape, dtype, seq, vocab = argv
     args = argparse.Namespace(vocab=int(vocab))
     threads = DEMO["threads"] if shape == "demo" else None
@@ -236,12 +240,14 @@ def peak_rss_child(argv) -> int:
                  batch=DEMO["batch"] if shape == "demo" else 1)
     with num_threads(threads):
         _, _, step = build((arch, "fused", None if kernel == "-" else kernel), phase, args)
-        step()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(2):
+        for _ in range(WARM_STEPS):  # the optimiser's state and the allocator's heap grow over the first steps
             step()
-        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 2
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, faults)
+        faults = []
+        for _ in range(COUNTED_STEPS):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            step()
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, statistics.median(faults))
     return 0
 
 
