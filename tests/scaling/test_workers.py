@@ -127,6 +127,7 @@ def test_jobs_must_be_positive_and_the_plan_counts_them(tmp_path, capsys):
 def test_time_left_follows_the_seconds_per_step_of_finished_runs():
     from types import SimpleNamespace
 
+    from linlm.scaling.ladder import PlannedRun
     from linlm.scaling.runner import GridProgress, fit_step_time
 
     # seconds per step = 0.02 + 1e-10 x FLOPs per step, recovered exactly; one size only: a pure rate.
@@ -136,8 +137,9 @@ def test_time_left_follows_the_seconds_per_step_of_finished_runs():
     assert fit_step_time([(1e8, 0.2), (1e9, 0.1)]) == pytest.approx((0.15, 0.0))  # noise: no negative slope
 
     def row(name, steps, flops_per_token):
-        run = SimpleNamespace(name=name, tokens=steps * 100, tokens_per_step=100, flops_per_token=flops_per_token,
-                              head_flops_per_token=0.0, config=SimpleNamespace(steps=steps))
+        run = PlannedRun(name=name, arch="x", rung=name, config=SimpleNamespace(steps=steps), tokens=steps * 100,
+                         tokens_per_step=100, params=1, paper_flops_per_token=flops_per_token,
+                         head_flops_per_token=0.0)
         return SimpleNamespace(run=run, status="todo")
 
     rows = [row("a", 10, 1e6), row("b", 10, 1e7), row("c", 100, 1e7), row("d", 100, 1e6)]

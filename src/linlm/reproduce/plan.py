@@ -14,7 +14,7 @@ from linlm.scaling.fits import PFLOPS_DAY
 
 def training_flops(rows) -> float:
     """FLOPs the runs of a plan will spend, the LM head included (what a GPU-hour estimate needs)."""
-    return sum(r.run.tokens * (r.run.flops_per_token + r.run.head_flops_per_token) for r in rows)
+    return sum(r.run.training_flops for r in rows)
 
 
 def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:

@@ -12,7 +12,7 @@ or that holds a run started with settings that change what it computes (:func:`c
 run trained otherwise would be mixed into the fits without a word).
 
 Loss is logged every optimizer step, i.e. at a fixed interval of ``batch_size x seq_len`` tokens; compute is
-the library's count (:func:`linlm.models.counting.count`, the paper's convention) times the tokens seen.
+C, the paper FLOPs per token (:mod:`linlm.models.cost`) times the tokens seen.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from linlm.errors import ConfigError, DataError
 from linlm.locking import DirLock, check_unlocked
 from linlm.scaling.fits import PFLOPS_DAY
 from linlm.scaling.ladder import Ladder, PlannedRun, plan_runs
-from linlm.scaling.runs import META_FILE, run_finished
+from linlm.models.cost import training_flops
+from linlm.scaling.runs import FLOPS_KEY, META_FILE, run_finished
 from linlm.scaling.workers import run_pool, train_run
 
 PLAN_FILE = "plan.json"
@@ -82,7 +83,7 @@ def run_meta(run: PlannedRun, ladder: Ladder, data: DataInfo) -> dict:
     cfg = run.config
     epochs = run.tokens / data.train_tokens if data.train_tokens else None
     return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params,
-            "flops_per_token": run.flops_per_token, "head_flops_per_token": run.head_flops_per_token,
+            FLOPS_KEY: run.paper_flops_per_token, "head_flops_per_token": run.head_flops_per_token,
             "tokens_per_step": run.tokens_per_step, "log_interval_tokens": run.tokens_per_step,
             "steps": cfg.steps, "tokens": run.tokens, "compute_flops": run.compute,
             "compute_pflops_days": run.compute / PFLOPS_DAY,
@@ -167,11 +168,6 @@ class PlanRow:
     status: str
 
 
-def _step_flops(row: PlanRow) -> float:
-    r = row.run
-    return float(r.tokens_per_step * (r.flops_per_token + r.head_flops_per_token))
-
-
 def estimate(rows: list[PlanRow], flops_per_s: Optional[float], measure: bool,
              say: Callable[[str], None]) -> None:
     """Fill each row's estimated seconds: from ``flops_per_s`` (training FLOPs incl. the LM head), else from
@@ -189,7 +185,8 @@ def estimate(rows: list[PlanRow], flops_per_s: Optional[float], measure: bool,
             r = row.run
             c = count(r.config.model_config(vocab_size=vocab_guess(r.config, row.data)),
                       batch=r.config.batch_size, seq_len=r.config.data.seq_len)
-            row.seconds = r.tokens * (c["flops_per_token"] + c["lm_head_flops_per_token"]) / flops_per_s
+            spent = training_flops(r.tokens, c["counted_flops_per_token"], c["lm_head_flops_per_token"])
+            row.seconds = spent / flops_per_s
         return
     if not measure:
         return
@@ -198,7 +195,7 @@ def estimate(rows: list[PlanRow], flops_per_s: Optional[float], measure: bool,
         if row.run.params <= MEASURE_MAX_PARAMS:
             by_arch.setdefault(row.run.arch, []).append(row)
     for group in by_arch.values():
-        group.sort(key=_step_flops)
+        group.sort(key=lambda row: row.run.step_flops)
         timed = [group[0], group[-1]] if len(group) >= 3 else group
         per_step = {}
         for row in timed:
@@ -209,7 +206,7 @@ def estimate(rows: list[PlanRow], flops_per_s: Optional[float], measure: bool,
             if id(row) in per_step:
                 s = per_step[id(row)]
             else:
-                f = (_step_flops(row) - _step_flops(lo)) / max(1.0, _step_flops(hi) - _step_flops(lo))
+                f = (row.run.step_flops - lo.run.step_flops) / max(1.0, hi.run.step_flops - lo.run.step_flops)
                 s = per_step[id(lo)] + f * (per_step[id(hi)] - per_step[id(lo)])
             row.seconds = row.run.config.steps * s
 
@@ -447,7 +444,7 @@ class GridProgress:
         todo = [r for r in rows if r.status != "done"]
         self.work = {r.run.name: self._work(r) for r in todo}
         self.steps = {r.run.name: r.run.config.steps for r in todo}
-        self.step_flops = {r.run.name: _step_flops(r) for r in todo}
+        self.step_flops = {r.run.name: r.run.step_flops for r in todo}
         self.stepped = {name: 0 for name in self.steps}  # steps reported here, per run
         self.samples: list[tuple[float, float]] = []
         self.line: Optional[tuple[float, float]] = None
@@ -466,8 +463,7 @@ class GridProgress:
 
     @staticmethod
     def _work(row: PlanRow) -> float:
-        r = row.run
-        return float(r.tokens * (r.flops_per_token + r.head_flops_per_token))
+        return row.run.training_flops
 
     def eta(self) -> Optional[float]:
         if self.line is not None:
