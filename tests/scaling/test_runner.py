@@ -189,7 +189,7 @@ def test_a_directory_that_is_no_sweep_of_the_ladder_is_refused_unchanged(tmp_pat
     for path, error, match in cases:
         with pytest.raises(error, match=match):
             run_grid(ladder, ["llama"], path, overrides=over, say=lambda s: None)
-    from linlm.scaling.runner import check_sweep_dir
+    from linlm.scaling.sweepdir import check_sweep_dir
 
     with pytest.raises(ConfigError, match="--scaling-dir .*typo: does not exist"):
         check_sweep_dir(tmp_path / "typo", ladder, "--scaling-dir", must_exist=True)

@@ -230,7 +230,7 @@ def check_settings(job: "Job", finished: list[str], *, replace: bool, from_marke
     settings of sections still to run are checked; ``replace``: the job's own sweeps are about to be removed."""
     from linlm.reproduce.sections import check_task_dir
     from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import check_started_runs, check_sweep_dir
+    from linlm.scaling.sweepdir import check_started_runs, check_sweep_dir
 
     todo = [s for s in SECTIONS if s not in finished]
 
@@ -461,7 +461,7 @@ class Job:
     def emit(self, name: str) -> Optional[dict]:
         """torchrun mode: write the commands once; the section is done when every run has finished."""
         from linlm.scaling.ladder import plan_runs
-        from linlm.scaling.runner import emit_torchrun
+        from linlm.scaling.plan import emit_torchrun
         from linlm.scaling.runs import run_finished
 
         ladder, sweep = self.ladder(name), self.sweep(name)

@@ -20,8 +20,10 @@ def training_flops(rows) -> float:
 def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
     from linlm.reproduce.job import Job
     from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import estimate, plan_rows, wall_seconds
-    from linlm.scaling.runner import print_plan as print_ladder
+    from linlm.scaling.estimate import estimate
+    from linlm.scaling.plan import plan_rows
+    from linlm.scaling.plan import print_plan as print_ladder
+    from linlm.scaling.progress import wall_seconds
 
     file = file or sys.stdout
     preset = load_preset(preset_name)

@@ -1,8 +1,9 @@
-"""Reading a scaling directory: every training run under it, as a curve the fits can use.
+"""The runs of a scaling directory: what each says about itself (scaling.json), and reading them all back as
+curves the fits can use.
 
 A scaling directory (``linlm scaling run --out DIR``) holds ``DIR/runs/<arch>-<rung>/``, each an ordinary
-training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) plus ``scaling.json``,
-written before training starts: the architecture, non-embedding parameters N, training FLOPs
+training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) plus ``scaling.json``
+(:func:`run_meta`), written before training starts: the architecture, non-embedding parameters N, training FLOPs
 per token (``paper_flops_per_token``, paper convention: embeddings and LM head excluded; files written before
 that name say ``flops_per_token``, and are read too), the LM head's FLOPs per token, tokens per step, the
 planned steps, and the data it trains on (source, tokenizer, the prepared data's fingerprints, its token count
@@ -23,7 +24,9 @@ from typing import Optional
 import numpy as np
 
 from linlm.errors import DataError, LinlmError
-from linlm.scaling.fits import Curve
+from linlm.scaling.data import DataInfo
+from linlm.scaling.fits import PFLOPS_DAY, Curve
+from linlm.scaling.ladder import Ladder, PlannedRun
 
 META_FILE = "scaling.json"
 METRICS = "metrics.jsonl"
@@ -35,6 +38,20 @@ def flops_key(meta: dict) -> str:
     """The key of the paper FLOPs per token in the run description ``meta``: the old name in a file that has only
     that one, else the current name."""
     return OLD_FLOPS_KEY if FLOPS_KEY not in meta and OLD_FLOPS_KEY in meta else FLOPS_KEY
+
+
+def run_meta(run: PlannedRun, ladder: Ladder, data: DataInfo) -> dict:
+    """What ``run``'s scaling.json says: the plan of the run and the data it trains on."""
+    cfg = run.config
+    epochs = run.tokens / data.train_tokens if data.train_tokens else None
+    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params,
+            FLOPS_KEY: run.paper_flops_per_token, "head_flops_per_token": run.head_flops_per_token,
+            "tokens_per_step": run.tokens_per_step, "log_interval_tokens": run.tokens_per_step,
+            "steps": cfg.steps, "tokens": run.tokens, "compute_flops": run.compute,
+            "compute_pflops_days": run.compute / PFLOPS_DAY,
+            "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer,
+                     "source_fingerprint": data.source_fingerprint, "tokenizer_fingerprint": data.tokenizer_fingerprint,
+                     "train_tokens": data.train_tokens, "epochs": epochs}}
 
 
 @dataclass
