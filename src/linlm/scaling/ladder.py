@@ -114,7 +114,8 @@ class PlannedRun:
     tokens_per_step: int
     params: int  # non-embedding (active) parameters
     paper_flops_per_token: float  # training FLOPs per token, paper convention (embeddings and LM head excluded)
-    head_flops_per_token: float  # training FLOPs per token of the LM head (spent, but not in C)
+    head_flops_per_token: float  # training FLOPs per token of the LM head (spent, but not in C), at the vocabulary
+    # the config sets, else at linlm.models.cost.STAND_IN_VOCAB: the plan is made before the tokenizer is known
 
     @property
     def compute(self) -> float:
