@@ -50,6 +50,7 @@ from linlm import create_model  # noqa: E402
 from linlm.devices import native_bf16  # noqa: E402
 from linlm.train.config import OptimSection  # noqa: E402
 from linlm.train.optim import build_optimizer  # noqa: E402
+from linlm.models.cost import training_flops  # noqa: E402
 from linlm.models.counting import count  # noqa: E402
 from linlm.models.registry import arch_names  # noqa: E402
 
@@ -180,7 +181,7 @@ def time_rounds(entries, phase: dict, args) -> list[dict]:
         seconds = statistics.median(times[name])
         tokens = batch * n
         c = count(cfg, batch=batch, seq_len=n)
-        flops = (c["flops_per_token"] + c["lm_head_flops_per_token"]) * tokens
+        flops = training_flops(tokens, c["counted_flops_per_token"], c["lm_head_flops_per_token"])
         out.append(dict(arch=name, **phase, seq_len=n, clock=args.clock, seconds_per_step=seconds,
                         step_seconds=times[name], steps_per_round=per_round[name], tokens_per_s=tokens / seconds,
                         model_flops_per_step=flops,

@@ -78,14 +78,15 @@ def test_counted_flops_close_to_paper_linear_terms():
     # 6N from the layer shapes must agree with the paper's leading 72 b n l d^2 term (= 6 x 12 l d^2 per token)
     # up to the GLU width, which the paper's formula idealises as 8/3 d.
     c = count_preset("llama", "paper-7b", batch=1, seq_len=8192)
-    linear_only = c["flops_per_token"] - 3 * 32 * 2 * 8193 * 4096  # minus causal attention
+    linear_only = c["counted_flops_per_token"] - 3 * 32 * 2 * 8193 * 4096  # minus causal attention
     assert abs(linear_only - 6 * c["non_embedding_params"]) / linear_only < 0.01
 
 
 def test_count_cli_json(capsys):
     assert main(["count", "--arch", "tnl", "--preset", "paper-70m", "--batch", "2", "--seq-len", "128", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for key in ("non_embedding_params", "total_params", "flops_per_step", "flops_per_token"):
+    for key in ("non_embedding_params", "total_params", "flops_per_step", "counted_flops_per_token"):
         assert key in data
+    assert "flops_per_token" not in data  # counted and paper FLOPs per token have their own names
     assert data["total_params"] == data["non_embedding_params"] + 100_280 * 512
     assert data["batch"] == 2 and data["seq_len"] == 128

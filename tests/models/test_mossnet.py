@@ -400,7 +400,7 @@ def test_active_params_and_flops_follow_policy():
     per_expert = m._per_expert_params()
     n_layers, E, k = 2, 4, 2
     assert dense["active_non_embedding_params"] - routed["active_non_embedding_params"] == n_layers * (E - k) * per_expert
-    assert dense["flops_per_token"] > routed["flops_per_token"]
+    assert dense["counted_flops_per_token"] > routed["counted_flops_per_token"]
     assert routed["flops_per_step_source"] == "counted from layer shapes"
     assert routed["flops_per_step"] == 3 * routed["forward_flops_per_token"] * 256
 

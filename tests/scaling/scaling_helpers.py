@@ -12,12 +12,13 @@ A, B, ALPHA, BETA = 406.4, 410.7, 0.34, 0.28
 
 
 def write_run(root: Path, name: str, arch: str, params: float, tokens, loss, *, tokenizer: str = "bpe:1024",
-              finished: bool = True) -> Path:
+              finished: bool = True, flops_key: str = "paper_flops_per_token") -> Path:
+    """``flops_key``: the name of the FLOPs per token in scaling.json (``flops_per_token`` in older files)."""
     run = root / "runs" / name
     run.mkdir(parents=True)
     tokens = list(tokens)
     last = tokens[-1] if tokens else 0
-    meta = {"ladder": "synthetic", "arch": arch, "rung": name, "params": params, "flops_per_token": 6.0 * params,
+    meta = {"ladder": "synthetic", "arch": arch, "rung": name, "params": params, flops_key: 6.0 * params,
             "head_flops_per_token": 0.0, "tokens_per_step": tokens[0] if tokens else 1, "steps": len(tokens), "tokens": last,
             "data": {"source": "synthetic", "tokenizer": tokenizer, "source_fingerprint": "s0",
                      "tokenizer_fingerprint": tokenizer, "train_tokens": 10 * last, "epochs": 0.1}}

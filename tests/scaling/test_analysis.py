@@ -124,7 +124,7 @@ def test_plain_training_run_directories_are_read(tmp_path):
     (r,) = load_runs(tmp_path / "plain").runs
     want = count(preset_config("tnl", None, n_layers=2, d_model=64, n_heads=2), batch=4, seq_len=32)
     assert r.curve.params == want["active_non_embedding_params"]
-    assert math.isclose(r.curve.flops_per_token, want["flops_per_step"] / 128)
+    assert math.isclose(r.curve.paper_flops_per_token, want["flops_per_step"] / 128)
 
 
 @pytest.mark.parametrize("case, reason", [

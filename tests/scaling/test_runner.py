@@ -28,7 +28,7 @@ def test_smoke_ladder_end_to_end_then_report(tmp_path, text_file, capsys):
     assert outputs.owns_file(out / "runs" / "tnl-s" / "scaling.json")
     meta = json.loads((out / "runs" / "tnl-s" / "scaling.json").read_text())
     assert 0 < meta["data"]["epochs"] <= 4 and meta["compute_flops"] == pytest.approx(
-        meta["flops_per_token"] * meta["tokens"])
+        meta["paper_flops_per_token"] * meta["tokens"])
     recs = [json.loads(line) for line in (out / "runs" / "tnl-s" / "metrics.jsonl").read_text().splitlines()]
     assert [r["tokens"] for r in recs] == [meta["log_interval_tokens"] * (i + 1) for i in range(meta["steps"])]
     # A second invocation finds everything finished.
@@ -98,7 +98,7 @@ def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
     assert (cfg.batch_size, cfg.data.seq_len, cfg.optim.lr, cfg.optim.weight_decay) == (480, 8192, 3e-4, 0.1)
     assert cfg.steps * 480 * 8192 >= 300e9 and cfg.model.preset == "paper-1b"
     meta = json.loads((out / "runs" / "llama-70m" / "scaling.json").read_text())
-    assert meta["flops_per_token"] * 480 * 8192 / 1e15 == pytest.approx(1.6, abs=0.05)  # the paper's 1.6 PFLOPs
+    assert meta["paper_flops_per_token"] * 480 * 8192 / 1e15 == pytest.approx(1.6, abs=0.05)  # the paper's 1.6 PFLOPs
     # The configs, the metas and the plan (which marks the directory as this ladder's sweep) are linlm's.
     assert outputs.owns_file(out / "configs" / "tnl-1b.yaml") and outputs.owns_file(out / "plan.json")
     assert json.loads((out / "plan.json").read_text())["ladder"] == "paper"
@@ -189,7 +189,7 @@ def test_a_directory_that_is_no_sweep_of_the_ladder_is_refused_unchanged(tmp_pat
     for path, error, match in cases:
         with pytest.raises(error, match=match):
             run_grid(ladder, ["llama"], path, overrides=over, say=lambda s: None)
-    from linlm.scaling.runner import check_sweep_dir
+    from linlm.scaling.sweepdir import check_sweep_dir
 
     with pytest.raises(ConfigError, match="--scaling-dir .*typo: does not exist"):
         check_sweep_dir(tmp_path / "typo", ladder, "--scaling-dir", must_exist=True)

@@ -16,7 +16,8 @@ import yaml
 from linlm import outputs
 from linlm.errors import CheckpointError, ConfigError
 from linlm.scaling.ladder import load_ladder, plan_runs
-from linlm.scaling.runner import run_grid, wall_seconds
+from linlm.scaling.progress import wall_seconds
+from linlm.scaling.runner import run_grid
 from linlm.scaling.workers import WorkerError
 
 
@@ -127,7 +128,8 @@ def test_jobs_must_be_positive_and_the_plan_counts_them(tmp_path, capsys):
 def test_time_left_follows_the_seconds_per_step_of_finished_runs():
     from types import SimpleNamespace
 
-    from linlm.scaling.runner import GridProgress, fit_step_time
+    from linlm.scaling.ladder import PlannedRun
+    from linlm.scaling.progress import GridProgress, fit_step_time
 
     # seconds per step = 0.02 + 1e-10 x FLOPs per step, recovered exactly; one size only: a pure rate.
     assert fit_step_time([(1e8, 0.03), (1e9, 0.12), (5e8, 0.07)]) == pytest.approx((0.02, 1e-10))
@@ -135,13 +137,13 @@ def test_time_left_follows_the_seconds_per_step_of_finished_runs():
     assert fit_step_time([(1e9, 0.5), (1.2e9, 0.4)]) == pytest.approx((0.0, 0.9 / 2.2e9))  # too close to fit a line
     assert fit_step_time([(1e8, 0.2), (1e9, 0.1)]) == pytest.approx((0.15, 0.0))  # noise: no negative slope
 
-    def row(name, steps, flops_per_token):
-        run = SimpleNamespace(name=name, tokens=steps * 100, tokens_per_step=100, flops_per_token=flops_per_token,
-                              head_flops_per_token=0.0, config=SimpleNamespace(steps=steps))
-        return SimpleNamespace(run=run, status="todo")
+    def run(name, steps, flops_per_token):
+        return PlannedRun(name=name, arch="x", rung=name, config=SimpleNamespace(steps=steps), tokens=steps * 100,
+                          tokens_per_step=100, params=1, paper_flops_per_token=flops_per_token,
+                          head_flops_per_token=0.0)
 
-    rows = [row("a", 10, 1e6), row("b", 10, 1e7), row("c", 100, 1e7), row("d", 100, 1e6)]
-    p = GridProgress(rows, live=False, say=lambda s: None, jobs=2)
+    todo = [run("a", 10, 1e6), run("b", 10, 1e7), run("c", 100, 1e7), run("d", 100, 1e6)]
+    p = GridProgress(todo, live=False, say=lambda s: None, jobs=2)
     assert p.eta() is None
     for name, secs in (("a", 10 * (0.02 + 1e-10 * 1e8)), ("b", 10 * (0.02 + 1e-10 * 1e9))):
         for _ in range(10):

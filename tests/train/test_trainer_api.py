@@ -102,3 +102,18 @@ def test_training_and_benchmark_imports_leave_the_allocator_alone(tiny_data, tmp
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO / "benchmarks", env=cli_env(), capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "None"
+
+
+def test_mfu_uses_the_counted_flops_not_the_papers(make_config):
+    """The FLOPs a step is credited with are counted from the modules (with the LM head), not the paper's formula."""
+    from linlm.models.cost import paper_flops_per_token
+    from linlm.models.counting import count
+
+    cfg = make_config("cost", steps=1, data__dir=None, data__source="unused")
+    hooks = Recorder()
+    result = Trainer(cfg, hooks=hooks, data=memory_data, verbose=False, live=False).run()
+    counts = count(cfg.model_config(vocab_size=40), batch=cfg.batch_size, seq_len=cfg.data.seq_len)
+    head = counts["lm_head_flops_per_token"]
+    assert hooks.start["flops_per_token"] == counts["counted_flops_per_token"] + head
+    assert hooks.start["flops_per_token"] != paper_flops_per_token(counts) + head  # llama: the paper's formula differs
+    assert result.flops == hooks.start["flops_per_token"] * cfg.batch_size * cfg.data.seq_len

@@ -1,6 +1,7 @@
 """Parameter and FLOP counting, from modules instantiated on the meta device (no memory, no formula).
 
-The walks themselves (and their hooks) live in models/measure.py.
+The walks themselves (and their hooks) live in models/measure.py. What the counts mean (paper against counted
+FLOPs) and what training spends is :mod:`linlm.models.cost`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ def meta_model(cfg: ModelConfig) -> CausalLM:
 
 
 def count(cfg: ModelConfig, batch: int = 480, seq_len: int = 8192) -> dict:
-    """Counts for one config. FLOPs exclude the embedding lookup; the tied LM head is reported apart."""
+    """Counts for one config. FLOPs exclude the embedding lookup; the tied LM head is reported apart.
+
+    ``counted_flops_per_token`` is counted from the layer shapes; ``flops_per_step`` is the paper's formula where
+    the architecture has one (:mod:`linlm.models.cost` keeps the two apart)."""
     model = meta_model(cfg)
     spec = get_arch(cfg.arch)
     total = sum(p.numel() for p in model.parameters())
@@ -41,7 +45,7 @@ def count(cfg: ModelConfig, batch: int = 480, seq_len: int = 8192) -> dict:
         "batch": batch,
         "seq_len": seq_len,
         # Training (forward + backward = 3 x forward) FLOPs per token of the non-embedding body.
-        "flops_per_token": 3.0 * fwd,
+        "counted_flops_per_token": 3.0 * fwd,
         "forward_flops_per_token": fwd,
         "lm_head_flops_per_token": 3.0 * head_fwd,
         "flops_per_step": spec.paper_flops(cfg, batch, seq_len) if spec.paper_flops else 3.0 * fwd * batch * seq_len,

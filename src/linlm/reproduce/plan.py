@@ -15,14 +15,16 @@ from linlm.scaling.fits import PFLOPS_DAY
 
 def training_flops(rows) -> float:
     """FLOPs the runs of a plan will spend, the LM head included (what a GPU-hour estimate needs)."""
-    return sum(r.run.tokens * (r.run.flops_per_token + r.run.head_flops_per_token) for r in rows)
+    return sum(r.run.training_flops for r in rows)
 
 
 def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
     from linlm.reproduce.job import Job
     from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import estimate, plan_rows, wall_seconds
-    from linlm.scaling.runner import print_plan as print_ladder
+    from linlm.scaling.estimate import estimate
+    from linlm.scaling.plan import plan_rows
+    from linlm.scaling.plan import print_plan as print_ladder
+    from linlm.scaling.progress import wall_seconds
 
     file = file or sys.stdout
     preset = load_preset(preset_name)

@@ -76,7 +76,7 @@ def check_settings(job, finished: list[str], *, replace: bool, from_marker: dict
     without task files, a sweep whose runs were started otherwise or that another process trains in. Only the
     settings of sections still to run are checked (each section's own ``check``); ``replace``: the job's own
     sweeps are about to be removed."""
-    from linlm.scaling.runner import check_sweep_dir
+    from linlm.scaling.sweepdir import check_sweep_dir
 
     todo = [s for s in SECTIONS if s.name not in finished]
 

@@ -12,7 +12,7 @@ from linlm.errors import DataError
 from linlm.scaling.fits import (PFLOPS_DAY, Crossover, Envelope, EnvelopeFit, IsoFlopFit, ParametricFit,
                                 crossover_between, envelope, fit_envelope, fit_parametric, isoflop, parametric_points)
 from linlm.scaling.paper import PAPER_TABLE3
-from linlm.scaling.runs import META_FILE, METRICS, Loaded, load_runs
+from linlm.scaling.runs import META_FILE, METRICS, Loaded, flops_key, load_runs
 
 
 @dataclass
@@ -48,7 +48,8 @@ class Analysis:
         runs = []
         for r in self.loaded.runs:
             c = r.curve
-            runs.append({"run": r.name, "arch": c.arch, "params": c.params, "flops_per_token": c.flops_per_token,
+            runs.append({"run": r.name, "arch": c.arch, "params": c.params,
+                         "paper_flops_per_token": c.paper_flops_per_token,
                          "tokens": float(c.tokens[-1]), "final_loss": float(c.loss[-1]),
                          "compute_pflops_days": float(c.compute[-1] / PFLOPS_DAY),
                          "epochs": r.meta.get("data", {}).get("epochs"), "finished": r.finished})
@@ -126,7 +127,7 @@ def check_runs(loaded: Loaded, root: str | Path) -> None:
     for r in loaded.runs:
         c = r.curve
         described = r.path / (META_FILE if (r.path / META_FILE).is_file() else "config.yaml")
-        for key, value in (("params", c.params), ("flops_per_token", c.flops_per_token)):
+        for key, value in (("params", c.params), (flops_key(r.meta), c.paper_flops_per_token)):
             if not (math.isfinite(value) and value > 0):
                 raise DataError(f"{described}: {key} is {value:g}, and it must be a positive number (run {r.name}); "
                                 f"fix that file, or move the run out of {root}")

@@ -139,7 +139,9 @@ def cmd_run(args) -> int:
 
     from linlm.config import parse_overrides
     from linlm.scaling.ladder import load_ladder, plan_runs
-    from linlm.scaling.runner import emit_torchrun, estimate, plan_rows, print_plan, run_grid
+    from linlm.scaling.estimate import estimate
+    from linlm.scaling.plan import emit_torchrun, plan_rows, print_plan
+    from linlm.scaling.runner import run_grid
 
     from linlm.cli_args import check_numbers
 

@@ -48,7 +48,7 @@ class Curve:
     name: str
     arch: str
     params: float  # non-embedding (active) parameters N
-    flops_per_token: float  # training FLOPs per token, by linlm.models.counting
+    paper_flops_per_token: float  # training FLOPs per token, paper convention (linlm.models.cost)
     tokens: np.ndarray
     loss: np.ndarray
 
@@ -58,7 +58,7 @@ class Curve:
 
     @property
     def compute(self) -> np.ndarray:
-        return self.tokens * self.flops_per_token
+        return self.tokens * self.paper_flops_per_token
 
 
 def smooth(loss: np.ndarray, window: int) -> np.ndarray:
@@ -205,7 +205,7 @@ def envelope(curves: Sequence[Curve], *, points: int = 60, smooth_window: int = 
     grid, best = grid[covered], best[covered]
     loss = table[best, np.flatnonzero(covered)]
     params = np.array([usable[i][0].params for i in best])
-    tokens = np.array([grid[j] / usable[i][0].flops_per_token for j, i in enumerate(best)])
+    tokens = np.array([grid[j] / usable[i][0].paper_flops_per_token for j, i in enumerate(best)])
     # Bracketed: some run reaching this compute is smaller than the chosen one and some is larger (so both
     # neighbours were seen to be worse). Where the chosen run is the smallest or largest still running, the
     # optimum may lie outside the sampled sizes.
@@ -495,7 +495,7 @@ def isoflop(curves: Sequence[Curve], *, levels: int = 8, smooth_window: int = 1,
         c = np.array([p.compute for p in inside])
         n = np.array([p.n_opt for p in inside])
         # D_opt = C / (FLOPs per token at N_opt), the FLOPs per token interpolated log-log across the runs.
-        sizes = sorted({(cv.params, cv.flops_per_token) for cv, _, _ in usable})
+        sizes = sorted({(cv.params, cv.paper_flops_per_token) for cv, _, _ in usable})
         fpt = np.exp(np.interp(np.log(n), np.log([s[0] for s in sizes]), np.log([s[1] for s in sizes])))
         kw = dict(bootstrap=bootstrap, seed=seed)
         n_law = fit_power_law(c / PFLOPS_DAY, n, what=f"{what}: N_opt(C)", **kw)

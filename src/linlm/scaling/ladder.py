@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from linlm.config import deep_merge, from_dict, load_yaml
 from linlm.errors import ConfigError, LinlmError, choices_text
+from linlm.models.cost import plan_cost, training_flops
 
 LADDER_DIR = Path(__file__).resolve().parent / "ladders"
 
@@ -108,24 +109,6 @@ def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
     return ladder
 
 
-_COUNTED: dict[str, dict] = {}
-
-
-def _count(model_cfg, batch: int, seq_len: int) -> dict:
-    """:func:`linlm.models.counting.count`, once per model shape in a process: planning the paper ladder builds
-    27 models of up to 7B parameters on the meta device (about 0.3 s each here), and a command plans its runs
-    several times (its checks before any work, then the work)."""
-    import dataclasses
-    import json
-
-    from linlm.models.counting import count
-
-    key = json.dumps([dataclasses.asdict(model_cfg), batch, seq_len], sort_keys=True, default=str)
-    if key not in _COUNTED:
-        _COUNTED[key] = count(model_cfg, batch=batch, seq_len=seq_len)
-    return dict(_COUNTED[key])
-
-
 @dataclass
 class PlannedRun:
     """One (architecture, rung) of a ladder, ready to train."""
@@ -137,12 +120,24 @@ class PlannedRun:
     tokens: int  # tokens actually trained: steps x tokens per step
     tokens_per_step: int
     params: int  # non-embedding (active) parameters
-    flops_per_token: float  # training FLOPs per token, paper convention (embeddings and LM head excluded)
-    head_flops_per_token: float  # training FLOPs per token of the LM head (spent, but not in C)
+    paper_flops_per_token: float  # training FLOPs per token, paper convention (embeddings and LM head excluded)
+    head_flops_per_token: float  # training FLOPs per token of the LM head (spent, but not in C), at the vocabulary
+    # the config sets, else at linlm.models.cost.STAND_IN_VOCAB: the plan is made before the tokenizer is known
 
     @property
     def compute(self) -> float:
-        return self.flops_per_token * self.tokens
+        """C: the paper FLOPs of the tokens trained."""
+        return self.paper_flops_per_token * self.tokens
+
+    @property
+    def training_flops(self) -> float:
+        """FLOPs the run spends: C plus the LM head's."""
+        return training_flops(self.tokens, self.paper_flops_per_token, self.head_flops_per_token)
+
+    @property
+    def step_flops(self) -> float:
+        """FLOPs one optimizer step spends: the paper FLOPs of its tokens plus the LM head's."""
+        return training_flops(self.tokens_per_step, self.paper_flops_per_token, self.head_flops_per_token)
 
 
 def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
@@ -175,14 +170,11 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
                 seq_len, batch = cfg.data.seq_len, cfg.batch_size
                 tokens_per_step = seq_len * batch
                 cfg.steps = max(1, math.ceil(rung.tokens / tokens_per_step))
-                # vocab_size does not change non-embedding counts; 256 stands in until the tokenizer is known.
-                counted = _count(cfg.model_config(vocab_size=cfg.model.overrides.get("vocab_size", 256)), batch,
-                                 seq_len)
+                cost = plan_cost(cfg.model_config, batch, seq_len)
             except LinlmError as e:
                 raise type(e)(f"{where}: {e}") from None
             runs.append(PlannedRun(
                 name=name, arch=arch, rung=rung.name, config=cfg, tokens=cfg.steps * tokens_per_step,
-                tokens_per_step=tokens_per_step, params=int(counted["active_non_embedding_params"]),
-                flops_per_token=counted["flops_per_step"] / tokens_per_step,
-                head_flops_per_token=counted["lm_head_flops_per_token"]))
+                tokens_per_step=tokens_per_step, params=cost.params,
+                paper_flops_per_token=cost.paper_flops_per_token, head_flops_per_token=cost.head_flops_per_token))
     return runs

@@ -1,10 +1,13 @@
-"""Reading a scaling directory: every training run under it, as a curve the fits can use.
+"""The runs of a scaling directory: what each says about itself (scaling.json), and reading them all back as
+curves the fits can use.
 
 A scaling directory (``linlm scaling run --out DIR``) holds ``DIR/runs/<arch>-<rung>/``, each an ordinary
-training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) plus ``scaling.json``, written
-before training starts: the architecture, non-embedding parameters N, training FLOPs per token (paper
-convention: embeddings and LM head excluded), tokens per step, the planned steps, and the data it trains on
-(source, tokenizer, the prepared data's fingerprints, its token count and the run's epochs).
+training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) plus ``scaling.json``
+(:func:`run_meta`), written before training starts: the architecture, non-embedding parameters N, training FLOPs
+per token (``paper_flops_per_token``, paper convention: embeddings and LM head excluded; files written before
+that name say ``flops_per_token``, and are read too), the LM head's FLOPs per token, tokens per step, the
+planned steps, and the data it trains on (source, tokenizer, the prepared data's fingerprints, its token count
+and the run's epochs).
 
 Plain training run directories (no scaling.json) are read too: N and FLOPs per token come from their
 config.yaml (neither depends on the vocabulary), the data identity from data.source and data.tokenizer.
@@ -21,10 +24,34 @@ from typing import Optional
 import numpy as np
 
 from linlm.errors import DataError, LinlmError
-from linlm.scaling.fits import Curve
+from linlm.scaling.data import DataInfo
+from linlm.scaling.fits import PFLOPS_DAY, Curve
+from linlm.scaling.ladder import Ladder, PlannedRun
 
 META_FILE = "scaling.json"
 METRICS = "metrics.jsonl"
+FLOPS_KEY = "paper_flops_per_token"
+OLD_FLOPS_KEY = "flops_per_token"  # the same figure, in scaling.json files written before it was named apart
+
+
+def flops_key(meta: dict) -> str:
+    """The key of the paper FLOPs per token in the run description ``meta``: the old name in a file that has only
+    that one, else the current name."""
+    return OLD_FLOPS_KEY if FLOPS_KEY not in meta and OLD_FLOPS_KEY in meta else FLOPS_KEY
+
+
+def run_meta(run: PlannedRun, ladder: Ladder, data: DataInfo) -> dict:
+    """What ``run``'s scaling.json says: the plan of the run and the data it trains on."""
+    cfg = run.config
+    epochs = run.tokens / data.train_tokens if data.train_tokens else None
+    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params,
+            FLOPS_KEY: run.paper_flops_per_token, "head_flops_per_token": run.head_flops_per_token,
+            "tokens_per_step": run.tokens_per_step, "log_interval_tokens": run.tokens_per_step,
+            "steps": cfg.steps, "tokens": run.tokens, "compute_flops": run.compute,
+            "compute_pflops_days": run.compute / PFLOPS_DAY,
+            "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer,
+                     "source_fingerprint": data.source_fingerprint, "tokenizer_fingerprint": data.tokenizer_fingerprint,
+                     "train_tokens": data.train_tokens, "epochs": epochs}}
 
 
 @dataclass
@@ -52,16 +79,14 @@ def _meta_from_config(path: Path) -> dict:
     """What scaling.json would say, for a plain training run directory."""
     import yaml
 
-    from linlm.models.counting import count
+    from linlm.models.cost import plan_cost
     from linlm.train.config_loading import build_config
 
     raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
     cfg = build_config(None, raw)
-    tps = cfg.batch_size * cfg.data.seq_len
-    counted = count(cfg.model_config(vocab_size=cfg.model.overrides.get("vocab_size", 256)),
-                    batch=cfg.batch_size, seq_len=cfg.data.seq_len)
-    return {"arch": cfg.model.arch, "rung": path.name, "params": counted["active_non_embedding_params"],
-            "flops_per_token": counted["flops_per_step"] / tps, "tokens_per_step": tps, "steps": cfg.steps,
+    cost = plan_cost(cfg.model_config, cfg.batch_size, cfg.data.seq_len)
+    return {"arch": cfg.model.arch, "rung": path.name, "params": cost.params, FLOPS_KEY: cost.paper_flops_per_token,
+            "tokens_per_step": cfg.batch_size * cfg.data.seq_len, "steps": cfg.steps,
             "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer}}
 
 
@@ -135,7 +160,8 @@ def load_runs(root: str | Path, *, strict: bool = False, include_unfinished: boo
             skip(name, "no losses logged (empty metrics.jsonl)")
             continue
         try:
-            curve = Curve(name, meta["arch"], float(meta["params"]), float(meta["flops_per_token"]), tokens, loss)
+            curve = Curve(name, meta["arch"], float(meta["params"]), float(meta[flops_key(meta)]), tokens,
+                          loss)
             steps = int(meta.get("steps", 0))
         except (AttributeError, KeyError, TypeError, ValueError) as e:  # no arch, params, FLOPs per token, steps
             skip(name, f"unreadable run description ({path / META_FILE}: {type(e).__name__} {e})")

@@ -166,10 +166,11 @@ class Trainer:
             start_step, last_val = self._restore(Path(plan.checkpoint))
         _on_main(info, lambda: self.run_dir.start(cfg, plan, self.overwrite))
 
+        from linlm.models.cost import training_flops
         from linlm.models.counting import count
 
         counts = count(self.model_config, batch=cfg.batch_size, seq_len=cfg.data.seq_len)
-        self.flops_per_token = counts["flops_per_token"] + counts["lm_head_flops_per_token"]
+        self.flops_per_token = training_flops(1, counts["counted_flops_per_token"], counts["lm_head_flops_per_token"])
         self.tokens_per_step = cfg.batch_size * cfg.data.seq_len
         n_params = sum(p.numel() for p in self.raw.parameters())
         self.say(f"{'resuming' if plan.checkpoint else 'training'} {self.model_config.arch} ({n_params:,} "

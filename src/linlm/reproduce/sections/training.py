@@ -44,7 +44,7 @@ def train(job, name: str, tick: Tick) -> dict:
 def emit(job, name: str) -> Optional[dict]:
     """torchrun mode: write the commands once; the section is done when every run has finished."""
     from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import emit_torchrun
+    from linlm.scaling.plan import emit_torchrun
     from linlm.scaling.runs import run_finished
 
     ladder, sweep = job.ladder(name), job.sweep(name)
@@ -68,7 +68,7 @@ def check(job, name: str, kept: Callable[[str], str], replace: bool) -> None:
     """Before any work: every --set against the training config, and the sweep directory (a sweep of this
     ladder, its started runs started with these settings, no other process training in it)."""
     from linlm.scaling.ladder import plan_runs
-    from linlm.scaling.runner import check_started_runs, check_sweep_dir
+    from linlm.scaling.sweepdir import check_started_runs, check_sweep_dir
 
     ladder = job.ladder(name)
     try:
