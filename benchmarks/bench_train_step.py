@@ -227,7 +227,7 @@ def profile_phase(entries, phase: dict, args) -> None:
                                         max_name_column_width=40))
 
 
-WARM_STEPS, COUNTED_STEPS = 3, 3
+WARM_STEPS, COUNTED_STEPS = 3, 5
 
 
 def peak_rss_child(argv) -> int:
