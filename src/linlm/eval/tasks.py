@@ -1,7 +1,7 @@
 """Zero-shot tasks in lm-evaluation-harness conventions: reading the local JSON Lines copies, turning documents into
 scoring requests, and the metrics with their standard errors.
 
-File formats (one JSON object per line, as in the public JSON Lines copies of these sets and llm-foundry's local eval data):
+File formats (one JSON object per line, as in the public JSON Lines copies of these sets and llm-foundry's eval data):
 
 ==============  ===================================================  =============================================
 kind            fields                                                request(s) per document
