@@ -74,13 +74,16 @@ def test_smoke_preset_end_to_end_then_resumed(tmp_path, text_file, monkeypatch):
                 "plots/loss_vs_compute.png", "scaling/plan.json", "scaling/runs/tnl-s/scaling.json"):
         assert outputs.owns_file(out / rel), rel
     assert outputs.owns_dir(out / "scaling" / "runs" / "tnl-s") and outputs.owns_dir(out / "sections")
-    # The plots are pictures of their figures' sizes with something drawn (figure inches x dpi, in pixels).
+    # Every plot is in both pages (inlined once in the HTML) and is a picture of its figure's size with something
+    # drawn (figure inches x dpi, in pixels); the NIAH heatmaps, one per model, are 5 x 4 inches at 120 dpi.
     archs = json.loads((out / "scaling" / "plan.json").read_text())["archs"]
-    for png, size in (("loss_vs_compute.png", panels_size(len(archs))), ("mqar.png", (1200, 480)),
-                      ("decode.png", (1320, 480))):
-        assert_png(out / "plots" / png, size)
+    sizes = {"loss_vs_compute.png": panels_size(len(archs)), "mqar.png": (1200, 480), "decode.png": (1320, 480)}
+    plots = sorted(p.name for p in (out / "plots").glob("*.png"))
+    assert set(sizes) <= set(plots) and all(p in sizes or p.startswith("niah_") for p in plots), plots
+    assert html.count("data:image/png;base64,") == len(plots)
+    for png in plots:
+        assert_png(out / "plots" / png, sizes.get(png, (600, 480)))
         assert f"plots/{png}" in md
-    assert html.count("data:image/png;base64,") >= 4
     assert "git revision" in md and "torch" in md and '"ladder": "smoke"' in md
     # MossNet's decode state is measured at two contexts and the constant-memory verdict follows from it.
     decode = json.loads((out / "sections" / "decode.json").read_text())
