@@ -137,8 +137,9 @@ def test_reproduce_scores_every_model_on_the_same_inputs(tmp_path, tokenizer, da
     out = zeroshot(models, str(data_dir), "piqa,hellaswag", None, lambda f: None)
     assert out["max_length"] == 32 and not out["not_scored"]
     tnl, ll = out["models"]["tnl"]["tasks"], out["models"]["llama"]["tasks"]
-    assert tnl["piqa"]["dropped_docs"] > 0 or tnl["hellaswag"]["dropped_docs"] > 0
+    assert tnl["piqa"]["dropped_docs"] > 0  # the window binds: a fixture piqa document is longer than 32 tokens
     for task in ("piqa", "hellaswag"):
         assert (tnl[task]["n"], tnl[task]["dropped_docs"]) == (ll[task]["n"], ll[task]["dropped_docs"])
         alone = evaluate(load(model_dir).eval(), tokenizer, [task], data_dir, max_length=32, drop_overlong=True)
-        assert tnl[task]["acc"] == alone["tasks"][task]["acc"]
+        assert [tnl[task][k] for k in ("n", "dropped_docs", "acc")] == \
+            [alone["tasks"][task][k] for k in ("n", "dropped_docs", "acc")]

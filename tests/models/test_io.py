@@ -175,10 +175,16 @@ def test_commit_dir_removes_only_owned_files(tmp_path, caplog, monkeypatch, exch
     from linlm import outputs
     from linlm.outputs import trees
 
-    if exchange:
-        assert trees._exchange(tmp_path, tmp_path) or not sys.platform.startswith("linux")
-    else:  # systems without an atomic swap: two renames
-        monkeypatch.setattr(trees, "_exchange", lambda a, b: False)
+    if exchange and not sys.platform.startswith("linux"):
+        pytest.skip("the atomic swap of two directories (renameat2 RENAME_EXCHANGE) is Linux's")
+    swaps: list[bool] = []  # what each swap attempt returned
+    real = trees._exchange
+
+    def exchange_seen(a, b):
+        swaps.append(real(a, b) if exchange else False)  # False: a system without the swap (two renames)
+        return swaps[-1]
+
+    monkeypatch.setattr(trees, "_exchange", exchange_seen)
 
     target = tmp_path / "d"
     first = outputs.temp_dir_beside(target)
@@ -189,6 +195,7 @@ def test_commit_dir_removes_only_owned_files(tmp_path, caplog, monkeypatch, exch
     (tmp / "a.bin").write_text("new")
     outputs.commit_dir(tmp, target)
     assert _tree(target) == {"a.bin": b"new"} and outputs.owns_dir(target)
+    assert swaps == [exchange]  # the replacement took the path under test: one swap, or two renames
     kept = [p for p in tmp_path.iterdir() if p.name != "d"]
     assert len(kept) == 1 and _tree(kept[0]) == {"mine.txt": b"user"}
     assert "mine.txt" in caplog.text

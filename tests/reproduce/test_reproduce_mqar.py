@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from output_asserts import assert_png
 
 from linlm.reproduce.job import Job
 from linlm.reproduce.presets import load_preset
@@ -88,4 +89,4 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
     assert sorted(p.name for p in (out / "mqar" / "llama-d16" / "checkpoints").iterdir()
                   if p.name.startswith("step_")) == [f"step_{STEPS:08d}"]
     assert recorded_rows(out) == {r["name"]: r for r in result["rows"]}
-    assert (out / "plots" / "mqar.png").stat().st_size > 1000
+    assert_png(out / "plots" / "mqar.png", (1200, 480))  # 10 x 4 inches at 120 dpi, drawn

@@ -77,7 +77,10 @@ def test_decay_groups(arch):
     for n, p in decay:
         assert p.dim() >= 2, f"{n} is {p.dim()}-D but gets weight decay"
         assert "norm" not in n and "embed" not in n
-    assert any(n.endswith("mixer.qkv.weight") or n.endswith("mixer.out.weight") for n in names(decay))
+    # Every token mixer's projections decay: each architecture has an output projection, most a fused qkv one.
+    projections = {n for n in all_names if n.endswith(("mixer.qkv.weight", "mixer.out.weight"))}
+    assert sum(n.endswith("mixer.out.weight") for n in projections) == model.config.n_layers
+    assert projections <= names(decay), projections - names(decay)
     if arch == "hgrn2":
         assert any("table" in n for n in names(no_decay))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from output_asserts import assert_png
 from safetensors.torch import load_file
 from train_helpers import assert_bitwise_equal, final_weights
 
@@ -39,7 +40,7 @@ def test_a_run_writes_metrics_checkpoints_plot_and_samples(make_config):
     assert steps_of(out) == ["step_00000004", "step_00000006", "step_00000008"]  # keep=3
     for _, path in ckpt.list_checkpoints(out / "checkpoints"):
         ckpt.verify(path)
-    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_png(out / "loss_curve.png", (840, 504))  # 7 x 4.2 inches at 120 dpi, drawn
     samples = (out / "samples.txt").read_text()
     assert "The king" in samples and result.samples and result.samples[0][0] == "The king"
     summary = json.loads((out / "summary.json").read_text())

@@ -204,7 +204,7 @@ def test_a_full_disk_leaves_the_old_file_whole_and_no_temporary(tmp_path, monkey
 def test_writers_in_several_processes_keep_every_entry(tmp_path):
     code = ("import sys; from pathlib import Path; from linlm import outputs\n"
             "for i in range(25): outputs.write_text(Path(sys.argv[1]) / f'{sys.argv[2]}-{i}.txt', str(i))")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), name], env=env) for name in "ab"]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     names = [f"{n}-{i}.txt" for n in "ab" for i in range(25)]

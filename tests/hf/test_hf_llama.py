@@ -7,6 +7,12 @@ from linlm import create_model  # noqa: E402
 from linlm.hf.llama import from_hf_llama, hf_config_from, to_hf_llama  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test starts from the same torch seed, as the model and layer tests do."""
+    torch.manual_seed(0)
+
+
 def test_random_hf_llama_and_converted_twin_agree():
     torch.manual_seed(0)
     ours = create_model("llama", preset="tiny", rope_theta=5000.0)
