@@ -32,7 +32,7 @@ from _common import meta, print_table, write_json  # noqa: E402
 from linlm.devices import native_bf16  # noqa: E402
 from linlm.models.archs.base import LINEAR_ATTENTION  # noqa: E402
 from linlm.models.registry import arch_names  # noqa: E402
-from linlm.train.config_loading import build_config, preset_path  # noqa: E402
+from linlm.train.config_sources import build_config, preset_path  # noqa: E402
 from linlm.train import train  # noqa: E402
 from linlm.train.metrics import read_metrics  # noqa: E402
 

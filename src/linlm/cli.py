@@ -23,8 +23,8 @@ def _add_model_args(p: argparse.ArgumentParser, default_arch: Optional[str] = "l
 def _model_config(args):
     """The ModelConfig of --arch, --preset and the model.* overrides (the dialect of `linlm train`)."""
     from linlm.cli_args import override_items
-    from linlm.config import parse_overrides
-    from linlm.train.config_loading import build_model_config
+    from linlm.schema import parse_overrides
+    from linlm.train.config_sources import build_model_config
 
     return build_model_config(args.arch, args.preset, parse_overrides(override_items(args)))
 

@@ -9,8 +9,8 @@ from train_helpers import REPO, write_yaml
 
 from linlm.cli import main
 from linlm.errors import ConfigError
-from linlm.train.config import TrainConfig
-from linlm.train.config_loading import build_config, load_train_config, preset_path
+from linlm.train.train_config import TrainConfig
+from linlm.train.config_sources import build_config, load_train_config, preset_path
 
 
 def test_defaults_validate():
@@ -138,7 +138,7 @@ def test_the_tokenizer_too_large_hint_is_a_command_that_works(make_config, capsy
 def test_resumable_keys_are_read_from_the_fields():
     import dataclasses
 
-    from linlm.train.config import is_resumable_change
+    from linlm.train.train_config import is_resumable_change
 
     import typing
 

@@ -234,7 +234,7 @@ def test_normal_training_does_not_trip_the_guard(make_config, settings):
 
 def test_the_demo_configs_first_steps_do_not_trip_the_guard(tiny_data, tmp_path):
     """configs/demo.yaml (its model, optimizer and warmup) for 50 steps, on the test data."""
-    from linlm.train.config_loading import build_config, preset_path
+    from linlm.train.config_sources import build_config, preset_path
 
     cfg = build_config(preset_path("demo"), {
         "data": {"dir": str(tiny_data), "seq_len": 64}, "steps": 50, "batch_size": 8,

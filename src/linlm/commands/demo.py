@@ -71,8 +71,8 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     """Train configs/demo.yaml (the first of ``archs`` replaces its architecture) into ``out_dir``."""
     import time
 
-    from linlm.config import load_yaml, parse_overrides
-    from linlm.train.config_loading import build_config, preset_path
+    from linlm.schema import load_yaml, parse_overrides
+    from linlm.train.config_sources import build_config, preset_path
     from linlm.train.pipeline import prepared_data_dir
     from linlm.train.rundir import RunDir
     from linlm.train.trainer import train

@@ -97,7 +97,7 @@ def _plan_run(run: MQARRun, cfg: MQARConfig, out_dir: Path, train: dict, test_se
     else its training resumes from the checkpoint. One holding another experiment's run (other settings, or a
     training run with no record of this experiment) is refused unless ``overwrite``, which replaces it."""
     from linlm.train import build_config
-    from linlm.train.config import config_diff
+    from linlm.train.train_config import config_diff
     from linlm.train.rundir import RunDir
 
     head_dim, threads = train["head_dim"], train["threads"]

@@ -151,7 +151,7 @@ def cmd_profile(args) -> int:
 def _profile(args) -> int:
     """`linlm profile` once its flags are checked (and its threads set): profile, print, write."""
     from linlm import outputs
-    from linlm.config import parse_overrides
+    from linlm.schema import parse_overrides
     from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
     from linlm.infer.report import print_table
 

@@ -47,7 +47,7 @@ def register(subparsers) -> None:
 def cmd_reproduce(args) -> int:
     from linlm.reproduce.plan import print_plan
 
-    from linlm.config import parse_overrides
+    from linlm.schema import parse_overrides
 
     overrides = parse_overrides(args.overrides)
     if args.dry_run:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from linlm.config import from_dict, load_yaml
+from linlm.schema import from_dict, load_yaml
 from linlm.errors import ConfigError, choices_text
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"

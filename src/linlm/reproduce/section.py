@@ -71,7 +71,7 @@ def _summary(run_dir: Path) -> Optional[dict]:
 def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
     """{label: {run, arch, params, checkpoint, data_dir, seq_len}} for each finished run of a sweep directory
     (``largest_only``: the run with the most parameters of each architecture)."""
-    from linlm.config import load_yaml
+    from linlm.schema import load_yaml
     from linlm.scaling.runs import META_FILE, run_finished
 
     found: dict[str, dict] = {}

@@ -137,7 +137,7 @@ def cmd_ladders(args) -> int:
 def cmd_run(args) -> int:
     from pathlib import Path
 
-    from linlm.config import parse_overrides
+    from linlm.schema import parse_overrides
     from linlm.scaling.ladder import load_ladder, plan_runs
     from linlm.scaling.runner import emit_torchrun, estimate, plan_rows, print_plan, run_grid
 

@@ -70,9 +70,9 @@ def setup_logging(rank: int = 0) -> None:
 def config_from_args(args):
     """The validated TrainConfig an argparse namespace of `linlm train` describes."""
     from linlm.cli_args import override_items
-    from linlm.config import deep_merge, load_yaml, parse_overrides
+    from linlm.schema import deep_merge, load_yaml, parse_overrides
     from linlm.errors import ConfigError
-    from linlm.train.config_loading import build_config, preset_path
+    from linlm.train.config_sources import build_config, preset_path
     from linlm.train.rundir import CONFIG_FILE
 
     flags: dict = {}

@@ -130,7 +130,7 @@ def last_good_checkpoint(root: Path, max_loss: Optional[float] = None) -> Option
 
 def advice(cfg, out: Path, last_good: Optional[Path]) -> str:
     """The exact command that continues (or restarts) a diverged run with safer settings."""
-    from linlm.train.config import OptimSection
+    from linlm.train.train_config import OptimSection
 
     lr = min(cfg.optim.lr / 10, OptimSection().lr)
     sets = [f"--set optim.lr={lr:g}"]

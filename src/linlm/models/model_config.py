@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from linlm.config import config_error, from_dict
+from linlm.schema import config_error, from_dict
 from linlm.errors import ConfigError, choices_text
 from linlm.layers.norm import NORM_KINDS
 from linlm.models.registry import ARCHITECTURES
