@@ -10,7 +10,7 @@ from train_helpers import REPO, write_yaml
 from linlm.cli import main
 from linlm.errors import ConfigError
 from linlm.train.train_config import TrainConfig
-from linlm.train.config_sources import build_config, load_train_config, preset_path
+from linlm.train.config_sources import build_config, config_path, load_train_config
 
 
 def test_defaults_validate():
@@ -20,7 +20,7 @@ def test_defaults_validate():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name):
-    cfg = load_train_config(preset_path(name))
+    cfg = load_train_config(config_path(name))
     assert cfg.steps > 0
 
 
@@ -86,13 +86,13 @@ def test_cli_print_config_round_trips(tmp_path, capsys):
     path.write_text(text)
     cfg = load_train_config(path)
     assert cfg.steps == 70 and cfg.optim.lr == 0.01 and cfg.model.arch == "tnl"
-    assert cfg.to_dict() == load_train_config(preset_path("demo"), ["steps=70", "optim.lr=0.01"]).to_dict()
+    assert cfg.to_dict() == load_train_config(config_path("demo"), ["steps=70", "optim.lr=0.01"]).to_dict()
 
 
-def test_preset_path_finds_configs():
-    assert preset_path("demo") == REPO / "configs" / "demo.yaml"
-    assert preset_path("no-such-preset") is None
-    assert preset_path(str(Path("x") / "demo.yaml")) is None
+def test_config_path_finds_named_configs():
+    assert config_path("demo") == REPO / "configs" / "demo.yaml"
+    assert config_path("no-such-config") is None
+    assert config_path(str(Path("x") / "demo.yaml")) is None
 
 
 def test_check_command_keeps_the_decode_table(capsys):

@@ -72,12 +72,12 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     import time
 
     from linlm.schema import load_yaml, parse_overrides
-    from linlm.train.config_sources import build_config, preset_path
+    from linlm.train.config_sources import build_config, config_path
     from linlm.train.pipeline import prepared_data_dir
     from linlm.train.rundir import RunDir
     from linlm.train.trainer import train
 
-    path = preset_path("demo")
+    path = config_path("demo")
     if path is None:
         raise ConfigError("configs/demo.yaml was not found beside the linlm sources; run the demo from a source "
                           "checkout, or use `linlm train --config FILE`")

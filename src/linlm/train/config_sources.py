@@ -4,7 +4,7 @@
 ``key=value`` overrides, then validates the whole tree before any work is done (see :mod:`linlm.train.train_config`
 for the schema and its rules). An error names the key and where it was set: for keys from a YAML file, the file
 and line; for overrides, "set on the command line". ``build_model_config`` reads the same dialect for commands
-that build only a model; ``preset_path`` finds a named config in configs/.
+that build only a model; ``config_path`` finds a named config in configs/.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def load_train_config(path: Optional[str | Path] = None, overrides: Optional[lis
     return build_config(path, parse_overrides(overrides))
 
 
-def preset_path(name: str) -> Optional[Path]:
+def config_path(name: str) -> Optional[Path]:
     """configs/NAME.yaml in the source tree (for ``--config demo``), or None."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         return None
