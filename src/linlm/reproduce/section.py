@@ -52,7 +52,7 @@ class Section:
     # order the sections run in).
     render: Optional[Callable[[Any, list[str]], Blocks]] = None
     report_rank: int = 0
-    plan: Optional[Callable[[Any], str]] = None  # (preset) -> its line in `linlm reproduce --dry-run`
+    plan: Optional[Callable[[Any], str]] = None  # (recipe) -> its line in `linlm reproduce --dry-run`
     trees: tuple[str, ...] = ()  # directories of DIR it builds from nothing (--overwrite clears them whole)
     plots: tuple[str, ...] = ()  # the names (fnmatch patterns) of its PNGs in DIR/plots
     copies: tuple[str, ...] = ()  # paths of DIR the job itself writes for it (besides sections/NAME.json)
