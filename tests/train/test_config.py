@@ -68,7 +68,7 @@ def test_impossible_values():
 
 def test_cli_unknown_key_exits_2_without_traceback(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--out-dir", str(out), "optim.lrr=1"]) == 2
+    assert main(["train", "--out", str(out), "optim.lrr=1"]) == 2
     err = capsys.readouterr().err
     assert "optim.lrr" in err and "Traceback" not in err
     assert not out.exists()
@@ -115,7 +115,7 @@ def test_demo_command_trains(monkeypatch):
         return Result()
 
     monkeypatch.setattr(linlm.commands.demo, "run_demo", fake_run_demo)
-    assert main(["demo", "--steps", "5", "--out-dir", "x", "optim.lr=0.1"]) == 0
+    assert main(["demo", "--steps", "5", "--out", "x", "optim.lr=0.1"]) == 0
     assert seen["steps"] == 5 and seen["out_dir"] == "x" and seen["overrides"] == ["optim.lr=0.1"]
     assert seen["preset"] is None
 
@@ -125,7 +125,7 @@ def test_the_tokenizer_too_large_hint_is_a_command_that_works(make_config, capsy
     import re
 
     cfg = make_config("run")
-    args = ["train", "--data-dir", str(cfg.data.dir), "--out-dir", str(cfg.out_dir), "--quiet",
+    args = ["train", "--data-dir", str(cfg.data.dir), "--out", str(cfg.out_dir), "--quiet",
             "model.overrides={n_layers: 1, d_model: 32, n_heads: 2, max_seq_len: 128, vocab_size: 256}",
             "data.seq_len=32", "batch_size=4", "steps=1", "eval.every=0", "samples.max_new_tokens=0", "threads=1"]
     assert main(args) == 2

@@ -31,7 +31,7 @@ def follow(message: str) -> Path:
     argv = command_in(message)
     done = run_cli(argv + ["--quiet"], timeout=600)
     assert done.returncode == 0, done.stderr
-    out = Path(argv[argv.index("--out-dir") + 1]) if "--out-dir" in argv else None
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
     return out
 
 

@@ -162,7 +162,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     """Train each run on MQAR with the Trainer (``out_dir/NAME``) and measure its test accuracy; one row per run.
 
     Resumable, one run at a time. Every run's directory is checked before anything is trained or written (see
-    :func:`_plan_run`; ``what`` names the directory in messages, e.g. ``--out-dir``), then each run's settings are
+    :func:`_plan_run`; ``what`` names the directory in messages, e.g. ``--out``), then each run's settings are
     recorded in ``out_dir/NAME/mqar.json``; ``out_dir`` is locked while the experiment runs. A run's result joins
     its record only once its training has reached ``steps``, and a rerun with the same settings reads it back
     instead of measuring again; a stopped run resumes from its checkpoint. A run the Trainer stopped on SIGINT /

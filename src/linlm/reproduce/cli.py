@@ -12,14 +12,14 @@ def register(subparsers) -> None:
         "reproduce", help="the main job: both studies end to end (scaling laws, MossNet vs baselines, evaluation, "
                           "retrieval, decoding) with a report; resumable (`make demo` runs its smoke recipe)",
         description="Run both studies at the sizes of a recipe (--recipe) into --out and write OUT/report.md and "
-                    "OUT/report.html. Run the same command again to continue an interrupted job. Everything given is checked before any "
-                    "work; a refused command changes nothing. A job that has not finished takes a corrected "
-                    "--set, --scaling-dir or --data-dir (given again, it replaces the job's) as long as none of "
-                    "the sections it changes has finished; otherwise it is refused, naming them. Not given, each "
-                    "keeps the job's. See docs/reproduce.md.")
+                    "OUT/report.html. Run the same command again to continue an interrupted job. Everything given "
+                    "is checked before any work; a refused command changes nothing. A job that has not finished "
+                    "takes a corrected --set, --scaling-dir or --data-dir (given again, it replaces the job's) as "
+                    "long as none of the sections it changes has finished; otherwise it is refused, naming them. "
+                    "Not given, each keeps the job's. See docs/reproduce.md.")
     p.add_argument("--recipe", "--preset", dest="recipe", default="smoke",
                    help=f"what the job runs and at which size: {', '.join(recipe_names())} (default: smoke; "
-                        "--preset, its old spelling, also works)")
+                        "old spelling: --preset)")
     p.add_argument("--out", required=True, help="the job directory (new, empty, or a reproduce job's)")
     p.add_argument("--data-dir", default=None,
                    help="a directory of zero-shot task files (JSON Lines, see docs/evaluation.md); without it the "

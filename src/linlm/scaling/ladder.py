@@ -84,7 +84,7 @@ def load_ladder(spec: str) -> Ladder:
 
 
 def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
-    """A ladder from its YAML mapping (``where`` names it in errors: a file, or the preset that holds it)."""
+    """A ladder from its YAML mapping (``where`` names it in errors: a file, or the reproduce recipe that holds it)."""
     path = where
     rungs = data.get("rungs") if isinstance(data, dict) else None
     if not isinstance(rungs, list) or not rungs:

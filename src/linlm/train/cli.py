@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--print-config", action="store_true", help="print the validated config and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines (metrics.jsonl is still written)")
     g = p.add_argument_group("shortcuts for common keys")
-    g.add_argument("--out-dir")
+    g.add_argument("--out", "--out-dir", dest="out_dir", metavar="DIR",
+                   help="the run directory, out_dir (old spelling: --out-dir)")
     g.add_argument("--steps", type=int)
     g.add_argument("--arch")
     g.add_argument("--preset")
