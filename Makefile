@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/linlm reproduce --preset smoke --out runs/reproduce-smoke
+	$(VENV)/bin/linlm reproduce --recipe smoke --out runs/reproduce-smoke
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests

@@ -32,13 +32,13 @@ from _common import meta, print_table, write_json  # noqa: E402
 from linlm.devices import native_bf16  # noqa: E402
 from linlm.models.archs.base import LINEAR_ATTENTION  # noqa: E402
 from linlm.models.registry import arch_names  # noqa: E402
-from linlm.train.config_loading import build_config, preset_path  # noqa: E402
+from linlm.train.config_sources import build_config, config_path  # noqa: E402
 from linlm.train import train  # noqa: E402
 from linlm.train.metrics import read_metrics  # noqa: E402
 
 
 def run_once(arch: str, precision: str, threads: int, args, workdir: Path) -> list[dict]:
-    cfg = build_config(preset_path("paper-70m"), {
+    cfg = build_config(config_path("paper-70m"), {
         "model": {"arch": arch}, "precision": precision, "steps": args.steps, "batch_size": args.batch,
         "grad_accum": 1, "eval": {"every": 0}, "checkpoint": {"every": 0, "keep": 1},
         "samples": {"max_new_tokens": 0}, "schedule": {"warmup_steps": 1}, "log_every": 1, "threads": threads,

@@ -48,7 +48,7 @@ from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm import create_model  # noqa: E402
 from linlm.devices import native_bf16  # noqa: E402
-from linlm.train.config import OptimSection  # noqa: E402
+from linlm.train.train_config import OptimSection  # noqa: E402
 from linlm.train.optim import build_optimizer  # noqa: E402
 from linlm.models.cost import training_flops  # noqa: E402
 from linlm.models.counting import count  # noqa: E402

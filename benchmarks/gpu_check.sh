@@ -83,7 +83,7 @@ step bench 150 "$PY" benchmarks/bench_gpu_kernels.py --repeat 5
 
 # ---- 4. the commands on cuda
 RUN=$(mktemp -d)
-step train 120 "$PY" -m linlm train --config demo --arch hgrn2 --device cuda --steps 5 --out-dir "$RUN/hgrn2" \
+step train 120 "$PY" -m linlm train --config demo --arch hgrn2 --device cuda --steps 5 --out "$RUN/hgrn2" \
     --quiet
 step profile 90 "$PY" -m linlm profile --archs tnl,hgrn2,mamba --preset tiny --contexts 256,1024 \
     --decode-tokens 8 --device cuda --no-hf --json "$OUT/profile.json"

@@ -68,7 +68,7 @@ def test_non_finite_numbers_are_refused_on_the_command_line(capsys, argv, expect
     assert expected in err and err.rstrip().endswith("(set on the command line)") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag, value", [("--batch", "-5"), ("--batch", "0"), ("--seq-len", "-1"),
+@pytest.mark.parametrize("flag, value", [("--batch-size", "-5"), ("--batch-size", "0"), ("--seq-len", "-1"),
                                          ("--batch", "x")])
 def test_count_refuses_a_batch_or_length_that_is_not_positive(capsys, flag, value):
     with pytest.raises(SystemExit) as e:
@@ -82,3 +82,30 @@ def test_a_later_override_wins_whichever_its_form(capsys):
     assert main(argv) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert (cfg["steps"], cfg["seed"]) == (3, 2)
+
+
+# (a command line in today's spelling, the old spelling of one of its options, that option, its dest, its value)
+OLD_SPELLINGS = [
+    (["train", "--out", "runs/x"], "--out-dir", "--out", "out_dir", "runs/x"),
+    (["demo", "--out", "runs/x"], "--out-dir", "--out", "out_dir", "runs/x"),
+    (["mqar", "--out", "runs/x"], "--out-dir", "--out", "out_dir", "runs/x"),
+    (["generate", "--model", "runs/x"], "--checkpoint", "--model", "model", "runs/x"),
+    (["count", "--batch-size", "3"], "--batch", "--batch-size", "batch", 3),
+    (["export", "--model", "m", "--out", "e", "--batch-size", "3"], "--batch", "--batch-size", "batch", 3),
+    (["reproduce", "--recipe", "cpu", "--out", "x"], "--preset", "--recipe", "recipe", "cpu"),
+]
+
+
+@pytest.mark.parametrize("argv, old, new, dest, value", OLD_SPELLINGS,
+                         ids=[f"{argv[0]} {old}" for argv, old, *_ in OLD_SPELLINGS])
+def test_an_old_spelling_is_the_same_option_and_the_help_says_so(capsys, argv, old, new, dest, value):
+    from linlm.cli import build_parser
+    from linlm.cli_args import parse_args
+
+    given = vars(parse_args(build_parser(), argv))
+    assert given[dest] == value
+    old_argv = [old if word == new else word for word in argv]
+    assert old_argv != argv and vars(parse_args(build_parser(), old_argv)) == given
+    with pytest.raises(SystemExit):
+        main([argv[0], "--help"])
+    assert f"old spelling: {old})" in " ".join(capsys.readouterr().out.split())

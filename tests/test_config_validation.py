@@ -1,4 +1,4 @@
-"""linlm.config: strict pydantic validation of config dataclasses, the YAML loader and dotted overrides."""
+"""linlm.schema: strict pydantic validation of config dataclasses, the YAML loader and dotted overrides."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from linlm.config import from_dict, load_yaml, parse_overrides
+from linlm.schema import from_dict, load_yaml, parse_overrides
 from linlm.errors import ConfigError
-from linlm.models.config import ModelConfig
-from linlm.train.config import TrainConfig
-from linlm.train.config_loading import build_config, load_train_config
+from linlm.models.model_config import ModelConfig
+from linlm.train.train_config import TrainConfig
+from linlm.train.config_sources import build_config, load_train_config
 
 
 def test_yaml_that_is_not_utf8_is_a_config_error_with_its_line(tmp_path):

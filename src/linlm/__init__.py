@@ -1,7 +1,7 @@
 """linlm: linear-complexity language models (MossNet, TNL, HGRN2, cosFormer2) with LLaMA and Mamba baselines."""
 
 from linlm import errors
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.io import load
 from linlm.models.lm import CausalLM, LMOutput, create_model
 from linlm.models.presets import PRESETS

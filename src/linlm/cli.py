@@ -23,8 +23,8 @@ def _add_model_args(p: argparse.ArgumentParser, default_arch: Optional[str] = "l
 def _model_config(args):
     """The ModelConfig of --arch, --preset and the model.* overrides (the dialect of `linlm train`)."""
     from linlm.cli_args import override_items
-    from linlm.config import parse_overrides
-    from linlm.train.config_loading import build_model_config
+    from linlm.schema import parse_overrides
+    from linlm.train.config_sources import build_model_config
 
     return build_model_config(args.arch, args.preset, parse_overrides(override_items(args)))
 
@@ -51,7 +51,7 @@ def cmd_archs(args) -> int:
 
     print_table(["arch", "description"], [[k, s.description] for k, s in ARCHITECTURES.items()], title="architectures")
     print_table(["preset", "shape"], [[k, ", ".join(f"{a}={b}" for a, b in v.items() if a != "per_arch")]
-                                      for k, v in PRESETS.items()], title="presets")
+                                      for k, v in PRESETS.items()], title="size presets")
     return 0
 
 
@@ -61,14 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linlm", description="Linear-complexity language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("count", help="parameters and FLOPs of a config")
+    p = sub.add_parser("count", help="parameters and FLOPs of a model (an architecture at a size preset)")
     _add_model_args(p)
-    p.add_argument("--batch", type=positive_int, default=480, help="batch size b for flops_per_step (paper: 480)")
+    p.add_argument("--batch-size", "--batch", dest="batch", type=positive_int, default=480,
+                   help="batch size b for flops_per_step (paper: 480; old spelling: --batch)")
     p.add_argument("--seq-len", type=positive_int, default=8192, help="sequence length n (paper: 8192)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=cmd_count)
 
-    p = sub.add_parser("archs", help="list architectures and presets")
+    p = sub.add_parser("archs", help="list architectures and size presets")
     p.set_defaults(func=cmd_archs)
 
     for module in _subsystem_clis():

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from linlm.config import is_override
+from linlm.schema import is_override
 
 
 def add_overrides(parser: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:

@@ -101,7 +101,7 @@ def test_ids_outside_the_vocabulary_are_a_corrupt_shard(out):
 
 
 def test_training_on_a_corrupt_shard_stops_with_a_data_error(corpus_dir, tiny_tokenizer, tmp_path):
-    from linlm.train.config import TrainConfig
+    from linlm.train.train_config import TrainConfig
     from linlm.train import train
 
     data = tmp_path / "prepared"

@@ -97,7 +97,7 @@ def test_default_runs_are_the_registry_s_architectures_and_the_mossnet_pair():
     assert {"llama", "tnl", "hgrn2", "cosformer2", "mamba"} <= set(archs) and "mossnet" not in archs
     assert [r.name() for r in default_runs((16,), 2)] == [*(f"{a}-d16" for a in archs), "mossnet-E1-d16",
                                                           "mossnet-E2-d16"]
-    defaults = register(argparse.ArgumentParser().add_subparsers()).parse_args(["--out-dir", "x"])
+    defaults = register(argparse.ArgumentParser().add_subparsers()).parse_args(["--out", "x"])
     assert defaults.archs == ",".join(archs)  # `linlm mqar` trains the same set
     with pytest.raises(ConfigError, match="experts"):
         default_runs((16,), -1)
@@ -152,7 +152,7 @@ def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, c
     from linlm.train.metrics import read_metrics
 
     out, steps = tmp_path / "mqar", 100
-    proc = subprocess.Popen([sys.executable, "-m", "linlm", "mqar", "--out-dir", str(out), *TINY, "--steps",
+    proc = subprocess.Popen([sys.executable, "-m", "linlm", "mqar", "--out", str(out), *TINY, "--steps",
                              str(steps)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not read_metrics(out / "tnl-d16" / "metrics.jsonl"):
@@ -194,7 +194,7 @@ def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, c
 
 
 def test_outputs_are_checked_before_any_training(tmp_path, capsys):
-    """A user's results.json or mqar.png in --out-dir, or a run directory of another experiment, refuses the
+    """A user's results.json or mqar.png in --out, or a run directory of another experiment, refuses the
     command before anything is trained or written; the outputs written are linlm's (ledgered)."""
     from linlm import outputs
 
@@ -202,16 +202,16 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
         out = tmp_path / name.replace(".", "_")
         out.mkdir()
         (out / name).write_text("mine")
-        assert main(["mqar", "--out-dir", str(out), *TINY, "--steps", "2"]) == 2
-        one_error(capsys, "--out-dir", name)
+        assert main(["mqar", "--out", str(out), *TINY, "--steps", "2"]) == 2
+        one_error(capsys, "--out", name)
         assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == "mine"
 
     out = tmp_path / "mqar"
-    assert main(["mqar", "--out-dir", str(out), "--archs", "hgrn2", *TINY[2:], "--steps", "2"]) == 0
+    assert main(["mqar", "--out", str(out), "--archs", "hgrn2", *TINY[2:], "--steps", "2"]) == 0
     capsys.readouterr()
     assert outputs.owns_file(out / "results.json") and outputs.owns_file(out / "mqar.png")
     # tnl-d16 would be new, hgrn2-d16 is of another experiment (2 steps, not 3): refused before tnl trains.
-    assert main(["mqar", "--out-dir", str(out), *TINY, "--steps", "3"]) == 2
+    assert main(["mqar", "--out", str(out), *TINY, "--steps", "3"]) == 2
     one_error(capsys, "hgrn2-d16", "another experiment", "--overwrite")
     assert not (out / "tnl-d16").exists()
 
@@ -224,6 +224,6 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
 ])
 def test_numbers_are_checked_and_zero_is_no_default(tmp_path, capsys, flags, expected):
     out = tmp_path / "mqar"
-    assert main(["mqar", "--out-dir", str(out), *TINY, "--steps", "2", *flags]) == 2
+    assert main(["mqar", "--out", str(out), *TINY, "--steps", "2", *flags]) == 2
     one_error(capsys, expected)
     assert not out.exists()

@@ -15,7 +15,7 @@ from linlm.layers.cosformer2 import lrpe, lrpe_factors
 from linlm.layers.tnl import tnl_log_decay, tnl_slopes
 from linlm.models.archs.cosformer2 import CosFormer2Options
 from linlm.models.archs.tnl import TNLOptions
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.lm import CausalLM
 from linlm.ops.gla import gla_reference
 

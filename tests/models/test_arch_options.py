@@ -10,15 +10,15 @@ import pytest
 import torch
 
 import linlm
-from linlm.config import parse_overrides
+from linlm.schema import parse_overrides
 from linlm.errors import ConfigError
 from linlm.models.archs.base import ArchSpec, NoOptions
 from linlm.models.archs.cosformer2 import CosFormer2Options
 from linlm.models.archs.tnl import TNLMixer, TNLOptions
-from linlm.models.config import ModelConfig, model_keys, resume_options
+from linlm.models.model_config import ModelConfig, model_keys, resume_options
 from linlm.models.format import config_checksum
 from linlm.models.lm import CausalLM, create_model
-from linlm.train.config_loading import build_config, build_model_config, load_train_config
+from linlm.train.config_sources import build_config, build_model_config, load_train_config
 
 # A model config as linlm wrote it in config.json before options were nested: every option a flat field, those of
 # every architecture in every config. Written out by hand, not by the code under test.

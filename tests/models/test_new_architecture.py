@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from linlm.cli import main
-from linlm.config import config_error
+from linlm.schema import config_error
 from linlm.models.archs.base import ArchSpec, sglu
 from linlm.models.lm import create_model
 from linlm.models.registry import ARCHITECTURES, arch_color, arch_names
@@ -84,7 +84,7 @@ def test_the_toy_is_listed_counted_and_checked(toy, capsys):
 
 def test_the_toy_options_are_read_validated_and_saved(toy, tmp_path):
     import linlm
-    from linlm.models.config import ModelConfig
+    from linlm.models.model_config import ModelConfig
 
     model = create_model("toy", preset="tiny", options={"decay": 0.9})
     assert model.layers[0].mixer.decay == 0.9

@@ -135,16 +135,16 @@ def _other_ladder(path: Path) -> Path:
 
 # (arguments after --out, what the one line names); "{t}" is the test's tmp_path.
 ON_A_JOB = {
-    "another preset": (["--preset", "cpu"], "preset 'smoke'"),
+    "another recipe": (["--recipe", "cpu"], "recipe 'smoke'"),
     "a typo in --set": (["--set", "optim.lrr=1"], "--set"),
     "a --set the finished sections contradict": (["--set", "optim.lr=0.5"], "scaling, compare"),
     "a missing --data-dir": (["--data-dir", "{t}/no-tasks"], "--data-dir"),
     "a --data-dir without task files": (["--data-dir", "{t}"], "holds none of the task files"),
     "--resume with --overwrite": (["--resume", "--overwrite"], "contradict"),
-    "--train-here on a local preset": (["--train-here"], "--train-here"),
+    "--train-here on a local recipe": (["--train-here"], "--train-here"),
 }
 ON_A_NEW_DIR = {
-    "an unknown preset": (["--preset", "laptop"], "unknown preset"),
+    "an unknown recipe": (["--recipe", "laptop"], "unknown recipe"),
     "a typo in --set": (["--set", "optim.lrr=1"], "optim.lrr"),
     "a --scaling-dir that does not exist": (["--scaling-dir", "{t}/typo"], "--scaling-dir"),
     "a --scaling-dir of another ladder": (["--scaling-dir", "{t}/other"], "ladder 'cpu'"),
@@ -308,9 +308,9 @@ def test_zeroshot_that_scored_nothing_failed_and_a_corrected_data_dir_runs_it(tm
     assert snapshot(out) == before
 
 
-def test_the_paper_preset_trains_nothing_here(tmp_path, fakes, capsys):
+def test_the_paper_recipe_trains_nothing_here(tmp_path, fakes, capsys):
     out = tmp_path / "paper"
-    rc, stdout, err = reproduce(capsys, "--preset", "paper", "--out", out)
+    rc, stdout, err = reproduce(capsys, "--recipe", "paper", "--out", out)
     assert rc == 0, err
     assert not fakes.trained and "mqar" not in fakes.calls
     assert "mqar: not run yet" in stdout and "--train-here" in stdout
@@ -318,7 +318,7 @@ def test_the_paper_preset_trains_nothing_here(tmp_path, fakes, capsys):
     assert os.access(script, os.X_OK) and script.read_text().count("torchrun ") == 27
     assert outputs.owns_file(script) and outputs.owns_file(out / "scaling" / "configs" / "llama-7b.yaml")
     assert "--train-here" in (out / "report.md").read_text()
-    rc, stdout, err = reproduce(capsys, "--preset", "paper", "--out", out, "--train-here")
+    rc, stdout, err = reproduce(capsys, "--recipe", "paper", "--out", out, "--train-here")
     assert rc == 0, err
     assert fakes.calls.count("mqar") == 1 and not fakes.trained
 

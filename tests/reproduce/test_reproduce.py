@@ -1,4 +1,4 @@
-"""linlm reproduce: the smoke preset end to end and resumed, the directory rules, the dry-run plan, the presets'
+"""linlm reproduce: the smoke recipe end to end and resumed, the directory rules, the dry-run plan, the recipes'
 comparisons at equal active size, and claims whose verdicts follow the numbers."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from linlm.reproduce import claims as C
 from linlm import outputs
 from linlm.reproduce import run
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory
-from linlm.reproduce.presets import load_preset, preset_names
+from linlm.reproduce.recipes import load_recipe, recipe_names
 from output_asserts import assert_png
 
 VERDICTS = {"supported", "partly supported", "not supported", "not supported at this scale", "not measured"}
@@ -50,7 +50,7 @@ def panels_size(n: int) -> tuple[int, int]:
     return round(6.2 * min(n, 2) * 110), round(4.2 * -(-n // 2) * 110)
 
 
-def test_smoke_preset_end_to_end_then_resumed(tmp_path, text_file, monkeypatch):
+def test_smoke_recipe_end_to_end_then_resumed(tmp_path, text_file, monkeypatch):
     out = tmp_path / "job"
     said: list[str] = []
     steps = count_train_steps(monkeypatch)
@@ -115,7 +115,7 @@ def test_sigint_during_the_sweep_stops_the_job_as_interrupted(tmp_path, text_fil
     from reproduce_helpers import cli_env
 
     out = tmp_path / "job"
-    proc = subprocess.Popen([sys.executable, "-m", "linlm", "reproduce", "--preset", "smoke", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "linlm", "reproduce", "--recipe", "smoke", "--out", str(out),
                              "--set", f"data.source={text_file}"], env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     metrics = out / "scaling" / "runs" / "llama-xs" / "metrics.jsonl"
@@ -131,15 +131,16 @@ def test_sigint_during_the_sweep_stops_the_job_as_interrupted(tmp_path, text_fil
     assert (out / MARKER).is_file()
 
 
-def test_unknown_preset_lists_the_valid_ones(tmp_path, capsys):
-    assert main(["reproduce", "--preset", "laptop", "--out", str(tmp_path / "x")]) == 2
+@pytest.mark.parametrize("flag", ["--recipe", "--preset"])  # --preset: the flag's old spelling
+def test_unknown_recipe_lists_the_valid_ones(tmp_path, capsys, flag):
+    assert main(["reproduce", flag, "laptop", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "unknown preset 'laptop'" in err and all(repr(p) in err for p in ("cpu", "gpu", "paper", "smoke"))
+    assert "--recipe: unknown recipe 'laptop'" in err and all(repr(p) in err for p in ("cpu", "gpu", "paper", "smoke"))
     assert not (tmp_path / "x").exists()
 
 
 def test_directory_rules(tmp_path):
-    smoke = load_preset("smoke")
+    smoke = load_recipe("smoke")
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("mine")
@@ -152,12 +153,12 @@ def test_directory_rules(tmp_path):
 
     other = tmp_path / "other"
     outputs.write_json(other / MARKER, {"format": FORMAT, "preset": "cpu", "version": linlm.__version__})
-    with pytest.raises(ConfigError, match="preset 'cpu'.*--resume.*--overwrite"):
+    with pytest.raises(ConfigError, match="recipe 'cpu'.*--resume.*--overwrite"):
         check_directory(other, smoke, resume=False, overwrite=False)
-    preset, marker = check_directory(other, smoke, resume=True, overwrite=False)
-    assert preset.name == "cpu" and marker["preset"] == "cpu"  # --resume continues the directory's own job
-    preset, _ = check_directory(other, smoke, resume=False, overwrite=True)
-    assert preset.name == "smoke"
+    recipe, marker = check_directory(other, smoke, resume=True, overwrite=False)
+    assert recipe.name == "cpu" and marker["preset"] == "cpu"  # --resume continues the directory's own job
+    recipe, _ = check_directory(other, smoke, resume=False, overwrite=True)
+    assert recipe.name == "smoke"
     with pytest.raises(ConfigError, match="no reproduce job to resume"):
         check_directory(tmp_path / "empty", smoke, resume=True, overwrite=False)
     # A marker the user wrote (or edited) is not a job of linlm's.
@@ -169,7 +170,7 @@ def test_directory_rules(tmp_path):
 
 def test_paper_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "paper"
-    assert main(["reproduce", "--preset", "paper", "--out", str(out), "--dry-run"]) == 0
+    assert main(["reproduce", "--recipe", "paper", "--out", str(out), "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "llama-7b" in text and "mossnet-410m" in text and "PFLOP/s-days" in text and "GPU-hours" in text
     assert "27 training runs" in text
@@ -181,7 +182,7 @@ def test_comparison_is_at_equal_active_parameters(name):
     from linlm.reproduce.job import Job
     from linlm.scaling.ladder import plan_runs
 
-    runs = plan_runs(Job(load_preset(name), None).compare_ladder(), None, "/nonexistent")
+    runs = plan_runs(Job(load_recipe(name), None).compare_ladder(), None, "/nonexistent")
     params = {r.arch: r.params for r in runs}
     assert set(params) == {"llama", "mamba", "mossnet"}
     assert all(abs(n / params["llama"] - 1) < 0.05 for n in params.values()), params  # within 5 % of LLaMA
@@ -189,8 +190,8 @@ def test_comparison_is_at_equal_active_parameters(name):
 
 
 def test_every_preset_loads():
-    assert set(preset_names()) == {"smoke", "cpu", "gpu", "paper"}
-    presets = {name: load_preset(name) for name in preset_names()}
+    assert set(recipe_names()) == {"smoke", "cpu", "gpu", "paper"}
+    presets = {name: load_recipe(name) for name in recipe_names()}
     # Only the paper's preset is too big to train here: it writes torchrun commands for a cluster.
     assert {n: p.mode for n, p in presets.items()} == {"smoke": "local", "cpu": "local", "gpu": "local",
                                                        "paper": "torchrun"}

@@ -17,7 +17,7 @@ import torch
 from output_asserts import assert_png
 
 from linlm.reproduce.job import Job
-from linlm.reproduce.presets import load_preset
+from linlm.reproduce.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 100
@@ -28,11 +28,11 @@ SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
 from linlm.reproduce.job import Job
-from linlm.reproduce.presets import load_preset
+from linlm.reproduce.recipes import load_recipe
 from linlm.train.cli import setup_logging
 
 setup_logging()
-job = Job(dataclasses.replace(load_preset("smoke"), mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
+job = Job(dataclasses.replace(load_recipe("smoke"), mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
 try:
     job.run_section("mqar", lambda fraction: None)
 except KeyboardInterrupt as e:
@@ -75,7 +75,7 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
     assert not (out / "mqar" / "tnl-d16" / "config.yaml").exists() and not (out / "plots" / "mqar.png").exists()
 
     # The job runs the section again (here, in this process): the stopped run resumes from its checkpoint.
-    job = Job(dataclasses.replace(load_preset("smoke"), mqar=SETTINGS), out)
+    job = Job(dataclasses.replace(load_recipe("smoke"), mqar=SETTINGS), out)
     threads = torch.get_num_threads()
     caplog.set_level(logging.INFO, logger="linlm")
     try:

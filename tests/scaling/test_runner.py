@@ -90,7 +90,7 @@ def test_dry_run_prints_runs_compute_epochs_and_time(tmp_path, text_file, capsys
 
 
 def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
-    from linlm.train.config_loading import build_config
+    from linlm.train.config_sources import build_config
 
     out = tmp_path / "paper"
     assert main(["scaling", "run", "--ladder", "paper", "--out", str(out), "--emit", "torchrun"]) == 0

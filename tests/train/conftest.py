@@ -45,7 +45,7 @@ def tiny_data(tmp_path_factory, text_file, cache_env) -> Path:
 @pytest.fixture
 def make_config(tiny_data, tmp_path):
     """make_config("run", steps=6, optim__lr=1e-3) -> a validated TrainConfig (``a__b`` sets key a.b)."""
-    from linlm.train.config import TrainConfig
+    from linlm.train.train_config import TrainConfig
 
     def make(out: str = "run", **top):
         return TrainConfig.from_dict(tiny_config_dict(tiny_data, tmp_path / out, **top))

@@ -14,7 +14,7 @@ from train_helpers import assert_bitwise_equal, final_weights
 from linlm import create_model
 from linlm.models.registry import ARCHITECTURES
 from linlm.train import TrainHooks, latest_valid, train
-from linlm.train.config import OptimSection
+from linlm.train.train_config import OptimSection
 from linlm.train.metrics import read_metrics
 from linlm.train.optim import build_optimizer
 from linlm.train.step import apply_activation_checkpointing

@@ -9,8 +9,8 @@ from train_helpers import REPO, write_yaml
 
 from linlm.cli import main
 from linlm.errors import ConfigError
-from linlm.train.config import TrainConfig
-from linlm.train.config_loading import build_config, load_train_config, preset_path
+from linlm.train.train_config import TrainConfig
+from linlm.train.config_sources import build_config, config_path, load_train_config
 
 
 def test_defaults_validate():
@@ -20,7 +20,7 @@ def test_defaults_validate():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name):
-    cfg = load_train_config(preset_path(name))
+    cfg = load_train_config(config_path(name))
     assert cfg.steps > 0
 
 
@@ -68,7 +68,7 @@ def test_impossible_values():
 
 def test_cli_unknown_key_exits_2_without_traceback(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--out-dir", str(out), "optim.lrr=1"]) == 2
+    assert main(["train", "--out", str(out), "optim.lrr=1"]) == 2
     err = capsys.readouterr().err
     assert "optim.lrr" in err and "Traceback" not in err
     assert not out.exists()
@@ -86,13 +86,13 @@ def test_cli_print_config_round_trips(tmp_path, capsys):
     path.write_text(text)
     cfg = load_train_config(path)
     assert cfg.steps == 70 and cfg.optim.lr == 0.01 and cfg.model.arch == "tnl"
-    assert cfg.to_dict() == load_train_config(preset_path("demo"), ["steps=70", "optim.lr=0.01"]).to_dict()
+    assert cfg.to_dict() == load_train_config(config_path("demo"), ["steps=70", "optim.lr=0.01"]).to_dict()
 
 
-def test_preset_path_finds_configs():
-    assert preset_path("demo") == REPO / "configs" / "demo.yaml"
-    assert preset_path("no-such-preset") is None
-    assert preset_path(str(Path("x") / "demo.yaml")) is None
+def test_config_path_finds_named_configs():
+    assert config_path("demo") == REPO / "configs" / "demo.yaml"
+    assert config_path("no-such-config") is None
+    assert config_path(str(Path("x") / "demo.yaml")) is None
 
 
 def test_check_command_keeps_the_decode_table(capsys):
@@ -115,7 +115,7 @@ def test_demo_command_trains(monkeypatch):
         return Result()
 
     monkeypatch.setattr(linlm.commands.demo, "run_demo", fake_run_demo)
-    assert main(["demo", "--steps", "5", "--out-dir", "x", "optim.lr=0.1"]) == 0
+    assert main(["demo", "--steps", "5", "--out", "x", "optim.lr=0.1"]) == 0
     assert seen["steps"] == 5 and seen["out_dir"] == "x" and seen["overrides"] == ["optim.lr=0.1"]
     assert seen["preset"] is None
 
@@ -125,7 +125,7 @@ def test_the_tokenizer_too_large_hint_is_a_command_that_works(make_config, capsy
     import re
 
     cfg = make_config("run")
-    args = ["train", "--data-dir", str(cfg.data.dir), "--out-dir", str(cfg.out_dir), "--quiet",
+    args = ["train", "--data-dir", str(cfg.data.dir), "--out", str(cfg.out_dir), "--quiet",
             "model.overrides={n_layers: 1, d_model: 32, n_heads: 2, max_seq_len: 128, vocab_size: 256}",
             "data.seq_len=32", "batch_size=4", "steps=1", "eval.every=0", "samples.max_new_tokens=0", "threads=1"]
     assert main(args) == 2
@@ -138,7 +138,7 @@ def test_the_tokenizer_too_large_hint_is_a_command_that_works(make_config, capsy
 def test_resumable_keys_are_read_from_the_fields():
     import dataclasses
 
-    from linlm.train.config import is_resumable_change
+    from linlm.train.train_config import is_resumable_change
 
     import typing
 

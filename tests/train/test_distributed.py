@@ -10,7 +10,7 @@ import sys
 import pytest
 from train_helpers import cli_env, tiny_config_dict, write_yaml
 
-from linlm.train.config import TrainConfig
+from linlm.train.train_config import TrainConfig
 from linlm.train import train
 from linlm.train.metrics import read_metrics
 

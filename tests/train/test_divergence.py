@@ -31,7 +31,7 @@ def follow(message: str) -> Path:
     argv = command_in(message)
     done = run_cli(argv + ["--quiet"], timeout=600)
     assert done.returncode == 0, done.stderr
-    out = Path(argv[argv.index("--out-dir") + 1]) if "--out-dir" in argv else None
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
     return out
 
 
@@ -234,9 +234,9 @@ def test_normal_training_does_not_trip_the_guard(make_config, settings):
 
 def test_the_demo_configs_first_steps_do_not_trip_the_guard(tiny_data, tmp_path):
     """configs/demo.yaml (its model, optimizer and warmup) for 50 steps, on the test data."""
-    from linlm.train.config_loading import build_config, preset_path
+    from linlm.train.config_sources import build_config, config_path
 
-    cfg = build_config(preset_path("demo"), {
+    cfg = build_config(config_path("demo"), {
         "data": {"dir": str(tiny_data), "seq_len": 64}, "steps": 50, "batch_size": 8,
         "out_dir": str(tmp_path / "demo"), "precision": "fp32", "eval": {"every": 0}, "checkpoint": {"every": 0},
         "samples": {"max_new_tokens": 0}})

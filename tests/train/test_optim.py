@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from linlm import create_model
-from linlm.train.config import OptimSection, ScheduleSection
+from linlm.train.train_config import OptimSection, ScheduleSection
 from linlm.train.optim import build_optimizer, lr_at, split_decay, wsd_decay_start
 
 

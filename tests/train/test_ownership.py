@@ -126,7 +126,7 @@ def demo_args(data_dir: Path, out: Path) -> list[str]:
             "model.overrides.d_model": 32, "model.overrides.n_heads": 2, "model.overrides.glu_dim": 64,
             "model.overrides.chunk_size": 16, "eval.batches": 1, "samples.max_new_tokens": 0, "precision": "fp32",
             "checkpoint.every": 1}
-    return ["--out-dir", str(out), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    return ["--out", str(out), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
 
 
 def test_the_demo_replacing_its_run_keeps_the_users_folder_and_refuses_a_users_path(tiny_data, tmp_path):

@@ -202,7 +202,7 @@ def test_sequence_longer_than_the_data_is_refused(make_config):
 
 
 def _cli_args(cfg) -> list[str]:
-    return ["train", "--data-dir", str(cfg.data.dir), "--out-dir", str(cfg.out_dir), "--quiet",
+    return ["train", "--data-dir", str(cfg.data.dir), "--out", str(cfg.out_dir), "--quiet",
             "model.overrides={n_layers: 1, d_model: 32, n_heads: 2, max_seq_len: 128}", "data.seq_len=32",
             "batch_size=4", "steps=2", "eval.every=0", "samples.max_new_tokens=0", "threads=1"]
 
@@ -232,11 +232,11 @@ def test_cli_train_then_generate(make_config, capsys):
     cfg = make_config("run")
     assert main(_cli_args(cfg)) == 0
     capsys.readouterr()
-    assert main(["generate", "--checkpoint", str(cfg.out_dir), "--prompt", "The king", "--max-new-tokens", "5",
+    assert main(["generate", "--model", str(cfg.out_dir), "--prompt", "The king", "--max-new-tokens", "5",
                  "--temperature", "0"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("The king") and len(out.strip()) > len("The king")
-    assert main(["generate", "--checkpoint", str(cfg.out_dir) + "/nope", "--prompt", "x"]) == 2
+    assert main(["generate", "--model", str(cfg.out_dir) + "/nope", "--prompt", "x"]) == 2
 
 
 def test_mixture_of_experts_aux_loss_is_logged(make_config):

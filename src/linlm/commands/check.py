@@ -19,7 +19,7 @@ def register(subparsers) -> None:
                                             "print a table")
     p.add_argument("--archs", nargs="*", default=None,
                    help="architectures to include (default: every registered one, see `linlm archs`)")
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--preset", default="tiny", help="size preset (see `linlm archs`)")
     p.set_defaults(func=cmd_check)
 
 

@@ -1,7 +1,7 @@
 """``linlm demo``: train a small model on the built-in Shakespeare corpus in a few minutes on a CPU, then print
 samples and where the loss curve and checkpoint are (configs/demo.yaml).
 
-The demo trains into ``runs/demo`` (or ``--out-dir``) and marks its runs with a ``.demo-run`` file, written
+The demo trains into ``runs/demo`` (or ``--out``) and marks its runs with a ``.demo-run`` file, written
 through :mod:`linlm.outputs`. It replaces a run there only when linlm wrote that mark (a ``.demo-run`` the user
 made or changed does not count); any other run is refused and left as it is. Replacing a demo run is
 ``linlm train --overwrite``: only what linlm wrote is removed (see :mod:`linlm.train.rundir`).
@@ -22,13 +22,15 @@ DEMO_MARK = ".demo-run"
 def register(subparsers) -> None:
     from linlm.cli_args import add_overrides
 
-    p = subparsers.add_parser("demo", help="the main job: train a small model on the built-in Shakespeare corpus, "
-                                           "then print samples and where the loss curve and checkpoint are")
+    p = subparsers.add_parser("demo", help="a first training run, a few minutes on a CPU: a small model on the "
+                                           "built-in Shakespeare corpus, then samples and where the loss curve and "
+                                           "checkpoint are")
     p.add_argument("--archs", nargs="*", default=None,
                    help="architecture to train instead of the demo's (the first one given)")
     p.add_argument("--preset", default=None, help="train this size preset instead of the demo's shape")
-    p.add_argument("--out-dir", default=None, help="run directory (default: runs/demo; a demo run there is "
-                                                   "replaced, any other run is refused)")
+    p.add_argument("--out", "--out-dir", dest="out_dir", default=None, metavar="DIR",
+                   help="run directory (default: runs/demo; a demo run there is replaced, any other run is refused; "
+                        "old spelling: --out-dir)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps, a positive number (default: from the "
                                                            "demo config)")
     add_overrides(p)
@@ -48,7 +50,7 @@ def cmd_demo(args) -> int:
 class _MarkDemoRun(TrainHooks):
     def on_start(self, info: dict) -> None:
         outputs.write_text(Path(info["out_dir"]) / DEMO_MARK,
-                           "written by `linlm demo`; the next demo may replace this run\n", "--out-dir")
+                           "written by `linlm demo`; the next demo may replace this run\n", "--out")
 
 
 def unigram_entropy(data_dir, split: str = "train") -> float:
@@ -71,13 +73,13 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     """Train configs/demo.yaml (the first of ``archs`` replaces its architecture) into ``out_dir``."""
     import time
 
-    from linlm.config import load_yaml, parse_overrides
-    from linlm.train.config_loading import build_config, preset_path
+    from linlm.schema import load_yaml, parse_overrides
+    from linlm.train.config_sources import build_config, config_path
     from linlm.train.pipeline import prepared_data_dir
     from linlm.train.rundir import RunDir
     from linlm.train.trainer import train
 
-    path = preset_path("demo")
+    path = config_path("demo")
     if path is None:
         raise ConfigError("configs/demo.yaml was not found beside the linlm sources; run the demo from a source "
                           "checkout, or use `linlm train --config FILE`")
@@ -96,9 +98,8 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     ours = outputs.owns_file(mark)
     if run.has_run() and not ours:
         raise ConfigError(f"out_dir: {run.path} holds a run that `linlm demo` did not make; nothing was changed. "
-                          f"Choose another --out-dir, or continue that run with `linlm train --resume --out-dir "
-                          f"{run.path}`")
-    outputs.check_file(mark, "--out-dir")  # a .demo-run of the user's is refused here, before any work
+                          f"Choose another --out, or continue that run with `linlm train --resume --out {run.path}`")
+    outputs.check_file(mark, "--out")  # a .demo-run of the user's is refused here, before any work
     started = time.perf_counter()
     result = train(cfg, overwrite=ours and run.has_run(), hooks=_MarkDemoRun())
     data_dir = cfg.data.dir or prepared_data_dir(cfg)
@@ -113,5 +114,5 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     print(f"  checkpoint: {result.checkpoint}")
     if result.samples:
         print(f"  samples:    {result.out_dir / 'samples.txt'}")
-    print(f"  more text:  linlm generate --checkpoint {result.out_dir} --prompt 'ROMEO:'")
+    print(f"  more text:  linlm generate --model {result.out_dir} --prompt 'ROMEO:'")
     return result

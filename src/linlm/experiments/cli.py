@@ -10,10 +10,11 @@ def register(subparsers):
         "mqar", help="train small models of each architecture on MQAR; accuracy vs width and state size",
         description="Multi-query associative recall: trains every run (architecture x width, plus MossNet with one "
                     "and with E SSM experts) with the Trainer on the same synthetic stream, measures test accuracy, "
-                    "prints a table and writes results.json and mqar.png into --out-dir. Resumable: Ctrl-C stops at "
+                    "prints a table and writes results.json and mqar.png into --out. Resumable: Ctrl-C stops at "
                     "the run in training (its checkpoint saved, nothing of it recorded; exit 130), and the same "
                     "command again continues it from that checkpoint, reading the finished runs' results back.")
-    p.add_argument("--out-dir", required=True, help="one run directory per model is made below it")
+    p.add_argument("--out", "--out-dir", dest="out_dir", required=True, metavar="DIR",
+                   help="one run directory per model is made below it (old spelling: --out-dir)")
     p.add_argument("--archs", default=",".join(default_archs()),
                    help="comma-separated architectures (default: every registered one but the mixtures of experts; "
                         "MossNet runs through --experts)")
@@ -73,12 +74,12 @@ def cmd_mqar(args) -> int:
     archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
     runs = default_runs(widths, args.experts, archs)
     cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
-    out = outputs.check_dir(args.out_dir, "--out-dir", names=["results.json", "mqar.png"])
+    out = outputs.check_dir(args.out_dir, "--out", names=["results.json", "mqar.png"])
     try:
         rows = run_experiment(runs, cfg, out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                               n_layers=args.layers, head_dim=args.head_dim, seed=args.seed,
                               test_sequences=args.test_sequences, threads=0 if args.threads is None else args.threads,
-                              overwrite=args.overwrite, what="--out-dir")
+                              overwrite=args.overwrite, what="--out")
     except KeyboardInterrupt as e:
         print(f"linlm mqar: {str(e) or 'interrupted'}; nothing unfinished was recorded and no further run was trained. "
               f"To continue, run the same command again: {_mqar_command(args)}", file=sys.stderr)
@@ -87,11 +88,11 @@ def cmd_mqar(args) -> int:
               f"{r['sequence_accuracy']:.3f}", f"{r['final_loss']:.3f}"] for r in rows]
     print_table(["model", "d", "active params", "state (floats)", "accuracy", "all answers right", "train loss"], table,
                 title=f"MQAR: {cfg.num_kv} pairs, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
-    plot = plot_experiment(rows, out / "mqar.png", "--out-dir")
+    plot = plot_experiment(rows, out / "mqar.png", "--out")
     task = {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv, "num_queries": cfg.queries, "seq_len": cfg.seq_len}
     path = outputs.write_json(out / "results.json", {
         "mqar": task, "settings": {k: v for k, v in vars(args).items() if k != "func"}, "runs": rows,
-        "format": "linlm-mqar"}, "--out-dir")
+        "format": "linlm-mqar"}, "--out")
     print(f"results: {path}\nplot: {plot}")
     return 0
 
@@ -102,9 +103,9 @@ def _mqar_command(args) -> str:
     import argparse
     import shlex
 
-    defaults = vars(register(argparse.ArgumentParser().add_subparsers()).parse_args(["--out-dir", "-"]))
+    defaults = vars(register(argparse.ArgumentParser().add_subparsers()).parse_args(["--out", "-"]))
     words = ["linlm", "mqar"]
     for key, value in vars(args).items():
         if key in defaults and key not in ("func", "overwrite") and (key == "out_dir" or value != defaults[key]):
-            words += ["--" + key.replace("_", "-"), str(value)]
+            words += ["--out" if key == "out_dir" else "--" + key.replace("_", "-"), str(value)]
     return shlex.join(words)

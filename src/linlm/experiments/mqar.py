@@ -97,7 +97,7 @@ def _plan_run(run: MQARRun, cfg: MQARConfig, out_dir: Path, train: dict, test_se
     else its training resumes from the checkpoint. One holding another experiment's run (other settings, or a
     training run with no record of this experiment) is refused unless ``overwrite``, which replaces it."""
     from linlm.train import build_config
-    from linlm.train.config import config_diff
+    from linlm.train.train_config import config_diff
     from linlm.train.rundir import RunDir
 
     head_dim, threads = train["head_dim"], train["threads"]
@@ -162,7 +162,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     """Train each run on MQAR with the Trainer (``out_dir/NAME``) and measure its test accuracy; one row per run.
 
     Resumable, one run at a time. Every run's directory is checked before anything is trained or written (see
-    :func:`_plan_run`; ``what`` names the directory in messages, e.g. ``--out-dir``), then each run's settings are
+    :func:`_plan_run`; ``what`` names the directory in messages, e.g. ``--out``), then each run's settings are
     recorded in ``out_dir/NAME/mqar.json``; ``out_dir`` is locked while the experiment runs. A run's result joins
     its record only once its training has reached ``steps``, and a rerun with the same settings reads it back
     instead of measuring again; a stopped run resumes from its checkpoint. A run the Trainer stopped on SIGINT /

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Mapping
 from transformers import PreTrainedConfig
 
 from linlm.errors import CheckpointError, ConfigError
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.registry import ARCHITECTURES
 
 MODEL_TYPE_PREFIX = "linlm_"

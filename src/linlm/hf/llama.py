@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from linlm.errors import CheckpointError, ConfigError
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.lm import CausalLM
 
 

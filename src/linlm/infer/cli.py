@@ -11,7 +11,8 @@ def register(subparsers) -> None:
                               description="Continue PROMPT with a model from a run directory (its newest valid "
                                           "checkpoint), a checkpoint directory, or a directory from model.save().")
     p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="DIR",
-                   help="run directory, checkpoint directory or saved model directory (--checkpoint is an alias)")
+                   help="run directory, checkpoint directory or saved model directory (old spelling: "
+                        "--checkpoint)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="text to continue (default: empty, start a new document)")
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE ('-': stdin)")
@@ -34,7 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--archs", default=None,
                    help="comma-separated architectures (default: every registered one, see `linlm archs`); add "
                         "hf-llama for transformers' Llama (added beside llama unless --no-hf)")
-    p.add_argument("--preset", default="paper-70m")
+    p.add_argument("--preset", default="paper-70m", help="size preset (see `linlm archs`)")
     p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
     p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
@@ -61,7 +62,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="STEM",
                    help="file stem of the outputs, not a directory: writes STEM.prefill.FMT, STEM.step.FMT and "
                         "STEM.json (a trailing .pt2, .onnx or .json is dropped), e.g. --out exports/tnl")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch-size", "--batch", dest="batch", type=int, default=1,
+                   help="batch size of the exported programs (old spelling: --batch)")
     p.add_argument("--prefill-len", type=int, default=16, help="prompt length of the exported prefill")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of an earlier export that linlm wrote (a file it did not write is never "
@@ -151,7 +153,7 @@ def cmd_profile(args) -> int:
 def _profile(args) -> int:
     """`linlm profile` once its flags are checked (and its threads set): profile, print, write."""
     from linlm import outputs
-    from linlm.config import parse_overrides
+    from linlm.schema import parse_overrides
     from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
     from linlm.infer.report import print_table
 
@@ -201,7 +203,7 @@ def cmd_export(args) -> int:
 
     # Checked before the model loads or is traced: a refusal costs nothing and writes nothing.
     check_numbers(("--check", args.check, 0, False), ("--tolerance", args.tolerance, 0, True),
-                  ("--batch", args.batch, 1, False), ("--prefill-len", args.prefill_len, 1, False))
+                  ("--batch-size", args.batch, 1, False), ("--prefill-len", args.prefill_len, 1, False))
     check_outputs(args.out, args.format, args.overwrite, "--out")
     model, _ = load_model(args.model)
     paths = export(model, args.out, args.format, batch=args.batch, prefill_len=args.prefill_len,

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.lm import CausalLM
 from linlm.models.measure import active_params, forward_flops_per_token
 from linlm.models.presets import preset_config

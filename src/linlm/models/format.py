@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from linlm.errors import CheckpointError, ConfigError, LinlmError
 from linlm import outputs
 from linlm.io_utils import sha256_file
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 
 FORMAT = "linlm-model"
 # 1: weights_sha256 only. 2: config_sha256 as well (required from version 2 on).

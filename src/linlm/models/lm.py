@@ -16,7 +16,7 @@ from linlm.errors import ShapeError
 from linlm.layers.norm import make_norm
 from linlm.layers.state import ModelState
 from linlm.models.block import Block
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.format import save_model
 from linlm.models.presets import preset_config
 from linlm.models.registry import get_arch

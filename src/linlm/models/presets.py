@@ -13,7 +13,7 @@ import torch
 
 from linlm.errors import ConfigError, choices_text
 from linlm.models.block import Block
-from linlm.models.config import ModelConfig
+from linlm.models.model_config import ModelConfig
 from linlm.models.measure import active_params
 from linlm.models.registry import get_arch
 

@@ -6,6 +6,9 @@ The package sits on top of everything else: it drives :mod:`linlm.scaling`, :mod
 """
 
 from linlm.reproduce.job import run
-from linlm.reproduce.presets import load_preset, preset_names
+from linlm.reproduce.recipes import load_recipe, recipe_names
 
-__all__ = ["run", "load_preset", "preset_names"]
+# The earlier names of the two functions (a recipe was called a preset), kept for user code.
+load_preset, preset_names = load_recipe, recipe_names
+
+__all__ = ["run", "load_recipe", "recipe_names", "load_preset", "preset_names"]

@@ -5,9 +5,9 @@ The job runs the sections of :data:`linlm.reproduce.sections.SECTIONS` in order,
 are read back, finished training runs are skipped, an interrupted one resumes from its checkpoint.
 
 **Before any work** (:func:`prepare`) everything the command was given is checked, and a refusal changes nothing
-on disk, the lock file included: the preset, --out (writable, a new or empty directory or a reproduce job, every
+on disk, the lock file included: the recipe, --out (writable, a new or empty directory or a reproduce job, every
 file the job writes there linlm's), every --set against the training config schema, --scaling-dir (an existing
-sweep of the preset's ladder, or an empty directory), --data-dir (a directory holding task files), the runs
+sweep of the recipe's ladder, or an empty directory), --data-dir (a directory holding task files), the runs
 already started in the sweeps (same settings), the live processes holding a directory --overwrite would clear.
 The checks run again once the lock is taken (another process may have written in between).
 
@@ -32,7 +32,7 @@ from linlm import outputs
 from linlm.errors import ConfigError, LinlmError
 from linlm.locking import DirLock
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory, finished_sections, in_the_way
-from linlm.reproduce.presets import Preset, load_preset
+from linlm.reproduce.recipes import Recipe, load_recipe
 from linlm.reproduce.section import Section
 from linlm.reproduce.sections import SECTIONS, get
 from linlm.reproduce.settings import FLAGS, check_settings, given_settings, job_settings, resolve_settings
@@ -76,21 +76,21 @@ def git_revision() -> Optional[str]:
 class Setup:
     """What :func:`prepare` decided: the job to run and how."""
 
-    preset: Preset
+    recipe: Recipe
     marker: Optional[dict]  # the job's marker (None: a new job, or one --overwrite starts over)
     settings: dict  # {overrides, scaling_dir, data_dir} the job runs with
     notes: list[str]  # what changed, said as the job starts
     replaced: Optional[dict] = None  # --overwrite of an existing job: its marker (what it wrote goes first)
 
 
-def prepare(preset_name: str, out: Path, *, resume: bool, overwrite: bool, given: dict, train_here: bool,
+def prepare(recipe_name: str, out: Path, *, resume: bool, overwrite: bool, given: dict, train_here: bool,
             held: tuple = ()) -> Setup:
     """Every check of the command, before any work; writes nothing. ``held``: the directories whose lock this
     process already holds (the second pass, under the lock)."""
-    preset, marker = check_directory(out, load_preset(preset_name), resume=resume, overwrite=overwrite)
-    if train_here and preset.mode != "torchrun":
-        raise ConfigError(f"--train-here: preset {preset.name!r} trains every section here already; it is for "
-                          "torchrun presets (paper). Drop it (nothing was changed)")
+    recipe, marker = check_directory(out, load_recipe(recipe_name), resume=resume, overwrite=overwrite)
+    if train_here and recipe.mode != "torchrun":
+        raise ConfigError(f"--train-here: recipe {recipe.name!r} trains every section here already; it is for "
+                          "torchrun recipes (paper). Drop it (nothing was changed)")
     replaced = marker if overwrite else None
     if replaced is not None:
         outputs.check_removal(out, "--out", held=held, blocks=in_the_way)
@@ -99,8 +99,8 @@ def prepare(preset_name: str, out: Path, *, resume: bool, overwrite: bool, given
     finished = finished_sections(out) if marker is not None else []
     settings, notes = resolve_settings(out, marker, given, finished)
     from_marker = {k: marker and given[k] is None and marker.get(k) for k in FLAGS}
-    check_settings(Job(preset, out, **job_settings(settings)), finished, replace=replace, from_marker=from_marker)
-    return Setup(preset, marker, settings, notes, replaced)
+    check_settings(Job(recipe, out, **job_settings(settings)), finished, replace=replace, from_marker=from_marker)
+    return Setup(recipe, marker, settings, notes, replaced)
 
 
 # ---- progress --------------------------------------------------------------------------------------------------
@@ -162,13 +162,13 @@ class JobProgress:
 
 @dataclass
 class Job:
-    preset: Preset
+    recipe: Recipe
     out: Path
     data_dir: Optional[str] = None
     say: Callable[[str], None] = print
     overrides: dict = field(default_factory=dict)  # TrainConfig keys for every training run (--set)
-    scaling_dir: Optional[Path] = None  # an existing `linlm scaling run` sweep of the preset's ladder
-    train_here: bool = False  # torchrun presets: train MQAR's models in this process too
+    scaling_dir: Optional[Path] = None  # an existing `linlm scaling run` sweep of the recipe's ladder
+    train_here: bool = False  # torchrun recipes: train MQAR's models in this process too
     results: dict = field(default_factory=dict)
     failures: dict = field(default_factory=dict)
     waiting: dict = field(default_factory=dict)  # section -> why it has not run yet (beyond its training)
@@ -190,12 +190,12 @@ class Job:
     def scaling_ladder(self):
         from linlm.scaling.ladder import load_ladder
 
-        return load_ladder(self.preset.scaling["ladder"])
+        return load_ladder(self.recipe.scaling["ladder"])
 
     def compare_ladder(self):
         from linlm.scaling.ladder import ladder_from_dict
 
-        return ladder_from_dict(self.preset.compare, "compare", f"preset {self.preset.name}: compare")
+        return ladder_from_dict(self.recipe.compare, "compare", f"recipe {self.recipe.name}: compare")
 
     def ladder(self, name: str):
         return self.scaling_ladder() if name == "scaling" else self.compare_ladder()
@@ -205,21 +205,21 @@ class Job:
         return get(name).run(self, tick)
 
 
-def run(preset_name: str, out: str | Path, *, data_dir: Optional[str] = None, resume: bool = False,
+def run(recipe_name: str, out: str | Path, *, data_dir: Optional[str] = None, resume: bool = False,
         overwrite: bool = False, overrides: Optional[dict] = None, scaling_dir: Optional[str | Path] = None,
         train_here: bool = False, live: bool = False, say: Callable[[str], None] = print) -> dict:
     """Run (or continue) the job; returns {"report", "claims", "pending", "failed", "waiting"}.
 
     ``overrides`` (a nested dict of TrainConfig keys, e.g. {"data": {"source": PATH}}) apply to every training
     run; ``scaling_dir`` takes the scaling sweep from (and continues it in) a directory of ``linlm scaling run
-    --ladder <the preset's ladder>`` instead of OUT/scaling; ``data_dir`` holds the zero-shot task files. A
+    --ladder <the recipe's ladder>`` instead of OUT/scaling; ``data_dir`` holds the zero-shot task files. A
     continued job keeps the settings it runs with unless new ones are given for sections that have not finished
-    (see the module doc). ``train_here``: a torchrun preset trains MQAR's models in this process too."""
+    (see the module doc). ``train_here``: a torchrun recipe trains MQAR's models in this process too."""
     out = Path(out).expanduser()
     given = given_settings(out, data_dir, overrides, scaling_dir)
 
     def check(held: tuple = ()) -> Setup:
-        return prepare(preset_name, out, resume=resume, overwrite=overwrite, given=given, train_here=train_here,
+        return prepare(recipe_name, out, resume=resume, overwrite=overwrite, given=given, train_here=train_here,
                        held=held)
 
     check()
@@ -233,31 +233,32 @@ def run(preset_name: str, out: str | Path, *, data_dir: Optional[str] = None, re
         outputs.remove_if_unused(created)
         raise
     try:
-        return _run(setup, preset_name, out, train_here, live, say)
+        return _run(setup, recipe_name, out, train_here, live, say)
     finally:
         lock.release()
 
 
-def _run(setup: Setup, preset_name: str, out: Path, train_here: bool, live: bool,
+def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool,
          say: Callable[[str], None]) -> dict:
     import linlm
     from linlm.reproduce.report import write
 
-    preset, marker = setup.preset, setup.marker
+    recipe, marker = setup.recipe, setup.marker
     if setup.replaced is not None:
         # The marker stays, saying the job is being replaced, until the new one is written: a removal cut short
         # (kill -9) leaves a directory that a plain rerun refuses and --overwrite finishes.
         outputs.write_json(out / MARKER, {**setup.replaced, "replacing": True}, "--out")
         outputs.remove_tree(out, "--out", held=[out], blocks=in_the_way, spare=lambda rel: rel == MARKER)
-    if marker is not None and preset.name != preset_name:
-        say(f"--resume: continuing the {preset.name!r} job in {out} (its preset, not {preset_name!r})")
+    if marker is not None and recipe.name != recipe_name:
+        say(f"--resume: continuing the {recipe.name!r} job in {out} (its recipe, not {recipe_name!r})")
     for note in setup.notes:
         say(note)
-    new_marker = {"format": FORMAT, "preset": preset.name, "version": linlm.__version__, **setup.settings,
+    # The marker's key keeps its first name ("preset"), so that jobs started before the rename still resume.
+    new_marker = {"format": FORMAT, "preset": recipe.name, "version": linlm.__version__, **setup.settings,
                   "created": (marker or {}).get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "versions": versions()}
     outputs.write_json(out / MARKER, new_marker, "--out")
-    job = Job(preset, out, say=say, train_here=train_here, **job_settings(setup.settings))
+    job = Job(recipe, out, say=say, train_here=train_here, **job_settings(setup.settings))
     outputs.make_dir(job.plots, "--out")
     outputs.make_dir(out / "sections", "--out")
     progress = JobProgress({s.name: s.weight for s in SECTIONS}, live, say)

@@ -3,7 +3,7 @@ use a directory at all (a new or empty one, or a reproduce job, every file the j
 
 DIR layout (every file here is written through :mod:`linlm.outputs`, so its ledgers say what is linlm's)::
 
-    reproduce.json        the marker: preset, linlm version, git revision, settings (refuses a mismatched rerun)
+    reproduce.json        the marker: recipe, linlm version, git revision, settings (refuses a mismatched rerun)
     scaling/              the scaling sweep (linlm scaling run layout), unless --scaling-dir names one elsewhere
     scaling_report/       the sweep's own report (IsoFLOP profiles, L(N, D), intervals)
     compare/              MossNet, Mamba and LLaMA at equal active parameters and tokens (same layout)
@@ -23,7 +23,7 @@ from typing import Optional
 
 from linlm import outputs
 from linlm.errors import ConfigError
-from linlm.reproduce.presets import Preset, load_preset
+from linlm.reproduce.recipes import Recipe, load_recipe
 from linlm.reproduce.sections import SECTIONS
 
 MARKER = "reproduce.json"
@@ -72,9 +72,9 @@ def read_marker(out: Path) -> Optional[dict]:
     return data
 
 
-def check_directory(out: Path, preset: Preset, *, resume: bool, overwrite: bool) -> tuple[Preset, Optional[dict]]:
-    """The preset to run in ``out`` and its marker; refuses (changing nothing) a directory that is not free nor a
-    reproduce job, a job of another preset or version (without --resume or --overwrite), and --resume with
+def check_directory(out: Path, recipe: Recipe, *, resume: bool, overwrite: bool) -> tuple[Recipe, Optional[dict]]:
+    """The recipe to run in ``out`` and its marker; refuses (changing nothing) a directory that is not free nor a
+    reproduce job, a job of another recipe or version (without --resume or --overwrite), and --resume with
     nothing to resume."""
     import linlm
 
@@ -90,22 +90,22 @@ def check_directory(out: Path, preset: Preset, *, resume: bool, overwrite: bool)
         if resume:
             raise ConfigError(f"--resume: {out} holds no reproduce job to resume; drop --resume to start one "
                               "(nothing was changed)")
-        return preset, None
+        return recipe, None
     if overwrite:
-        return preset, marker
+        return recipe, marker
     if marker.get("replacing"):
         raise ConfigError(f"--out: the job in {out} was being started over (--overwrite) when it stopped, and part "
                           "of what it wrote is gone; run the command with --overwrite again (nothing was changed)")
     if resume:
-        if marker.get("preset") != preset.name:
-            preset = load_preset(marker["preset"])
-        return preset, marker
-    if marker.get("preset") != preset.name or marker.get("version") != linlm.__version__:
-        raise ConfigError(f"--out: {out} holds a job of preset {marker.get('preset')!r} made by linlm "
-                          f"{marker.get('version')}, not preset {preset.name!r} with linlm {linlm.__version__}; "
+        if marker.get("preset") != recipe.name:
+            recipe = load_recipe(marker["preset"])
+        return recipe, marker
+    if marker.get("preset") != recipe.name or marker.get("version") != linlm.__version__:
+        raise ConfigError(f"--out: {out} holds a job of recipe {marker.get('preset')!r} made by linlm "
+                          f"{marker.get('version')}, not recipe {recipe.name!r} with linlm {linlm.__version__}; "
                           "nothing was changed. Give --resume to continue that job, --overwrite to start this one "
                           "over in its place, or another --out directory")
-    return preset, marker
+    return recipe, marker
 
 
 def finished_sections(out: Path) -> list[str]:

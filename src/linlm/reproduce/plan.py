@@ -1,4 +1,4 @@
-"""``linlm reproduce --dry-run``: the plan of a preset (its training runs, their compute in PFLOP/s-days, the time
+"""``linlm reproduce --dry-run``: the plan of a recipe (its training runs, their compute in PFLOP/s-days, the time
 or GPU-hours they need, and the evaluation sections), without running anything."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from linlm.reproduce.presets import load_preset
+from linlm.reproduce.recipes import load_recipe
 from linlm.reproduce.sections import SECTIONS
 from linlm.scaling.fits import PFLOPS_DAY
 
@@ -18,7 +18,7 @@ def training_flops(rows) -> float:
     return sum(r.run.training_flops for r in rows)
 
 
-def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
+def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
     from linlm.reproduce.job import Job
     from linlm.scaling.ladder import plan_runs
     from linlm.scaling.estimate import estimate
@@ -27,12 +27,12 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
     from linlm.scaling.progress import wall_seconds
 
     file = file or sys.stdout
-    preset = load_preset(preset_name)
-    job = Job(preset, Path(out), overrides=overrides or {})
+    recipe = load_recipe(recipe_name)
+    job = Job(recipe, Path(out), overrides=overrides or {})
     say = lambda text: print(text, file=sys.stderr)  # noqa: E731
-    local = preset.mode == "local"
+    local = recipe.mode == "local"
     totals = {"runs": 0, "compute_flops": 0.0, "training_flops": 0.0, "seconds": 0.0}
-    print(f"linlm reproduce --preset {preset.name}: {preset.description}", file=file)
+    print(f"linlm reproduce --recipe {recipe.name}: {recipe.description}", file=file)
     for name, ladder in (("scaling", job.scaling_ladder()), ("compare", job.compare_ladder())):
         runs = plan_runs(ladder, None, Path(out) / name, job.overrides)
         rows = plan_rows(ladder, runs, say, prepare=local, strict_epochs=False)
@@ -46,7 +46,7 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
         totals["compute_flops"] += sum(r.run.compute for r in rows)
         totals["training_flops"] += training_flops(rows)
         totals["seconds"] += wall_seconds([r.seconds or 0.0 for r in rows if r.status != "done"], ladder.jobs)
-    p = preset
+    p = recipe
     print("\n[evaluation]", file=file)
     for section in SECTIONS:
         if section.plan is not None:
@@ -62,7 +62,7 @@ def print_plan(preset_name: str, out: str | Path, file=None, overrides: Optional
         hours = totals["training_flops"] / (gpu["peak_flops"] * gpu["mfu"]) / 3600
         totals["gpu_hours"] = hours
         print(f"GPU-hours: {hours:,.0f} on {gpu['name']} (peak {gpu['peak_flops']:.3g} FLOP/s at {gpu['mfu']:.0%} MFU"
-              f"), i.e. {hours / 8 / 24:,.1f} days on 8 GPUs; `linlm reproduce --preset {p.name} --out {out}` "
+              f"), i.e. {hours / 8 / 24:,.1f} days on 8 GPUs; `linlm reproduce --recipe {p.name} --out {out}` "
               "writes OUT/torchrun.sh with one command per run and trains nothing here (MQAR's models train "
               "where --train-here is given: a GPU node)", file=file)
     return totals

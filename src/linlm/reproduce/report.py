@@ -46,24 +46,24 @@ def _data_dir_used(job, marker: dict) -> str:
 def provenance_blocks(job, marker: dict) -> list[tuple]:
     v = marker["versions"]
     return [("h2", "Configuration and versions"),
-            ("table", ["item", "value"], [["preset", job.preset.name], ["linlm", v["linlm"]],
+            ("table", ["item", "value"], [["recipe", job.recipe.name], ["linlm", v["linlm"]],
                                            ["git revision", v.get("git") or "not a git checkout"],
                                            ["torch", v["torch"]], ["numpy", v["numpy"]], ["python", v["python"]],
                                            ["platform", v["platform"]], ["started", marker["created"]],
                                            ["data dir (zero-shot)", _data_dir_used(job, marker)],
                                            ["scaling sweep", marker.get("scaling_dir") or "scaling/"],
                                            ["--set (every training run)", json.dumps(marker.get("overrides") or {})]]),
-            ("p", "The preset, exactly as run (linlm/reproduce/presets/" + job.preset.name + ".yaml, with the ladder "
-                  f"{job.preset.scaling['ladder']!r} from linlm/scaling/ladders/):"),
-            ("pre", json.dumps(job.preset.source(), indent=1))]
+            ("p", "The recipe, exactly as run (linlm/reproduce/recipes/" + job.recipe.name + ".yaml, with the ladder "
+                  f"{job.recipe.scaling['ladder']!r} from linlm/scaling/ladders/):"),
+            ("pre", json.dumps(job.recipe.source(), indent=1))]
 
 
 def write(job, pending: list[str], marker: dict) -> Written:
     from linlm.scaling.report import render_html, render_markdown
 
     claims = judge(job.results)
-    title = f"linlm reproduce: preset {job.preset.name}"
-    intro = (f"{job.preset.description}. Both studies at this preset's scale on the built-in corpus: the scaling "
+    title = f"linlm reproduce: recipe {job.recipe.name}"
+    intro = (f"{job.recipe.description}. Both studies at this recipe's scale on the built-in corpus: the scaling "
              "laws of LLaMA, TNL, HGRN2 and cosFormer2 (arXiv 2406.16690) and MossNet against Mamba and LLaMA "
              "(arXiv 2510.26182).")
     if pending:
@@ -78,7 +78,8 @@ def write(job, pending: list[str], marker: dict) -> Written:
     md, html = job.out / "report.md", job.out / "report.html"
     outputs.write_text(md, render_markdown(blocks), "--out")
     outputs.write_text(html, render_html(blocks, title=title), "--out")
-    results = {"preset": job.preset.name, "sections": job.results, "failed": job.failures, "pending": pending,
+    # "preset": the key's first name, kept for tools that read results.json.
+    results = {"preset": job.recipe.name, "sections": job.results, "failed": job.failures, "pending": pending,
                "waiting": job.waiting, "claims": [c.to_dict() for c in claims], "versions": marker["versions"],
                "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir")}}
     outputs.write_json(job.out / "results.json", results, "--out")

@@ -52,7 +52,7 @@ class Section:
     # order the sections run in).
     render: Optional[Callable[[Any, list[str]], Blocks]] = None
     report_rank: int = 0
-    plan: Optional[Callable[[Any], str]] = None  # (preset) -> its line in `linlm reproduce --dry-run`
+    plan: Optional[Callable[[Any], str]] = None  # (recipe) -> its line in `linlm reproduce --dry-run`
     trees: tuple[str, ...] = ()  # directories of DIR it builds from nothing (--overwrite clears them whole)
     plots: tuple[str, ...] = ()  # the names (fnmatch patterns) of its PNGs in DIR/plots
     copies: tuple[str, ...] = ()  # paths of DIR the job itself writes for it (besides sections/NAME.json)
@@ -71,7 +71,7 @@ def _summary(run_dir: Path) -> Optional[dict]:
 def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
     """{label: {run, arch, params, checkpoint, data_dir, seq_len}} for each finished run of a sweep directory
     (``largest_only``: the run with the most parameters of each architecture)."""
-    from linlm.config import load_yaml
+    from linlm.schema import load_yaml
     from linlm.scaling.runs import META_FILE, run_finished
 
     found: dict[str, dict] = {}

@@ -72,7 +72,7 @@ def resolve_settings(out: Path, marker: Optional[dict], given: dict, finished: l
 
 def check_settings(job, finished: list[str], *, replace: bool, from_marker: dict) -> None:
     """Refuse, changing nothing, settings the job could not run with: a --set the training config does not
-    take, a --scaling-dir that is no sweep of the preset's ladder (or missing, or inside --out), a --data-dir
+    take, a --scaling-dir that is no sweep of the recipe's ladder (or missing, or inside --out), a --data-dir
     without task files, a sweep whose runs were started otherwise or that another process trains in. Only the
     settings of sections still to run are checked (each section's own ``check``); ``replace``: the job's own
     sweeps are about to be removed."""

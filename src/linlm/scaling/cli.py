@@ -137,7 +137,7 @@ def cmd_ladders(args) -> int:
 def cmd_run(args) -> int:
     from pathlib import Path
 
-    from linlm.config import parse_overrides
+    from linlm.schema import parse_overrides
     from linlm.scaling.ladder import load_ladder, plan_runs
     from linlm.scaling.estimate import estimate
     from linlm.scaling.plan import emit_torchrun, plan_rows, print_plan

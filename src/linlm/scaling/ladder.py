@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from linlm.config import deep_merge, from_dict, load_yaml
+from linlm.schema import deep_merge, from_dict, load_yaml
 from linlm.errors import ConfigError, LinlmError, choices_text
 from linlm.models.cost import plan_cost, training_flops
 
@@ -85,7 +85,7 @@ def load_ladder(spec: str) -> Ladder:
 
 
 def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
-    """A ladder from its YAML mapping (``where`` names it in errors: a file, or the preset that holds it)."""
+    """A ladder from its YAML mapping (``where`` names it in errors: a file, or the reproduce recipe that holds it)."""
     path = where
     rungs = data.get("rungs") if isinstance(data, dict) else None
     if not isinstance(rungs, list) or not rungs:
@@ -145,7 +145,7 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
     """Every (arch, rung) of ``ladder`` as a validated run under ``out_dir/runs``; ``overrides`` (a nested dict
     of TrainConfig keys) apply to every run, after the ladder's own settings."""
     from linlm.models.registry import ARCHITECTURES
-    from linlm.train.config_loading import build_config
+    from linlm.train.config_sources import build_config
 
     archs = list(archs or ladder.archs)
     for a in archs:

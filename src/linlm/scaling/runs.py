@@ -80,7 +80,7 @@ def _meta_from_config(path: Path) -> dict:
     import yaml
 
     from linlm.models.cost import plan_cost
-    from linlm.train.config_loading import build_config
+    from linlm.train.config_sources import build_config
 
     raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
     cfg = build_config(None, raw)

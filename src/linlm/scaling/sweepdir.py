@@ -76,7 +76,7 @@ def check_started_runs(runs: list[PlannedRun], what: str = "--out") -> None:
     through the grid. Changes nothing."""
     import yaml
 
-    from linlm.train.config import config_diff, is_resumable_change
+    from linlm.train.train_config import config_diff, is_resumable_change
     from linlm.train.rundir import CONFIG_FILE
 
     for r in runs:

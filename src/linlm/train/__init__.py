@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "TrainConfig": "config", "load_train_config": "config_loading", "build_config": "config_loading",
+    "TrainConfig": "train_config", "load_train_config": "config_sources", "build_config": "config_sources",
     "Trainer": "trainer", "TrainHooks": "trainer", "TrainResult": "trainer", "train": "trainer",
     "TrainData": "pipeline",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_valid": "checkpoint",

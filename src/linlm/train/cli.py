@@ -28,14 +28,15 @@ def register(subparsers) -> None:
         "train", help="train a language model (also under torchrun for DDP / FSDP)",
         description="Train a model from a YAML config plus overrides. Under `torchrun --nproc_per_node=N -m linlm "
                     "train ...` every process joins one data-parallel run. See docs/training.md.")
-    p.add_argument("--config", help="a YAML file, or the name of a preset in configs/ (e.g. demo, paper-70m)")
+    p.add_argument("--config", help="a YAML file, or the name of a config in configs/ (e.g. demo, paper-70m)")
     add_overrides(p)
     p.add_argument("--resume", action="store_true", help="continue the run in out_dir from its newest valid checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete the run in out_dir and start over")
     p.add_argument("--print-config", action="store_true", help="print the validated config and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines (metrics.jsonl is still written)")
     g = p.add_argument_group("shortcuts for common keys")
-    g.add_argument("--out-dir")
+    g.add_argument("--out", "--out-dir", dest="out_dir", metavar="DIR",
+                   help="the run directory, out_dir (old spelling: --out-dir)")
     g.add_argument("--steps", type=int)
     g.add_argument("--arch")
     g.add_argument("--preset")
@@ -70,9 +71,9 @@ def setup_logging(rank: int = 0) -> None:
 def config_from_args(args):
     """The validated TrainConfig an argparse namespace of `linlm train` describes."""
     from linlm.cli_args import override_items
-    from linlm.config import deep_merge, load_yaml, parse_overrides
+    from linlm.schema import deep_merge, load_yaml, parse_overrides
     from linlm.errors import ConfigError
-    from linlm.train.config_loading import build_config, preset_path
+    from linlm.train.config_sources import build_config, config_path
     from linlm.train.rundir import CONFIG_FILE
 
     flags: dict = {}
@@ -87,9 +88,9 @@ def config_from_args(args):
     overrides = deep_merge(flags, parse_overrides(override_items(args)))
     path = None
     if args.config:
-        path = preset_path(args.config) or Path(args.config)
+        path = config_path(args.config) or Path(args.config)
         if not path.is_file():
-            raise ConfigError(f"--config {args.config!r}: no such file (and no configs/{args.config}.yaml preset)")
+            raise ConfigError(f"--config {args.config!r}: no such file (and no configs/{args.config}.yaml)")
     base = None
     if args.resume and path is None:
         out_dir = overrides.get("out_dir") or "runs/default"

@@ -130,7 +130,7 @@ def last_good_checkpoint(root: Path, max_loss: Optional[float] = None) -> Option
 
 def advice(cfg, out: Path, last_good: Optional[Path]) -> str:
     """The exact command that continues (or restarts) a diverged run with safer settings."""
-    from linlm.train.config import OptimSection
+    from linlm.train.train_config import OptimSection
 
     lr = min(cfg.optim.lr / 10, OptimSection().lr)
     sets = [f"--set optim.lr={lr:g}"]
@@ -140,7 +140,7 @@ def advice(cfg, out: Path, last_good: Optional[Path]) -> str:
     if last_good is not None:
         step = ckpt.read_state(last_good).get("step")
         new_out = shlex.quote(f"{out}-from-{step if step is not None else last_good.name}")
-        command = (f"linlm train --config {config} --init-from {shlex.quote(str(last_good))} --out-dir {new_out} "
+        command = (f"linlm train --config {config} --init-from {shlex.quote(str(last_good))} --out {new_out} "
                    + " ".join(sets))
         return (f"the last good checkpoint is {last_good}. To continue from its weights with a lower learning rate "
                 f"(a new run; optimizer and schedule start afresh), run: {command}")

@@ -18,7 +18,7 @@ def as_saved(model_config, checkpoint: Path, overrides: dict):
     """The model config to resume ``checkpoint`` with: a run started before an option's default changed
     (``ArchSpec.saved_before``) keeps computing what it computed, unless its config now sets that option.
     The checkpoint is verified later; an unreadable config.json changes nothing here."""
-    from linlm.models.config import resume_options
+    from linlm.models.model_config import resume_options
 
     try:
         saved = json.loads((checkpoint / "config.json").read_text()).get("config", {})
@@ -32,7 +32,7 @@ def load_initial_weights(model: nn.Module, model_config, source: str) -> Path:
     returns the checkpoint's path. A checkpoint of another model, or with non-finite weights, is refused."""
     path = ckpt.resolve_checkpoint(source)
     c = ckpt.load_checkpoint(path, verified=True)
-    from linlm.models.config import ModelConfig
+    from linlm.models.model_config import ModelConfig
 
     # Read as a saved config, so that one written with the options' earlier flat spellings compares equal.
     theirs = ModelConfig.from_saved(json.loads((path / "config.json").read_text()).get("config", {})).to_dict()

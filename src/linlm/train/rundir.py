@@ -25,7 +25,7 @@ Policy, decided before anything is written:
 * an out_dir holding another run is refused unless ``resume`` or ``overwrite``;
 * ``resume`` continues from the newest checkpoint that verifies, when neither the saved config.yaml nor the
   checkpoint's own train config differs in a key that changes what the run computes
-  (:func:`linlm.train.config.is_resumable_change`); a run whose checkpoints all fail verification is refused
+  (:func:`linlm.train.train_config.is_resumable_change`); a run whose checkpoints all fail verification is refused
   (never silently restarted); a finished run is reported as finished and left as it is;
 * ``overwrite`` removes what linlm wrote, and only once the new run is about to start.
 
@@ -49,7 +49,7 @@ from linlm import outputs
 from linlm.errors import CheckpointError, ConfigError
 from linlm.locking import DirLock
 from linlm.train import checkpoint as ckpt
-from linlm.train.config import TrainConfig, config_diff, is_resumable_change
+from linlm.train.train_config import TrainConfig, config_diff, is_resumable_change
 from linlm.train.metrics import METRICS_FILE
 
 log = logging.getLogger("linlm.train")

@@ -40,7 +40,7 @@ from linlm.signals import StopSignals
 from linlm.train import checkpoint as ckpt
 from linlm.train import distributed as dist_utils
 from linlm.train import guard
-from linlm.train.config import TrainConfig
+from linlm.train.train_config import TrainConfig
 from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops, use_live_display
 from linlm.train.optim import build_optimizer, lr_at
 from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data, split_batch

@@ -2,7 +2,7 @@
 
 An architecture module defines ``SPEC = ArchSpec(...)``; models/registry.py registers it with one line.
 Modules here never import ModelConfig: they receive the config (or a plain dict of its fields) as an argument,
-so that the registry stays below models/config.py.
+so that the registry stays below models/model_config.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from linlm.config import config_error
+from linlm.schema import config_error
 from linlm.errors import choices_text
 from linlm.layers.tnl import SLOPE_RULES, TNLMixer
 from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, layers_on, paper_base_flops, sglu

@@ -2,8 +2,8 @@
 training sections, quality both quality sections), each defining its :class:`linlm.reproduce.section.Section`.
 
 Adding a section: write its module here (its ``measure``, its ``run`` from the job, its ``render``, the record),
-add the record to :data:`SECTIONS`, and its settings to the presets (a field of
-:class:`linlm.reproduce.presets.Preset` and a key in presets/*.yaml). The job, its directory rules, its settings,
+add the record to :data:`SECTIONS`, and its settings to the recipes (a field of
+:class:`linlm.reproduce.recipes.Recipe` and a key in recipes/*.yaml). The job, its directory rules, its settings,
 the plan and the report all read the list.
 """
 

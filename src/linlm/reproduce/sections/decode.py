@@ -12,7 +12,7 @@ from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, image
 
 def measure(settings: dict, archs: list[str], plots: Path, tick: Tick) -> dict:
     """Decode latency, peak memory and state size against context length (random weights: speed and memory do
-    not depend on them), one architecture at a time with its shape from the preset."""
+    not depend on them), one architecture at a time with its shape from the recipe."""
     from linlm.infer.profile import environment, plot, profile, rows_to_dicts
 
     rows = []
@@ -32,7 +32,7 @@ def measure(settings: dict, archs: list[str], plots: Path, tick: Tick) -> dict:
 
 
 def run(job, tick: Tick) -> Optional[dict]:
-    return measure(job.preset.decode, job.compare_ladder().archs, job.plots, tick)
+    return measure(job.recipe.decode, job.compare_ladder().archs, job.plots, tick)
 
 
 def state_growth(rows: list[dict], arch: str) -> Optional[dict]:

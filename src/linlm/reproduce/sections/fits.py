@@ -27,14 +27,14 @@ def measure(sweep: Path, report_dir: Path, options: dict) -> Optional[dict]:
 
 
 def run(job, tick: Tick) -> Optional[dict]:
-    return measure(job.sweep("scaling"), job.out / "scaling_report", job.preset.fits)
+    return measure(job.sweep("scaling"), job.out / "scaling_report", job.recipe.fits)
 
 
 def render(job, pending: list[str]) -> Blocks:
     b, fits = heading(job, "Scaling laws (LLaMA, TNL, HGRN2, cosFormer2)", pending, "fits", "scaling")
     if fits is None:
         return b
-    b.append(("p", f"Ladder {job.preset.scaling['ladder']!r}: {len(fits['runs'])} runs. The full scaling report, "
+    b.append(("p", f"Ladder {job.recipe.scaling['ladder']!r}: {len(fits['runs'])} runs. The full scaling report, "
                    "with IsoFLOP profiles, L(N, D) and bootstrap intervals, is scaling_report/report.md. C is in "
                    "PFLOP/s-days, counted with the paper's convention."))
     rows = []

@@ -1,5 +1,5 @@
-"""The ``mqar`` section: the MQAR experiment (:mod:`linlm.experiments.mqar`) with the preset's settings, in
-DIR/mqar. A torchrun preset trains its models only where --train-here is given (a GPU node)."""
+"""The ``mqar`` section: the MQAR experiment (:mod:`linlm.experiments.mqar`) with the recipe's settings, in
+DIR/mqar. A torchrun recipe trains its models only where --train-here is given (a GPU node)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ def measure(settings: dict, out: Path, plots: Path, tick: Tick) -> dict:
 
 
 def run(job, tick: Tick) -> Optional[dict]:
-    p = job.preset
+    p = job.recipe
     if p.mode == "torchrun" and not job.train_here:
-        job.waiting["mqar"] = (f"preset {p.name} trains MQAR's models on the cluster's GPUs, not here: run "
-                               f"`linlm reproduce --preset {p.name} --out {job.out} --train-here` on a GPU node")
+        job.waiting["mqar"] = (f"recipe {p.name} trains MQAR's models on the cluster's GPUs, not here: run "
+                               f"`linlm reproduce --recipe {p.name} --out {job.out} --train-here` on a GPU node")
         return None
     return measure(p.mqar, job.out / "mqar", job.plots, tick)
 

@@ -31,7 +31,7 @@ def run(job, tick: Tick) -> Optional[dict]:
     models = largest_models(job, "scaling", "compare")
     if not models:
         return None
-    return measure(models, job.preset.niah, job.plots, tick)
+    return measure(models, job.recipe.niah, job.plots, tick)
 
 
 def render(job, pending: list[str]) -> Blocks:

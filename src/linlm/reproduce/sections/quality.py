@@ -33,7 +33,7 @@ def quality_section(name: str, sweep: str, title: str, weight: float, settings: 
         models = largest_models(job, sweep)
         if not models:
             return None
-        return measure(models, int(job.preset.quality.get("max_tokens", 40_000)), tick)
+        return measure(models, int(job.recipe.quality.get("max_tokens", 40_000)), tick)
 
     def render(job, pending: list[str]) -> Blocks:
         b, q = heading(job, title, pending, name)

@@ -1,8 +1,8 @@
-"""The training sections: ``scaling`` (the preset's scaling ladder, in DIR/scaling or --scaling-dir) and
+"""The training sections: ``scaling`` (the recipe's scaling ladder, in DIR/scaling or --scaling-dir) and
 ``compare`` (MossNet, Mamba and LLaMA at equal active parameters and tokens, in DIR/compare).
 
-A local preset trains the sweep here through :func:`linlm.scaling.runner.run_grid`, which skips finished runs and
-resumes interrupted ones; a torchrun preset writes one torchrun command per run into DIR/torchrun.sh and waits
+A local recipe trains the sweep here through :func:`linlm.scaling.runner.run_grid`, which skips finished runs and
+resumes interrupted ones; a torchrun recipe writes one torchrun command per run into DIR/torchrun.sh and waits
 until the cluster has run them. Either way the section is done only when every run has reached its steps.
 """
 
@@ -84,7 +84,7 @@ def check(job, name: str, kept: Callable[[str], str], replace: bool) -> None:
 
 def training_section(name: str, weight: float, settings: tuple[str, ...]) -> Section:
     def run(job, tick: Tick) -> Optional[dict]:
-        return emit(job, name) if job.preset.mode == "torchrun" else train(job, name, tick)
+        return emit(job, name) if job.recipe.mode == "torchrun" else train(job, name, tick)
 
     return Section(name, run, weight, settings=settings, training=True,
                    check=lambda job, kept, replace: check(job, name, kept, replace), trees=(name,))

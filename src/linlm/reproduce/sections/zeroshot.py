@@ -1,4 +1,4 @@
-"""The ``zeroshot`` section: the preset's multiple-choice tasks, from the JSON Lines files of --data-dir, for the
+"""The ``zeroshot`` section: the recipe's multiple-choice tasks, from the JSON Lines files of --data-dir, for the
 largest model of each architecture of both sweeps. Without --data-dir it is skipped (and runs once one is given);
 when no model scored any task it failed."""
 
@@ -31,7 +31,7 @@ def check_task_dir(data_dir: str | Path, tasks, what: str = "--data-dir") -> tup
 
 
 def measure(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Optional[int], tick: Tick) -> dict:
-    """Each model on the preset's tasks from ``data_dir``. A task one model cannot take is named (``not_scored``)
+    """Each model on the recipe's tasks from ``data_dir``. A task one model cannot take is named (``not_scored``)
     and the others go on; when no model scored any task, the section failed (DataError), not finished."""
     from linlm.eval.evaluator import evaluate
     from linlm.infer.generate import load_for_generation
@@ -76,13 +76,13 @@ def run(job, tick: Tick) -> Optional[dict]:
     models = largest_models(job, "scaling", "compare")
     if not models:
         return None
-    z = job.preset.zeroshot
+    z = job.recipe.zeroshot
     return measure(models, job.data_dir, z.get("tasks"), z.get("limit"), tick)
 
 
 def check(job, kept: Callable[[str], str], replace: bool) -> None:
     if job.data_dir:
-        check_task_dir(job.data_dir, job.preset.zeroshot.get("tasks"), "--data-dir" + kept("data_dir"))
+        check_task_dir(job.data_dir, job.recipe.zeroshot.get("tasks"), "--data-dir" + kept("data_dir"))
 
 
 def render(job, pending: list[str]) -> Blocks:

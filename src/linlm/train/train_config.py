@@ -1,9 +1,9 @@
 """The training config's schema: a tree of dataclasses, and the rules between their keys.
 
 :class:`TrainConfig` and its sections hold every key with its default; :meth:`TrainConfig.from_dict` checks the
-types (pydantic, see :mod:`linlm.config`) and :meth:`TrainConfig.validate` the rules between keys, raising
+types (pydantic, see :mod:`linlm.schema`) and :meth:`TrainConfig.validate` the rules between keys, raising
 :class:`~linlm.errors.ConfigError` naming the key. Reading YAML files and dotted ``key=value`` overrides, and
-saying where a failing key was set, is :mod:`linlm.train.config_loading`.
+saying where a failing key was set, is :mod:`linlm.train.config_sources`.
 
 Which keys may change when a run is resumed is recorded on the fields themselves (``RESUMABLE``, field
 metadata ``{"resumable": True}``); :func:`is_resumable_change` reads it.
@@ -21,7 +21,7 @@ from typing import Any, Literal, Mapping, Optional
 
 import yaml
 
-from linlm.config import config_error, from_dict, rekey
+from linlm.schema import config_error, from_dict, rekey
 from linlm.errors import ConfigError
 
 DEFAULT_PROMPTS = ["ROMEO:", "To be, or not to be", "The king"]

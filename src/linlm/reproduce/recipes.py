@@ -1,6 +1,6 @@
-"""The presets of ``linlm reproduce``: one YAML file each in ``linlm/reproduce/presets/``.
+"""The recipes of ``linlm reproduce``: one YAML file each in ``linlm/reproduce/recipes/``.
 
-A preset names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
+A recipe names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
 holds the MossNet comparison as a one-rung ladder of its own (``compare``: LLaMA, Mamba and MossNet at equal
 active parameters and equal tokens), and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``,
 ``mqar``, ``decode``). ``mode: local`` trains here; ``mode: torchrun`` writes one torchrun command per run and
@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from linlm.config import from_dict, load_yaml
+from linlm.schema import from_dict, load_yaml
 from linlm.errors import ConfigError, choices_text
 
-PRESET_DIR = Path(__file__).resolve().parent / "presets"
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 MODES = ("local", "torchrun")
 
 
 @dataclass
-class Preset:
+class Recipe:
     name: str
     description: str
     scaling: dict  # {ladder: NAME, archs: [...] (optional)}
@@ -33,29 +33,29 @@ class Preset:
     niah: dict = field(default_factory=dict)  # NIAHConfig fields
     mqar: dict = field(default_factory=dict)  # {task: MQARConfig fields, widths, experts, archs, steps, ...}
     decode: dict = field(default_factory=dict)  # {contexts, decode_tokens, archs, model, per_arch, device, dtype}
-    # For --dry-run of torchrun presets: the accelerator assumed for GPU-hours.
+    # For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours.
     gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})
 
     def source(self) -> dict[str, Any]:
-        """The preset as written (for the report and the directory's marker)."""
-        return load_yaml(PRESET_DIR / f"{self.name}.yaml")
+        """The recipe as written (for the report and the directory's marker)."""
+        return load_yaml(RECIPE_DIR / f"{self.name}.yaml")
 
 
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 
 
-def load_preset(name: str) -> Preset:
-    path = PRESET_DIR / f"{name}.yaml"
+def load_recipe(name: str) -> Recipe:
+    path = RECIPE_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"--preset: unknown preset {name!r}; valid presets are {choices_text(preset_names())}")
+        raise ConfigError(f"--recipe: unknown recipe {name!r}; valid recipes are {choices_text(recipe_names())}")
     data = load_yaml(path)
     try:
-        preset = from_dict(Preset, data)
+        recipe = from_dict(Recipe, data)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-    if preset.mode not in MODES:
-        raise ConfigError(f"{path}: mode: {preset.mode!r} is not one of {choices_text(MODES)}")
-    if not isinstance(preset.scaling.get("ladder"), str):
+    if recipe.mode not in MODES:
+        raise ConfigError(f"{path}: mode: {recipe.mode!r} is not one of {choices_text(MODES)}")
+    if not isinstance(recipe.scaling.get("ladder"), str):
         raise ConfigError(f"{path}: scaling.ladder: name a built-in ladder")
-    return preset
+    return recipe

@@ -1,10 +1,10 @@
-"""Building a :class:`~linlm.train.config.TrainConfig` from YAML files and dotted command-line overrides.
+"""Building a :class:`~linlm.train.train_config.TrainConfig` from YAML files and dotted command-line overrides.
 
 ``load_train_config(path, overrides)`` merges (in this order) the dataclass defaults, a YAML file and dotted
-``key=value`` overrides, then validates the whole tree before any work is done (see :mod:`linlm.train.config`
+``key=value`` overrides, then validates the whole tree before any work is done (see :mod:`linlm.train.train_config`
 for the schema and its rules). An error names the key and where it was set: for keys from a YAML file, the file
 and line; for overrides, "set on the command line". ``build_model_config`` reads the same dialect for commands
-that build only a model; ``preset_path`` finds a named config in configs/.
+that build only a model; ``config_path`` finds a named config in configs/.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from linlm.config import config_error, deep_merge, error_keys, from_dict, has_key, key_lines, load_yaml, parse_overrides
+from linlm.schema import config_error, deep_merge, error_keys, from_dict, has_key, key_lines, load_yaml, parse_overrides
 from linlm.errors import ConfigError
-from linlm.train.config import ModelSection, TrainConfig, model_config_of
+from linlm.train.train_config import ModelSection, TrainConfig, model_config_of
 
 
 def yaml_line(path: str | Path, dotted: str) -> Optional[int]:
@@ -69,7 +69,7 @@ def locate(err: ConfigError, path: Optional[str | Path], from_file: Mapping, ove
 
 def _misplaced_model_keys(tree: Mapping) -> None:
     """The other commands' old spelling ``vocab_size=`` for ``model.overrides.vocab_size=``: name the new one."""
-    from linlm.models.config import model_keys
+    from linlm.models.model_config import model_keys
 
     model_fields = model_keys()
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -118,7 +118,7 @@ def load_train_config(path: Optional[str | Path] = None, overrides: Optional[lis
     return build_config(path, parse_overrides(overrides))
 
 
-def preset_path(name: str) -> Optional[Path]:
+def config_path(name: str) -> Optional[Path]:
     """configs/NAME.yaml in the source tree (for ``--config demo``), or None."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         return None

@@ -1,0 +1,280 @@
+"""The model config: one dataclass of the fields every architecture shares, plus the options of its own.
+
+An architecture's own options (TNL's slopes, cosFormer2's gate order, ...) are a dataclass its ArchSpec declares
+(``ArchSpec.options``); ``ModelConfig.options`` holds the one of ``arch``. Their earlier spellings as flat fields
+(``tnl_v_silu``, ``cosformer2_gate_before_norm``, ``tpe``, ...: ``ArchSpec.flat_options``) are still read
+everywhere a config is read from data (:meth:`ModelConfig.from_dict`, saved models, YAML, overrides); a flat
+option of another architecture is type-checked and ignored, as it always was.
+
+Options added after models were first saved default to the authors' choice for new models. A saved config that
+predates such an option (its config.json lacks the key) is read with :meth:`ModelConfig.from_saved`, which fills
+the key with the value linlm used before (``ArchSpec.saved_before``), so an old checkpoint computes exactly what it
+did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from linlm.schema import config_error, from_dict
+from linlm.errors import ConfigError, choices_text
+from linlm.layers.norm import NORM_KINDS
+from linlm.models.registry import ARCHITECTURES
+
+ROPE_SCALINGS = ("none", "llama3")
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"
+    vocab_size: int = 8192
+    d_model: int = 512
+    n_layers: int = 6
+    n_heads: int = 4
+    # Hidden width of the GLU channel mixer; 0 means round(8/3 * d_model) up to a multiple of 64.
+    glu_dim: int = 0
+    # Longest input a model with absolute limits (LLaMA's RoPE cache) accepts.
+    max_seq_len: int = 8192
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # LLaMA layouts of real checkpoints. n_kv_heads < n_heads is grouped-query attention (0 means n_heads);
+    # tie_embeddings=False gives the LM head its own weight.
+    n_kv_heads: int = 0
+    tie_embeddings: bool = True
+    # RoPE frequency scaling: "none", or "llama3" (Llama 3.1's smooth long-context rescaling, with these parameters).
+    rope_scaling: str = "none"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    # Chunk length of the chunkwise gated-linear-attention form (linear models).
+    chunk_size: int = 64
+    init_std: float = 0.02
+    # Norm of the blocks and the final norm: "auto" is the architecture's own (RMSNorm with a weight for LLaMA, Mamba
+    # and MossNet; SRMSNorm without one for TNL, HGRN2, cosFormer2); "rms", "srms" or "layer" (LayerNorm with a
+    # weight and a bias) replace it. docs/architectures.md: "layer" reproduces the paper's printed LLaMA counts.
+    norm_type: str = "auto"
+    # The options of this architecture alone: an instance of its ArchSpec.options (models/archs/), e.g. TNL's
+    # slopes and SiLU on v, cosFormer2's gate order and TPE. A mapping of some of them, or None, is read into one
+    # (the rest take their defaults).
+    options: Any = None
+
+    # Mamba / MossNet time mixer.
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    dt_rank: int = 0  # 0 means ceil(d_model / 16)
+
+    # MossNet routing (see docs/architectures.md for which parts are reconstructions).
+    ssm_experts: int = 4
+    ssm_top_k: int = 2
+    mlp_experts: int = 8
+    mlp_top_k: int = 2
+    mlp_expert_dim: int = 0  # 0 means glu_dim // mlp_top_k, so that active MLP parameters match a dense GLU
+    shared_experts: int = 0
+    ssm_policy: str = "routed"
+    ssm_kernel: str = "s6"
+    balance_loss_coef: float = 0.01
+    router_z_loss_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.arch, str) and self.arch in ARCHITECTURES:
+            self.options = read_options(self.arch, self.options)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def glu_hidden(self) -> int:
+        if self.glu_dim:
+            return self.glu_dim
+        g = int(round(8 * self.d_model / 3))
+        return (g + 63) // 64 * 64
+
+    def validate(self) -> "ModelConfig":
+        if self.arch not in ARCHITECTURES:
+            raise config_error("arch", f"unknown architecture {self.arch!r}; valid choices are "
+                                       f"{choices_text(ARCHITECTURES)}")
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "chunk_size", "d_state", "d_conv", "expand"):
+            value = getattr(self, key)
+            if value <= 0:
+                raise config_error(key, f"must be a positive integer, got {value}")
+        for key in ("glu_dim", "dt_rank", "mlp_expert_dim", "shared_experts"):
+            value = getattr(self, key)
+            if value < 0:
+                raise config_error(key, f"must be >= 0 (0 means automatic), got {value}")
+        for key in ("norm_eps", "init_std", "rope_theta"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):  # also when built directly, without from_dict
+                raise config_error(key, f"must be a positive finite number, got {value}")
+        if self.norm_type != "auto" and self.norm_type not in NORM_KINDS:
+            raise config_error("norm_type", f"unknown norm {self.norm_type!r}; valid choices are "
+                                            f"{choices_text(('auto', *NORM_KINDS))}")
+        if self.d_model % self.n_heads:
+            raise config_error(
+                "d_model", f"{self.d_model} is not divisible by n_heads={self.n_heads}; "
+                f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})",
+                related=["n_heads"],
+            )
+        self._validate_llama_layout()
+        spec = ARCHITECTURES[self.arch]
+        if not isinstance(self.options, spec.options):  # set after the config was built
+            self.options = read_options(self.arch, self.options)
+        if hasattr(self.options, "validate"):
+            self.options.validate()
+        spec.validate(self)
+        return self
+
+    def _validate_llama_layout(self) -> None:
+        if self.n_kv_heads < 0 or self.n_heads % self.kv_heads:
+            raise config_error("n_kv_heads", f"{self.n_kv_heads} must divide n_heads={self.n_heads} (0 means n_heads); "
+                               f"choose among {[h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]}",
+                               related=("n_heads",))
+        if self.n_kv_heads not in (0, self.n_heads) and self.arch != "llama":
+            raise config_error("n_kv_heads", f"grouped-query attention exists only for arch 'llama', not {self.arch!r}",
+                               related=("arch",))
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise config_error("rope_scaling", f"unknown scaling {self.rope_scaling!r}; valid choices are "
+                               f"{choices_text(ROPE_SCALINGS)}")
+        if self.rope_scaling == "llama3" and not (
+            self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_max_len > 0
+        ):
+            raise config_error(
+                "rope_factor", "llama3 scaling needs factor >= 1, 0 < low < high and a positive original length, got "
+                f"rope_factor={self.rope_factor}, rope_low_freq_factor={self.rope_low_freq_factor}, "
+                f"rope_high_freq_factor={self.rope_high_freq_factor}, rope_original_max_len={self.rope_original_max_len}",
+                related=("rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len", "rope_scaling"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        """A validated config from data: ModelConfig fields, with options nested under ``options`` or in their
+        earlier flat spellings. An error about an option names the key as it was spelled."""
+        return _build(data, saved=False)
+
+    @classmethod
+    def from_saved(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        """A config read back from a saved model or checkpoint (either format): options it lacks take the values of
+        the architecture's ``saved_before``."""
+        return _build(data, saved=True)
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        """A copy with ``overrides`` (ModelConfig fields; ``options`` a mapping of some options) validated. A
+        change of ``arch`` resets the options to the new architecture's defaults unless ``options`` is given."""
+        data = {**self.to_dict(), **overrides}
+        if "options" not in overrides:
+            if data.get("arch") != self.arch:
+                del data["options"]
+        elif isinstance(overrides["options"], Mapping) and data.get("arch") == self.arch:
+            data["options"] = {**self.to_dict()["options"], **overrides["options"]}
+        return ModelConfig.from_dict(data)
+
+
+def read_options(arch: str, value: Any) -> Any:
+    """The options of architecture ``arch`` from ``value``: an instance of its options class, a mapping of some of
+    its options (the rest take their defaults), or None (every default). Errors name ``options.KEY``."""
+    kind = ARCHITECTURES[arch].options
+    if isinstance(value, kind):
+        return value
+    if value is None:
+        return kind()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)  # another architecture's options: refused below, key by key
+    if isinstance(value, Mapping) and value and not dataclasses.fields(kind):
+        raise config_error(f"options.{next(iter(value))}", f"unknown key {next(iter(value))!r}; architecture "
+                                                            f"{arch!r} has no options of its own")
+    return from_dict(kind, value, prefix="options.")
+
+
+def flat_option_keys() -> dict[str, list[tuple[str, str]]]:
+    """Every earlier flat spelling of an option: {flat key: [(architecture, option), ...]}, from the registry."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, spec in ARCHITECTURES.items():
+        for flat, option in spec.flat_options.items():
+            out.setdefault(flat, []).append((name, option))
+    return out
+
+
+def model_keys() -> set[str]:
+    """The keys a model config is given by: its fields and the flat spellings of options."""
+    return {f.name for f in dataclasses.fields(ModelConfig)} | set(flat_option_keys())
+
+
+def _nest(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` with the flat spellings of its architecture's options moved under ``options`` (over what that
+    already holds), and {"options.KEY": the flat key it was spelled as}. A flat option of another architecture is
+    checked for its type and dropped: it never did anything there."""
+    flats = flat_option_keys()
+    given = [k for k in data if k in flats]
+    if not given:
+        return dict(data), {}
+    out = {k: v for k, v in data.items() if k not in flats}
+    arch = out.get("arch", ModelConfig.arch)
+    options = out.get("options")
+    options = dict(options) if isinstance(options, Mapping) else {} if options is None else options
+    spelled: dict[str, str] = {}
+    for key in given:
+        owners = flats[key]
+        mine = [option for owner, option in owners if owner == arch]
+        if mine and isinstance(options, dict):
+            options[mine[0]] = data[key]
+            spelled[f"options.{mine[0]}"] = key
+        elif not mine:
+            owner, option = owners[0]
+            try:
+                from_dict(ARCHITECTURES[owner].options, {option: data[key]})
+            except ConfigError as e:
+                raise config_error(key, e.detail) from None
+    out["options"] = options
+    return out, spelled
+
+
+def options_given(data: Mapping[str, Any], arch: str) -> set[str]:
+    """The options of ``arch`` that ``data`` (a model config or overrides, in either format) sets; checks nothing."""
+    nested = data.get("options")
+    names = set(nested) if isinstance(nested, Mapping) else set()
+    return names | {option for flat, owners in flat_option_keys().items() if flat in data
+                    for owner, option in owners if owner == arch}
+
+
+def _build(data: Mapping[str, Any], saved: bool) -> ModelConfig:
+    if not isinstance(data, Mapping):
+        return from_dict(ModelConfig, data)  # refused, with from_dict's message
+    data, spelled = _nest(data)
+    options = data.pop("options", None)
+    try:
+        cfg = from_dict(ModelConfig, data)
+        if cfg.arch in ARCHITECTURES:
+            if saved and (options is None or isinstance(options, Mapping)):
+                options = {**ARCHITECTURES[cfg.arch].saved_before, **(options or {})}
+            cfg.options = read_options(cfg.arch, options)
+        return cfg.validate()
+    except ConfigError as e:
+        key = getattr(e, "key", None)
+        if key not in spelled:
+            raise
+        raise config_error(spelled[key], e.detail, related=[spelled.get(k, k) for k in e.related]) from None
+
+
+def resume_options(cfg: ModelConfig, saved: Mapping[str, Any], overrides: Mapping[str, Any]) -> ModelConfig:
+    """``cfg`` to resume a checkpoint whose model config is ``saved``: each option of cfg's architecture that
+    ``saved`` predates (it lacks the key in both spellings) and that ``overrides`` (the run's model.overrides) does
+    not set keeps the value the checkpoint was computed with (``ArchSpec.saved_before``)."""
+    had = options_given(saved, cfg.arch) | options_given(overrides, cfg.arch)
+    keep = {k: v for k, v in ARCHITECTURES[cfg.arch].saved_before.items() if k not in had}
+    return cfg.replace(options=keep) if keep else cfg
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0][-6:]
