@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from linlm.models.config import ModelConfig
+    from linlm.models.model_config import ModelConfig
 
 # The vocabulary of a model counted before its tokenizer is known (a ladder is planned before the data is
 # prepared). The non-embedding counts and the paper FLOPs do not depend on it; the LM head's FLOPs do.
