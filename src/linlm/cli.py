@@ -49,7 +49,8 @@ def cmd_archs(args) -> int:
     from linlm.models.presets import PRESETS
     from linlm.models.registry import ARCHITECTURES
 
-    print_table(["arch", "description"], [[k, s.description] for k, s in ARCHITECTURES.items()], title="architectures")
+    print_table(["arch", "family", "paper", "description"],
+                [[k, s.family, s.paper, s.description] for k, s in ARCHITECTURES.items()], title="architectures")
     print_table(["preset", "shape"], [[k, ", ".join(f"{a}={b}" for a, b in v.items() if a != "per_arch")]
                                       for k, v in PRESETS.items()], title="size presets")
     return 0
