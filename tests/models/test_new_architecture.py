@@ -64,9 +64,11 @@ def toy(monkeypatch):
     assert "toy" not in ARCHITECTURES
 
 
-def test_the_toy_is_listed_counted_and_checked(toy, capsys):
+def test_the_toy_is_listed_counted_and_checked(toy, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one table row per architecture
     assert main(["archs"]) == 0
-    assert "Toy: a running mean of the past tokens" in capsys.readouterr().out
+    row = next(line for line in capsys.readouterr().out.splitlines() if " toy " in line)
+    assert "Toy: a running mean of the past tokens" in row and TOY.family in row
     assert main(["count", "--arch", "toy", "--preset", "tiny", "--json"]) == 0
     counted = json.loads(capsys.readouterr().out)
     assert counted["arch"] == "toy" and counted["config"]["options"] == {"decay": 0.5}
