@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 from linlm import outputs
 from linlm.errors import ConfigError, LinlmError
 from linlm.locking import DirLock
+from linlm.progress import ProgressBar, format_duration
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory, finished_sections, in_the_way
 from linlm.reproduce.presets import Preset, load_preset
 from linlm.reproduce.section import Section
@@ -117,17 +118,8 @@ class JobProgress:
         self.section = ""
         self.say = say
         self.t0 = time.perf_counter()
-        self.bar = None
-        self.last_print = 0.0
-        if live:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("reproduce"), BarColumn(), TextColumn("{task.percentage:>4.0f}%"),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("left"),
-                                TimeRemainingColumn(), console=Console(stderr=True))
-            self.bar.start()
-            self.task = self.bar.add_task("reproduce", total=self.total, info="")
+        self.bar = ProgressBar("reproduce", self.total, count="percent", eta_label="left", transient=False,
+                               enabled=live)
 
     def start(self, name: str, index: int, count: int) -> None:
         self.name, self.section = name, f"[{index}/{count}] {name}"
@@ -136,8 +128,7 @@ class JobProgress:
 
     def update(self, fraction: float) -> None:
         done = self.base + self.weights.get(self.name, 0.0) * max(0.0, min(1.0, fraction))
-        if self.bar is not None:
-            self.bar.update(self.task, completed=done, info=self.section)
+        self.bar.update(done, info=self.section)
 
     def finish(self, name: str) -> None:
         self.base += self.weights.get(name, 0.0)
@@ -148,13 +139,10 @@ class JobProgress:
         return self.base / self.total
 
     def elapsed(self) -> str:
-        from linlm.train.metrics import format_duration
-
         return format_duration(time.perf_counter() - self.t0)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.close()
 
 
 # ---- the job ---------------------------------------------------------------------------------------------------

@@ -170,9 +170,9 @@ def cmd_run(args) -> int:
                  "changes it")
         print_plan(rows, ladder, timed=timed)
         return 0
-    from linlm.train.metrics import use_live_display
+    from linlm.progress import live_display
 
-    result = run_grid(ladder, archs, args.out, overrides=overrides, live=use_live_display())
+    result = run_grid(ladder, archs, args.out, overrides=overrides, live=live_display())
     print(f"{len(result['trained'])} run(s) trained, {len(result['done'])} already finished; "
           f"fit with: linlm scaling fit {args.out}")
     return 130 if result["interrupted"] else 0
