@@ -52,7 +52,7 @@ def cmd_mqar(args) -> int:
     from linlm.errors import ConfigError
     from linlm.eval.mqar import MQARConfig
     from linlm.experiments.mqar import default_runs, plot_experiment, run_experiment
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
     from linlm.train.cli import setup_logging
 
     setup_logging()

@@ -153,7 +153,7 @@ def _profile(args) -> int:
     from linlm import outputs
     from linlm.config import parse_overrides
     from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
 
     archs = profile_archs(args.archs)
     if not args.no_hf and "llama" in archs and HF_LLAMA not in archs:

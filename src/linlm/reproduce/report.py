@@ -59,7 +59,7 @@ def provenance_blocks(job, marker: dict) -> list[tuple]:
 
 
 def write(job, pending: list[str], marker: dict) -> Written:
-    from linlm.scaling.report import render_html, render_markdown
+    from linlm.render import render_html, render_markdown
 
     claims = judge(job.results)
     title = f"linlm reproduce: preset {job.preset.name}"

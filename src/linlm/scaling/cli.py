@@ -85,14 +85,14 @@ def cmd_fit(args) -> int:
 
         print(outputs.dumps(a.to_dict()), end="")
         return 0
-    from linlm.infer.report import print_table
-    from linlm.scaling.report import _law_row
+    from linlm.render import print_table
+    from linlm.scaling.report import law_row
 
     rows = []
     for arch, f in a.archs.items():
         e = f.envelope
         if e is not None:
-            rows += [_law_row(arch, q, law) for q, law in (("L(C)", e.loss), ("N_opt(C)", e.params),
+            rows += [law_row(arch, q, law) for q, law in (("L(C)", e.loss), ("N_opt(C)", e.params),
                                                           ("D_opt(C)", e.tokens))]
     if rows:
         print_table(["arch", "law", "beta", "beta CI", "alpha", "alpha CI", "R²", "paper beta", "paper alpha"],
@@ -123,7 +123,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_ladders(args) -> int:
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
     from linlm.scaling.ladder import builtin_ladders, load_ladder
 
     rows = []
