@@ -152,7 +152,8 @@ def _profile(args) -> int:
     """`linlm profile` once its flags are checked (and its threads set): profile, print, write."""
     from linlm import outputs
     from linlm.config import parse_overrides
-    from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
+    from linlm.environment import environment
+    from linlm.infer.profile import HF_LLAMA, plot, profile, rows_to_dicts
     from linlm.render import print_table
 
     archs = profile_archs(args.archs)

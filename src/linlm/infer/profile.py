@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import re
 import statistics
 import time
@@ -270,12 +269,6 @@ def _profile_contexts(runner, model, arch, backend, contexts, dev, dtype, decode
         if on_row is not None:
             on_row(row)
     return rows
-
-
-def environment() -> dict:
-    return {"torch_version": torch.__version__, "torch_num_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def rows_to_dicts(rows: Sequence[ProfileRow]) -> list[dict]:

@@ -26,9 +26,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from linlm import outputs
+from linlm.environment import environment
 from linlm.errors import ConfigError, LinlmError
 from linlm.locking import DirLock
 from linlm.progress import ProgressBar, format_duration
@@ -39,35 +40,6 @@ from linlm.reproduce.sections import SECTIONS, get
 from linlm.reproduce.settings import FLAGS, check_settings, given_settings, job_settings, resolve_settings
 
 LOCK_WHAT = "reproduce directory"
-
-
-def versions() -> dict[str, Any]:
-    import platform
-
-    import numpy
-    import torch
-
-    import linlm
-
-    return {"linlm": linlm.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "git": git_revision()}
-
-
-def git_revision() -> Optional[str]:
-    """The source checkout's commit (with ``+dirty`` when it has uncommitted changes), or None outside git."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[3]
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-        if rev.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # ---- the checks before any work ---------------------------------------------------------------------------------
@@ -243,7 +215,7 @@ def _run(setup: Setup, preset_name: str, out: Path, train_here: bool, live: bool
         say(note)
     new_marker = {"format": FORMAT, "preset": preset.name, "version": linlm.__version__, **setup.settings,
                   "created": (marker or {}).get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "versions": versions()}
+                  "environment": environment()}
     outputs.write_json(out / MARKER, new_marker, "--out")
     job = Job(preset, out, say=say, train_here=train_here, **job_settings(setup.settings))
     outputs.make_dir(job.plots, "--out")
