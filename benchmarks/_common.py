@@ -7,7 +7,6 @@ torch build, a machine and the command that made it; benchmarks/render_results.p
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import shlex
 import statistics
@@ -19,6 +18,8 @@ from typing import Optional
 import torch
 
 from linlm.environment import environment, git_state
+from linlm.io_utils import atomic_write_bytes
+from linlm.outputs import dumps
 from linlm.runtime import tune_allocator
 
 HERE = Path(__file__).resolve().parent
@@ -92,13 +93,7 @@ def write_json(name: str, payload: dict) -> Path:
     """Write payload to benchmarks/results/<name>.json (atomically: a complete file or none). Returns the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, dumps(payload, indent=2).encode("utf-8"))
     return path
 
 

@@ -269,7 +269,7 @@ def _check_complete(out: Path) -> None:
 
 
 def _commit_state(out: Path, state: dict) -> None:
-    outputs.write_bytes(out / PROGRESS_DIR / STATE_FILE, json.dumps(state, indent=1).encode(), WHAT)
+    outputs.write_json(out / PROGRESS_DIR / STATE_FILE, state, WHAT)
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
                    "utf8_replacements": src.stats.replacements},
         "config": config, "splits": splits,
     }
-    outputs.write_bytes(out / META_FILE, json.dumps(meta, indent=1).encode(), WHAT)
+    outputs.write_json(out / META_FILE, meta, WHAT)
     _remove_progress(out)
     return meta
 

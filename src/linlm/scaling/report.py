@@ -20,7 +20,6 @@ import numpy as np
 
 from linlm import outputs
 from linlm.render import render_html, render_markdown
-from linlm.outputs import json_default
 from linlm.scaling.analysis import Analysis
 from linlm.scaling.fits import PFLOPS_DAY, PowerLaw
 from linlm.scaling.paper import PAPER_TABLE3
@@ -302,5 +301,3 @@ def write_report(a: Analysis, out: str | Path, what: Optional[str] = None) -> di
     outputs.write_text(files["report.html"], render_html(blocks, "linlm scaling report"), what)
     return files
 
-
-_json_default = json_default  # the name linlm.reproduce reads fit results with

@@ -61,7 +61,7 @@ class MetricsLog:
         try:
             if truncate_after is not None and self.path.exists():
                 keep = [r for r in read_metrics(self.path) if r["step"] <= truncate_after]
-                outputs.write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep), "out_dir")
+                outputs.write_text(self.path, "".join(outputs.dumps(r, indent=None) for r in keep), "out_dir")
                 outputs.record(self.path, append=True)
             self._recorded = self.path.exists() and self.path.stat().st_size > 0
             self._f = open(self.path, "a", encoding="utf-8")
@@ -72,7 +72,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         try:
-            self._f.write(json.dumps(clean) + "\n")
+            self._f.write(outputs.dumps(clean, indent=None))
             self._f.flush()
             if not self._recorded:
                 outputs.record(self.path, append=True)
