@@ -141,7 +141,7 @@ def cmd_run(args) -> int:
     from linlm.scaling.ladder import load_ladder, plan_runs
     from linlm.scaling.runner import emit_torchrun, estimate, plan_rows, print_plan, run_grid
 
-    from linlm.cli_args import check_numbers
+    from linlm.cli_args import check_numbers, comma_list
 
     check_numbers(("--flops-per-s", args.flops_per_s, 0, True))
     ladder = load_ladder(args.ladder)
@@ -151,7 +151,7 @@ def cmd_run(args) -> int:
 
             raise ConfigError(f"--jobs: expected 1 or more runs to train at once, got {args.jobs}")
         ladder.jobs = args.jobs
-    archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else None
+    archs = comma_list(args.archs, "--archs", empty_ok=True) if args.archs else None
     overrides = parse_overrides(args.overrides)
     if args.emit:
         runs = plan_runs(ladder, archs, args.out, overrides)
