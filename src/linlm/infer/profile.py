@@ -159,12 +159,11 @@ def build(arch: str, preset: Optional[str], max_context: int, device: torch.devi
     cfg = preset_config(name, preset, **overrides)
     torch.manual_seed(0)
     if arch == HF_LLAMA:
-        from linlm.hf.llama import _require_transformers, hf_config_from
+        from linlm.hf.llama import hf_config_from
 
-        _require_transformers()
+        hf_cfg = hf_config_from(cfg)  # without transformers: a one-line ConfigError saying what to install
         from transformers import LlamaForCausalLM
 
-        hf_cfg = hf_config_from(cfg)
         hf_cfg._attn_implementation = "sdpa"
         model = LlamaForCausalLM(hf_cfg).to(device=device, dtype=dtype).eval()
         return hf_llama_runner(model), model
