@@ -7,12 +7,9 @@ torch build, a machine and the command that made it; benchmarks/render_results.p
 from __future__ import annotations
 
 import datetime
-import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +17,9 @@ from typing import Optional
 
 import torch
 
+from linlm.environment import environment, git_state
+from linlm.io_utils import atomic_write_bytes
+from linlm.outputs import dumps
 from linlm.runtime import tune_allocator
 
 HERE = Path(__file__).resolve().parent
@@ -34,78 +34,9 @@ def apply_runtime_settings() -> None:
     _ALLOCATOR = tune_allocator()
 
 
-def _git_revision() -> str:
-    """`git rev-parse HEAD` of the repository holding this folder, or "unknown" (no git, no commits yet, ...)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    rev = out.stdout.strip()
-    return rev if out.returncode == 0 and rev else "unknown"
-
-
-def _git_dirty() -> Optional[bool]:
-    """Whether tracked files differ from HEAD (the numbers then come from uncommitted code), or None without git."""
-    try:
-        out = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=HERE, capture_output=True, timeout=10,
-                             check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {0: False, 1: True}.get(out.returncode)
-
-
-def _cpuinfo() -> dict:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
-    fields: dict = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
-
-
-def _cpu_model() -> str:
-    return _cpuinfo().get("model name") or platform.processor() or "unknown"
-
-
-# The CPU flags that decide how fast bfloat16 runs: AMX tiles and AVX-512 BF16 dot products compute it natively
-# (oneDNN's bf16 matmuls); with AVX2 only, torch's bf16 matmul is a slow reference loop.
-BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-
-
-def cpu_meta() -> dict:
-    """The CPU a result was measured on: its model name, x86 family / model / stepping (a VM's model name can be as
-    vague as "AMD EPYC"; family 25 model 17 is Zen 4), which of BF16_FLAGS it has, whether torch computes bf16
-    natively there (linlm.devices.native_bf16), torch's CPU capability and its oneDNN version."""
-    from linlm.devices import native_bf16
-
-    info = _cpuinfo()
-    flags = set((info.get("flags") or info.get("Features") or "").split())
-    onednn = next((line.split("v", 1)[1].split()[0] for line in torch.__config__.show().splitlines()
-                   if "MKL-DNN v" in line or "oneDNN v" in line), None)
-    return {
-        "model_name": _cpu_model(),
-        "family": info.get("cpu family"),
-        "model": info.get("model"),
-        "stepping": info.get("stepping"),
-        "bf16_flags": [f for f in BF16_FLAGS if f in flags],
-        "native_bf16": native_bf16(torch.device("cpu")),
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "onednn_version": onednn,
-    }
-
-
 # Read when a script starts (it imports this module first), not when it writes its results: a run that lasts an hour
-# records the source it ran, not a commit made meanwhile.
-_REVISION = _git_revision()
-_DIRTY = _git_dirty()
+# records the source it ran, not a commit made meanwhile (linlm.environment reads the revision once per process).
+git_state()
 
 
 # Environment variables that change what a benchmark measures; meta() records those that are set.
@@ -125,23 +56,13 @@ def command() -> str:
 
 def meta() -> dict:
     """Where and with what a result was measured: the script (`benchmark`), its command line and the environment
-    variables of RECORDED_ENV that were set, the source revision, torch, the CPU and the load."""
+    variables of RECORDED_ENV that were set, then linlm's record of the versions, the source revision, the CPU and
+    the load (linlm.environment.environment), the allocator settings and the time."""
     return {
         "benchmark": Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else None,
         "command": command(),
         "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
-        "git_revision": _REVISION,
-        "git_dirty": _DIRTY,
-        "torch_version": torch.__version__,
-        "torch_num_threads": torch.get_num_threads(),
-        "python_version": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_model": _cpu_model(),
-        "cpu": cpu_meta(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        **environment(),
         "allocator_settings": _ALLOCATOR,
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -172,13 +93,7 @@ def write_json(name: str, payload: dict) -> Path:
     """Write payload to benchmarks/results/<name>.json (atomically: a complete file or none). Returns the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, dumps(payload, indent=2).encode("utf-8"))
     return path
 
 

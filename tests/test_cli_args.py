@@ -109,3 +109,45 @@ def test_an_old_spelling_is_the_same_option_and_the_help_says_so(capsys, argv, o
     with pytest.raises(SystemExit):
         main([argv[0], "--help"])
     assert f"old spelling: {old})" in " ".join(capsys.readouterr().out.split())
+
+
+def test_comma_lists_convert_strip_and_skip_empty_items():
+    from linlm.cli_args import comma_list
+
+    assert comma_list(" tnl, llama ,,", "--archs") == ["tnl", "llama"]
+    assert comma_list("512,2048,", "--contexts", item=int, minimum=1) == [512, 2048]
+    assert comma_list("0, 50.5", "--depths", item=float) == [0.0, 50.5]
+    assert comma_list(" , ", "--archs", empty_ok=True) == []
+
+
+@pytest.mark.parametrize("text, kwargs, expected", [
+    ("8,abc", dict(item=int, what="integers >= 1", example="512,2048"),
+     "--contexts: expected comma-separated integers >= 1, got '8,abc' (e.g. 512,2048)"),
+    ("8,0", dict(item=int, what="integers >= 1", minimum=1), "--contexts: expected comma-separated integers >= 1, "
+                                                               "got '8,0'"),
+    (",", dict(), "--contexts: expected comma-separated names, got ','"),
+])
+def test_a_bad_comma_list_is_one_config_error_naming_the_flag(text, kwargs, expected):
+    from linlm.cli_args import comma_list
+    from linlm.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        comma_list(text, "--contexts", **kwargs)
+    assert str(e.value) == expected
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["profile", "--archs", "tnl", "--preset", "tiny", "--contexts", "8,0"], "--contexts: expected comma-separated "
+                                                                             "integers >= 1, got '8,0' (e.g. 512,2048)"),
+    (["mqar", "--out-dir", "unused", "--widths", "16,x"], "--widths: expected comma-separated integers >= 1, got "
+                                                           "'16,x' (e.g. 32,64)"),
+    (["niah", "--model", "unused", "--lengths", "100,abc"], "--lengths: expected comma-separated integers, got "
+                                                            "'100,abc' (e.g. 1000,4000,16000, or LO:HI:N as in "
+                                                            "1000:16000:35)"),
+])
+def test_every_command_refuses_a_bad_list_before_any_work(tmp_path, monkeypatch, capsys, argv, expected):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(expected) and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []

@@ -180,3 +180,20 @@ def test_every_benchmark_writes_meta(script):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in names for t in node.targets):
             assert "meta()" in ast.unparse(node.value), f"{script}:{node.lineno}: payload without meta()"
     assert not re.search(r"^\s*def meta\(", (BENCH / script).read_text(), re.M), f"{script} defines its own meta()"
+
+
+def test_the_meta_of_a_benchmark_renders_every_machine_row(tmp_path, monkeypatch):
+    """meta() (linlm's environment record plus the command) has every field the page's machine table shows, and
+    write_json writes it as linlm's JSON."""
+    import _common
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path)
+    path = _common.write_json("bench_probe", {"meta": _common.meta(), "results": [{"x": Path("a")}]})
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["results"] == [{"x": "a"}]
+    rows = dict(render_results.machine_rows(data["meta"]))
+    for key in ("measured (UTC)", "command", "machine", "CPU flags (bf16-related)", "native bf16", "torch", "python",
+                "load average (1 min)"):
+        assert "not recorded" not in rows[key], (key, rows[key])
+    rev = data["meta"]["git_revision"]  # None where the tests run outside a git checkout (an unpacked archive)
+    assert rows["revision"] == "not recorded" if rev is None else rows["revision"].startswith(rev + " (")

@@ -9,9 +9,4 @@ from linlm.models.registry import ARCHITECTURES
 
 __version__ = "0.1.0"
 
-# AutoConfig / AutoModelForCausalLM know linlm_<arch> once transformers loads them (no transformers import here).
-from linlm import hf as _hf  # noqa: E402
-
-_hf.install()
-
 __all__ = ["errors", "ModelConfig", "CausalLM", "LMOutput", "create_model", "load", "PRESETS", "ARCHITECTURES", "__version__"]

@@ -36,7 +36,7 @@ def cmd_count(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
 
     rows = [[k, f"{v:,}" if isinstance(v, int) else (f"{v:.4g}" if isinstance(v, float) else str(v))]
             for k, v in result.items() if k != "config"]
@@ -45,7 +45,7 @@ def cmd_count(args) -> int:
 
 
 def cmd_archs(args) -> int:
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
     from linlm.models.presets import PRESETS
     from linlm.models.registry import ARCHITECTURES
 

@@ -1,4 +1,5 @@
-"""Command-line pieces every ``linlm`` command shares: dotted ``key=value`` overrides and checked numbers.
+"""Command-line pieces every ``linlm`` command shares: dotted ``key=value`` overrides, comma-separated lists and
+checked numbers.
 
 One override dialect for every command (``linlm train``, ``linlm demo``, ``linlm count``): the keys are the
 dotted keys of the training config (docs/training.md), e.g. ``optim.lr=1e-3`` or
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from linlm.schema import is_override
+
+T = TypeVar("T")
 
 
 def add_overrides(parser: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:
@@ -62,6 +65,29 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def comma_list(text: str, flag: str, *, item: Callable[[str], T] = str, what: str = "names",
+               example: str = "", minimum: Optional[float] = None, empty_ok: bool = False) -> list[T]:
+    """The items of a comma-separated flag value (``--contexts 512,2048``), each stripped and converted by ``item``
+    (``int``, ``float``, ``str``); empty items (``a,,b``, a trailing comma) are skipped.
+
+    A ConfigError naming ``flag``, the value and ``example`` refuses an item ``item`` cannot convert, an item below
+    ``minimum``, and no item at all unless ``empty_ok``: ``--contexts: expected comma-separated positive integers,
+    got '8,abc' (e.g. 512,2048)``. ``what`` names the items in that message."""
+    from linlm.errors import ConfigError
+
+    def refuse() -> ConfigError:
+        return ConfigError(f"{flag}: expected comma-separated {what}, got {text!r}"
+                           + (f" (e.g. {example})" if example else ""))
+
+    try:
+        values = [item(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise refuse() from None
+    if (not values and not empty_ok) or (minimum is not None and any(v < minimum for v in values)):
+        raise refuse()
+    return values
 
 
 def check_numbers(*checks: tuple[str, Optional[float], float, bool]) -> None:

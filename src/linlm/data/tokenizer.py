@@ -143,7 +143,7 @@ class Tokenizer:
         directory = Path(directory)
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eos_token,
                   "clean_up_tokenization_spaces": False}
-        files = {TOKENIZER_FILE: self.to_str(), CONFIG_FILE: json.dumps(config, indent=1)}
+        files = {TOKENIZER_FILE: self.to_str(), CONFIG_FILE: outputs.dumps(config)}
         for name in files:
             outputs.check_file(directory / name, "tokenizer")
         for name, text in files.items():

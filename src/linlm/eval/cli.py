@@ -63,7 +63,7 @@ def cmd_eval(args) -> int:
     from linlm.errors import ConfigError
     from linlm.eval.evaluator import RESULTS_HEADERS, check_data_dir, evaluate, results_rows
     from linlm.eval.tasks import resolve_tasks
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
 
     # Every check that can refuse runs before the model loads: a mistake costs nothing.
     resolve_tasks(args.tasks)
@@ -141,7 +141,7 @@ def cmd_perplexity(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
     from linlm.data.sources import open_source
     from linlm.eval.perplexity import perplexity
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
 
     check_numbers(*((flag, getattr(args, flag[2:].replace("-", "_")), 1, False)
                     for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))

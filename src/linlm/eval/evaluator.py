@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 from linlm.errors import ConfigError, DataError
 from linlm.eval.scoring import ScoreStats, model_max_length, score_requests
 from linlm.eval.tasks import TASKS, aggregate, build_doc, commonsense_average, doc_metrics, load_task, resolve_tasks
+from linlm.progress import ProgressBar
 
 log = logging.getLogger("linlm.eval")
 
@@ -57,13 +58,9 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
                                 name, dropped, dropped + len(docs), limit_len)
         flat = [req for d in docs for req in d.requests]
         stats = ScoreStats()
-        bar = _progress(name, len(flat)) if show_progress else None
-        try:
+        with ProgressBar(name, len(flat), elapsed=False, enabled=None if show_progress else False) as bar:
             scored = score_requests(model, flat, batch_size=batch_size, shared=shared, max_length=max_length,
-                                    stats=stats, progress=(lambda n: bar[0].advance(bar[1], n)) if bar else None)
-        finally:
-            if bar:
-                bar[0].stop()
+                                    stats=stats, progress=(lambda n: bar.update(advance=n)) if bar.active else None)
         per_doc, i = [], 0
         for d in docs:
             per_doc.append(doc_metrics(spec.kind, d, scored[i:i + len(d.requests)]))
@@ -91,15 +88,6 @@ def check_data_dir(data_dir: str | Path) -> Path:
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: not a directory; pass --data-dir with the task files (JSON Lines)")
     return data_dir
-
-
-def _progress(name: str, total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    p = Progress(TextColumn(name), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
-    task = p.add_task(name, total=total)
-    p.start()
-    return p, task
 
 
 def results_rows(results: dict[str, Any]) -> list[list[str]]:

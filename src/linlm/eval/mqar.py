@@ -183,10 +183,4 @@ def state_floats(model, seq_len: int) -> int:
     ids = torch.ones(1, seq_len, dtype=torch.long, device=model.device)
     with torch.no_grad():
         state = model(ids, return_state=True).state
-    return sum(t.numel() for t in _state_tensors(state))
-
-
-def _state_tensors(state):
-    from linlm.layers.state import _tensors
-
-    return list(_tensors([state.layers, state.extra]))
+    return sum(t.numel() for t in state.tensors())

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from linlm.cli_args import comma_list
 from linlm.errors import ConfigError, DataError
 from linlm.eval.scoring import Request, model_max_length, score_requests
 
@@ -81,18 +82,21 @@ class NIAHConfig:
 def parse_grid(spec: str, kind: str) -> list[float]:
     """``"1000,2000,4000"`` or ``"LO:HI:N"`` (geometric for lengths, linear for depths); N is at least 1, and so
     is a geometric grid's LO (a count of 0 is refused, never read as one point)."""
+    if ":" not in spec:
+        example = "1000,4000,16000, or LO:HI:N as in 1000:16000:35" if kind == "lengths" else \
+            "0,50,100, or LO:HI:N as in 0:100:35"
+        return comma_list(spec, f"--{kind}", item=float if kind == "depths" else int,
+                          what="numbers" if kind == "depths" else "integers", example=example, empty_ok=True)
     try:
-        if ":" in spec:
-            lo, hi, n = spec.split(":")
-            k = int(n)
-            if k < 1 or (kind == "lengths" and int(lo) < 1):
-                raise ConfigError(f"--{kind} {spec!r}: LO:HI:N needs N >= 1" + (" and LO >= 1" if kind == "lengths"
-                                                                               else ""))
-            if kind == "lengths":
-                return geometric_lengths(int(lo), int(hi), k)
-            lo_f, hi_f = float(lo), float(hi)
-            return [lo_f + (hi_f - lo_f) * i / (k - 1) for i in range(k)] if k > 1 else [lo_f]
-        return [float(x) if kind == "depths" else int(x) for x in spec.split(",") if x.strip()]
+        lo, hi, n = spec.split(":")
+        k = int(n)
+        if k < 1 or (kind == "lengths" and int(lo) < 1):
+            raise ConfigError(f"--{kind} {spec!r}: LO:HI:N needs N >= 1" + (" and LO >= 1" if kind == "lengths"
+                                                                           else ""))
+        if kind == "lengths":
+            return geometric_lengths(int(lo), int(hi), k)
+        lo_f, hi_f = float(lo), float(hi)
+        return [lo_f + (hi_f - lo_f) * i / (k - 1) for i in range(k)] if k > 1 else [lo_f]
     except ConfigError:
         raise
     except ValueError:

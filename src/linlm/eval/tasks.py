@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from linlm.cli_args import comma_list
 from linlm.errors import ConfigError, DataError, choices_text
 from linlm.eval.scoring import Request, Scored
 
@@ -68,7 +69,7 @@ GROUPS = {"commonsense": COMMONSENSE, "all": tuple(TASKS)}
 
 def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
     """``"piqa,hellaswag"`` or a list -> task names (groups ``commonsense`` and ``all`` expand); duplicates dropped."""
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s and s.strip()]
+    names = comma_list(spec if isinstance(spec, str) else ",".join(s for s in spec if s), "tasks", empty_ok=True)
     if not names:
         raise ConfigError(f"tasks: none given; valid tasks are {choices_text(TASKS)} (or the groups "
                           f"{choices_text(GROUPS)})")

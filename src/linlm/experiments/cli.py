@@ -50,10 +50,11 @@ def cmd_mqar(args) -> int:
     import sys
 
     from linlm import outputs
+    from linlm.cli_args import comma_list
     from linlm.errors import ConfigError
     from linlm.eval.mqar import MQARConfig
     from linlm.experiments.mqar import default_runs, plot_experiment, run_experiment
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
     from linlm.train.cli import setup_logging
 
     setup_logging()
@@ -65,13 +66,8 @@ def cmd_mqar(args) -> int:
                               + (" (0: no MossNet runs)" if flag == "experts" else ""))
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ConfigError(f"--lr {args.lr}: must be a positive number, e.g. 1e-2")
-    try:
-        widths = [int(w) for w in args.widths.split(",") if w.strip()]
-    except ValueError:
-        raise ConfigError(f"--widths {args.widths!r}: expected comma-separated integers, e.g. 32,64") from None
-    if not widths or min(widths) < 1:
-        raise ConfigError(f"--widths {args.widths!r}: expected comma-separated widths >= 1, e.g. 32,64")
-    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    widths = comma_list(args.widths, "--widths", item=int, what="integers >= 1", example="32,64", minimum=1)
+    archs = tuple(comma_list(args.archs, "--archs", empty_ok=True))
     runs = default_runs(widths, args.experts, archs)
     cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
     out = outputs.check_dir(args.out_dir, "--out", names=["results.json", "mqar.png"])

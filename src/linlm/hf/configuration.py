@@ -1,4 +1,5 @@
-"""transformers configs for linlm models: one ``PreTrainedConfig`` class per architecture (model_type linlm_<arch>).
+"""transformers configs for linlm models: one ``PreTrainedConfig`` class per architecture (model_type linlm_<arch>),
+each registered with ``AutoConfig`` when it is made (:class:`PerArch`); importing :mod:`linlm.hf` makes them all.
 
 The linlm ``ModelConfig`` travels whole in the ``linlm`` field of config.json; ``vocab_size``, ``hidden_size`` and
 ``num_hidden_layers`` mirror it for transformers' own utilities.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, Iterator, Mapping
 
-from transformers import PreTrainedConfig
+from transformers import AutoConfig, PreTrainedConfig
 
 from linlm.errors import CheckpointError, ConfigError
 from linlm.models.model_config import ModelConfig
@@ -89,9 +90,7 @@ def _config_class(arch: str) -> type[LinlmConfig]:
     name = class_name(arch, "Config")
     cls = type(name, (LinlmConfig,), {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch, "__module__": __name__,
                                       "__qualname__": name})
-    auto = sys.modules.get("transformers.models.auto.configuration_auto")
-    if auto is not None and hasattr(auto, "AutoConfig"):  # registered already: add this one (else it is, on load)
-        auto.AutoConfig.register(cls.model_type, cls, exist_ok=True)
+    AutoConfig.register(cls.model_type, cls, exist_ok=True)
     return cls
 
 

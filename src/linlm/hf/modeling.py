@@ -1,6 +1,7 @@
 """transformers models for linlm: ``PreTrainedModel`` + ``GenerationMixin`` per architecture, and a ``Cache``.
 
-``LinlmForCausalLM.model`` is the linlm :class:`~linlm.models.lm.CausalLM` itself, so the weights are the same
+Each architecture's class is registered with ``AutoModelForCausalLM`` when it is made (importing :mod:`linlm.hf`
+makes them all). ``LinlmForCausalLM.model`` is the linlm :class:`~linlm.models.lm.CausalLM` itself, so the weights are the same
 tensors under a ``model.`` prefix and ``generate()`` runs linlm's own prefill and one-token step.
 
 The cache (:class:`LinlmCache`) holds linlm's decoding state: the recurrent and conv states of the linear models,
@@ -14,11 +15,10 @@ decodes as if it were alone. Padding anywhere else than on the left is refused.
 
 from __future__ import annotations
 
-import sys
 from typing import Mapping, Optional
 
 import torch
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -166,9 +166,7 @@ def _model_class(arch: str) -> type[LinlmForCausalLM]:
     name = class_name(arch, "ForCausalLM")
     cls = type(name, (LinlmForCausalLM,), {"config_class": CONFIG_CLASSES[arch], "__module__": __name__,
                                            "__qualname__": name})
-    auto = sys.modules.get("transformers.models.auto.modeling_auto")
-    if auto is not None and hasattr(auto, "AutoModelForCausalLM"):  # registered already: add this one
-        auto.AutoModelForCausalLM.register(cls.config_class, cls, exist_ok=True)
+    AutoModelForCausalLM.register(cls.config_class, cls, exist_ok=True)
     return cls
 
 

@@ -112,55 +112,46 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _int_list(text: str, flag: str) -> list[int]:
-    from linlm.errors import ConfigError
-
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"{flag}: expected positive integers, got {text!r}")
-    return values
-
-
 def profile_archs(text: Optional[str]) -> list[str]:
     """The architectures of ``--archs``: the comma-separated names, or every registered architecture."""
+    from linlm.cli_args import comma_list
     from linlm.models.registry import arch_names
 
-    return [a.strip() for a in text.split(",") if a.strip()] if text is not None else arch_names()
+    return comma_list(text, "--archs", empty_ok=True) if text is not None else arch_names()
 
 
 def cmd_profile(args) -> int:
-    from linlm.cli_args import check_numbers, check_output_files
+    from linlm.cli_args import check_numbers, check_output_files, comma_list
 
     # Every check that can refuse runs before any model is built or timed.
     check_numbers(("--threads", args.threads, 1, False), ("--decode-tokens", args.decode_tokens, 1, False))
-    _int_list(args.contexts, "--contexts")
+    contexts = comma_list(args.contexts, "--contexts", item=int, what="integers >= 1", example="512,2048",
+                          minimum=1)
     check_output_files(args, "--json", "--plot")
     if args.threads is None:
-        return _profile(args)
+        return _profile(args, contexts)
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        return _profile(args)
+        return _profile(args, contexts)
     finally:
         torch.set_num_threads(previous)
 
 
-def _profile(args) -> int:
+def _profile(args, contexts: list[int]) -> int:
     """`linlm profile` once its flags are checked (and its threads set): profile, print, write."""
     from linlm import outputs
+    from linlm.cli_args import comma_list
     from linlm.schema import parse_overrides
-    from linlm.infer.profile import HF_LLAMA, environment, plot, profile, rows_to_dicts
-    from linlm.infer.report import print_table
+    from linlm.environment import environment
+    from linlm.infer.profile import HF_LLAMA, plot, profile, rows_to_dicts
+    from linlm.render import print_table
 
     archs = profile_archs(args.archs)
     if not args.no_hf and "llama" in archs and HF_LLAMA not in archs:
         archs.append(HF_LLAMA)
-    contexts = _int_list(args.contexts, "--contexts")
 
     def fmt(value, spec, scale=1.0):
         return "-" if value is None else format(value / scale, spec)
@@ -177,7 +168,7 @@ def _profile(args) -> int:
                   f"{fmt(row.peak_memory_bytes, '8.0f', 2**20)} MiB, state {row.state_bytes / 2**20:8.2f} MiB",
                   flush=True)
 
-    exported = [f.strip() for f in args.exported.split(",") if f.strip()]
+    exported = comma_list(args.exported, "--exported", empty_ok=True)
     rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
                    decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show,
                    exported=exported)

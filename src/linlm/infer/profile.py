@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import re
 import statistics
 import time
@@ -160,12 +159,11 @@ def build(arch: str, preset: Optional[str], max_context: int, device: torch.devi
     cfg = preset_config(name, preset, **overrides)
     torch.manual_seed(0)
     if arch == HF_LLAMA:
-        from linlm.hf.llama import _require_transformers, hf_config_from
+        from linlm.hf.llama import hf_config_from
 
-        _require_transformers()
+        hf_cfg = hf_config_from(cfg)  # without transformers: a one-line ConfigError saying what to install
         from transformers import LlamaForCausalLM
 
-        hf_cfg = hf_config_from(cfg)
         hf_cfg._attn_implementation = "sdpa"
         model = LlamaForCausalLM(hf_cfg).to(device=device, dtype=dtype).eval()
         return hf_llama_runner(model), model
@@ -270,12 +268,6 @@ def _profile_contexts(runner, model, arch, backend, contexts, dev, dtype, decode
         if on_row is not None:
             on_row(row)
     return rows
-
-
-def environment() -> dict:
-    return {"torch_version": torch.__version__, "torch_num_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def rows_to_dicts(rows: Sequence[ProfileRow]) -> list[dict]:

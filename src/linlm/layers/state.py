@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -41,14 +41,18 @@ class ModelState:
     # batch size are checked).
     signature: Optional[dict[str, Any]] = None
 
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor of the state (the layers' first, then the extra ones)."""
+        return _tensors([self.layers, self.extra])
+
     @property
     def batch_size(self) -> Optional[int]:
         """The batch dimension of the first tensor (every state tensor is batch-first); None when there is none."""
-        first = next(_tensors([self.layers, self.extra]), None)
+        first = next(self.tensors(), None)
         return None if first is None else first.shape[0]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in _tensors([self.layers, self.extra]))
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def map(self, fn) -> "ModelState":
         """A new state with ``fn`` applied to every tensor (each is batch-first: ``lambda t: t.index_select(0, i)``

@@ -51,7 +51,7 @@ def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], c
         "config_sha256": config_checksum(config),
         "weights_sha256": sha256_file(directory / WEIGHTS),
     }
-    (directory / CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    (directory / CONFIG).write_text(outputs.dumps(meta, indent=2), encoding="utf-8")
 
 
 def is_model_dir(path: Path) -> bool:

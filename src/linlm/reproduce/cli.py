@@ -56,14 +56,14 @@ def cmd_reproduce(args) -> int:
         return 0
     from linlm.reproduce.job import run
     from linlm.train.cli import setup_logging
-    from linlm.train.metrics import use_live_display
+    from linlm.progress import live_display
 
     setup_logging()
     say = lambda text: print(f"linlm reproduce: {text}", file=sys.stderr)  # noqa: E731
     try:
         result = run(args.recipe, args.out, data_dir=args.data_dir, resume=args.resume, overwrite=args.overwrite,
                      overrides=overrides, scaling_dir=args.scaling_dir, train_here=args.train_here,
-                     live=use_live_display(), say=say)
+                     live=live_display(), say=say)
     except KeyboardInterrupt:
         print("linlm reproduce: interrupted; run the same command again to continue from where it stopped",
               file=sys.stderr)

@@ -26,11 +26,13 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from linlm import outputs
+from linlm.environment import environment
 from linlm.errors import ConfigError, LinlmError
 from linlm.locking import DirLock
+from linlm.progress import ProgressBar, format_duration
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory, finished_sections, in_the_way
 from linlm.reproduce.recipes import Recipe, load_recipe
 from linlm.reproduce.section import Section
@@ -38,35 +40,6 @@ from linlm.reproduce.sections import SECTIONS, get
 from linlm.reproduce.settings import FLAGS, check_settings, given_settings, job_settings, resolve_settings
 
 LOCK_WHAT = "reproduce directory"
-
-
-def versions() -> dict[str, Any]:
-    import platform
-
-    import numpy
-    import torch
-
-    import linlm
-
-    return {"linlm": linlm.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "git": git_revision()}
-
-
-def git_revision() -> Optional[str]:
-    """The source checkout's commit (with ``+dirty`` when it has uncommitted changes), or None outside git."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[3]
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-        if rev.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # ---- the checks before any work ---------------------------------------------------------------------------------
@@ -117,17 +90,8 @@ class JobProgress:
         self.section = ""
         self.say = say
         self.t0 = time.perf_counter()
-        self.bar = None
-        self.last_print = 0.0
-        if live:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("reproduce"), BarColumn(), TextColumn("{task.percentage:>4.0f}%"),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("left"),
-                                TimeRemainingColumn(), console=Console(stderr=True))
-            self.bar.start()
-            self.task = self.bar.add_task("reproduce", total=self.total, info="")
+        self.bar = ProgressBar("reproduce", self.total, count="percent", eta_label="left", transient=False,
+                               enabled=live)
 
     def start(self, name: str, index: int, count: int) -> None:
         self.name, self.section = name, f"[{index}/{count}] {name}"
@@ -136,8 +100,7 @@ class JobProgress:
 
     def update(self, fraction: float) -> None:
         done = self.base + self.weights.get(self.name, 0.0) * max(0.0, min(1.0, fraction))
-        if self.bar is not None:
-            self.bar.update(self.task, completed=done, info=self.section)
+        self.bar.update(done, info=self.section)
 
     def finish(self, name: str) -> None:
         self.base += self.weights.get(name, 0.0)
@@ -148,13 +111,10 @@ class JobProgress:
         return self.base / self.total
 
     def elapsed(self) -> str:
-        from linlm.train.metrics import format_duration
-
         return format_duration(time.perf_counter() - self.t0)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.close()
 
 
 # ---- the job ---------------------------------------------------------------------------------------------------
@@ -256,7 +216,7 @@ def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool
     # The marker's key keeps its first name ("preset"), so that jobs started before the rename still resume.
     new_marker = {"format": FORMAT, "preset": recipe.name, "version": linlm.__version__, **setup.settings,
                   "created": (marker or {}).get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "versions": versions()}
+                  "environment": environment()}
     outputs.write_json(out / MARKER, new_marker, "--out")
     job = Job(recipe, out, say=say, train_here=train_here, **job_settings(setup.settings))
     outputs.make_dir(job.plots, "--out")

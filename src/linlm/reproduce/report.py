@@ -44,12 +44,15 @@ def _data_dir_used(job, marker: dict) -> str:
 
 
 def provenance_blocks(job, marker: dict) -> list[tuple]:
-    v = marker["versions"]
+    env = marker["environment"]
+    rev = env["git_revision"]
     return [("h2", "Configuration and versions"),
-            ("table", ["item", "value"], [["recipe", job.recipe.name], ["linlm", v["linlm"]],
-                                           ["git revision", v.get("git") or "not a git checkout"],
-                                           ["torch", v["torch"]], ["numpy", v["numpy"]], ["python", v["python"]],
-                                           ["platform", v["platform"]], ["started", marker["created"]],
+            ("table", ["item", "value"], [["recipe", job.recipe.name], ["linlm", env["linlm_version"]],
+                                           ["git revision", rev + ("+dirty" if env["git_dirty"] else "") if rev
+                                            else "not a git checkout"],
+                                           ["torch", env["torch_version"]], ["numpy", env["numpy_version"]],
+                                           ["python", env["python_version"]], ["platform", env["platform"]],
+                                           ["CPU", env["cpu_model"]], ["started", marker["created"]],
                                            ["data dir (zero-shot)", _data_dir_used(job, marker)],
                                            ["scaling sweep", marker.get("scaling_dir") or "scaling/"],
                                            ["--set (every training run)", json.dumps(marker.get("overrides") or {})]]),
@@ -59,7 +62,7 @@ def provenance_blocks(job, marker: dict) -> list[tuple]:
 
 
 def write(job, pending: list[str], marker: dict) -> Written:
-    from linlm.scaling.report import render_html, render_markdown
+    from linlm.render import render_html, render_markdown
 
     claims = judge(job.results)
     title = f"linlm reproduce: recipe {job.recipe.name}"
@@ -80,7 +83,7 @@ def write(job, pending: list[str], marker: dict) -> Written:
     outputs.write_text(html, render_html(blocks, title=title), "--out")
     # "preset": the key's first name, kept for tools that read results.json.
     results = {"preset": job.recipe.name, "sections": job.results, "failed": job.failures, "pending": pending,
-               "waiting": job.waiting, "claims": [c.to_dict() for c in claims], "versions": marker["versions"],
+               "waiting": job.waiting, "claims": [c.to_dict() for c in claims], "environment": marker["environment"],
                "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir")}}
     outputs.write_json(job.out / "results.json", results, "--out")
     return Written(md, html, claims)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 from linlm.errors import DataError
 
 Tick = Callable[[float], None]  # fraction of the section done
-Blocks = list[tuple]  # report blocks, as linlm.scaling.report renders them: ("h2", text), ("p", text), ...
+Blocks = list[tuple]  # report blocks, as linlm.render renders them: ("h2", text), ("p", text), ...
 
 
 @dataclass(frozen=True)

@@ -85,14 +85,14 @@ def cmd_fit(args) -> int:
 
         print(outputs.dumps(a.to_dict()), end="")
         return 0
-    from linlm.infer.report import print_table
-    from linlm.scaling.report import _law_row
+    from linlm.render import print_table
+    from linlm.scaling.report import law_row
 
     rows = []
     for arch, f in a.archs.items():
         e = f.envelope
         if e is not None:
-            rows += [_law_row(arch, q, law) for q, law in (("L(C)", e.loss), ("N_opt(C)", e.params),
+            rows += [law_row(arch, q, law) for q, law in (("L(C)", e.loss), ("N_opt(C)", e.params),
                                                           ("D_opt(C)", e.tokens))]
     if rows:
         print_table(["arch", "law", "beta", "beta CI", "alpha", "alpha CI", "R²", "paper beta", "paper alpha"],
@@ -123,7 +123,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_ladders(args) -> int:
-    from linlm.infer.report import print_table
+    from linlm.render import print_table
     from linlm.scaling.ladder import builtin_ladders, load_ladder
 
     rows = []
@@ -143,7 +143,7 @@ def cmd_run(args) -> int:
     from linlm.scaling.plan import emit_torchrun, plan_rows, print_plan
     from linlm.scaling.runner import run_grid
 
-    from linlm.cli_args import check_numbers
+    from linlm.cli_args import check_numbers, comma_list
 
     check_numbers(("--flops-per-s", args.flops_per_s, 0, True))
     ladder = load_ladder(args.ladder)
@@ -153,7 +153,7 @@ def cmd_run(args) -> int:
 
             raise ConfigError(f"--jobs: expected 1 or more runs to train at once, got {args.jobs}")
         ladder.jobs = args.jobs
-    archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else None
+    archs = comma_list(args.archs, "--archs", empty_ok=True) if args.archs else None
     overrides = parse_overrides(args.overrides)
     if args.emit:
         runs = plan_runs(ladder, archs, args.out, overrides)
@@ -172,9 +172,9 @@ def cmd_run(args) -> int:
                  "changes it")
         print_plan(rows, ladder, timed=timed)
         return 0
-    from linlm.train.metrics import use_live_display
+    from linlm.progress import live_display
 
-    result = run_grid(ladder, archs, args.out, overrides=overrides, live=use_live_display())
+    result = run_grid(ladder, archs, args.out, overrides=overrides, live=live_display())
     print(f"{len(result['trained'])} run(s) trained, {len(result['done'])} already finished; "
           f"fit with: linlm scaling fit {args.out}")
     return 130 if result["interrupted"] else 0

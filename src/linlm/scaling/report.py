@@ -12,8 +12,6 @@ The plots are matplotlib Figures of their own (no pyplot: no global backend or f
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 from pathlib import Path
 from typing import Optional
@@ -21,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from linlm import outputs
-from linlm.outputs import json_default
+from linlm.render import render_html, render_markdown
 from linlm.scaling.analysis import Analysis
 from linlm.scaling.fits import PFLOPS_DAY, PowerLaw
 from linlm.scaling.paper import PAPER_TABLE3
@@ -178,7 +176,7 @@ def _ci(lo: float, hi: float, fmt: str) -> str:
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
-def _law_row(arch: str, quantity: str, law: Optional[PowerLaw], why: str = "") -> list[str]:
+def law_row(arch: str, quantity: str, law: Optional[PowerLaw], why: str = "") -> list[str]:
     paper = PAPER_TABLE3.get(arch, {}).get(quantity)
     p_beta, p_alpha = (f"{paper[0]:.4g}", f"{paper[1]:.4f}") if paper else ("-", "-")
     if law is None:
@@ -223,9 +221,9 @@ def build_blocks(a: Analysis, images: dict[str, bytes]) -> list[tuple]:
     for arch, f in a.archs.items():
         why = f.errors.get("envelope", "")
         e = f.envelope
-        rows.append(_law_row(arch, "L(C)", e.loss if e else None, why))
-        rows.append(_law_row(arch, "N_opt(C)", e.params if e else None, why or f.errors.get("N_opt", "")))
-        rows.append(_law_row(arch, "D_opt(C)", e.tokens if e else None, why or f.errors.get("N_opt", "")))
+        rows.append(law_row(arch, "L(C)", e.loss if e else None, why))
+        rows.append(law_row(arch, "N_opt(C)", e.params if e else None, why or f.errors.get("N_opt", "")))
+        rows.append(law_row(arch, "D_opt(C)", e.tokens if e else None, why or f.errors.get("N_opt", "")))
     b.append(("table", ["arch", "law", "beta", "beta 95% CI", "alpha", "alpha 95% CI", "R²", "paper beta",
                         "paper alpha"], rows))
     errors = [msg for f in a.archs.values() for msg in f.errors.values()]
@@ -286,60 +284,6 @@ def build_blocks(a: Analysis, images: dict[str, bytes]) -> list[tuple]:
     return b
 
 
-def _md_cell(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(blocks: list[tuple]) -> str:
-    out = []
-    for blk in blocks:
-        kind = blk[0]
-        if kind == "h1":
-            out.append(f"# {blk[1]}\n")
-        elif kind == "h2":
-            out.append(f"## {blk[1]}\n")
-        elif kind == "p":
-            out.append(blk[1] + "\n")
-        elif kind == "pre":
-            out.append("```\n" + blk[1] + "\n```\n")
-        elif kind == "img":
-            out.append(f"![{blk[1]}]({blk[1]})\n")
-        elif kind == "table":
-            head, rows = blk[1], blk[2]
-            out.append("| " + " | ".join(map(_md_cell, head)) + " |")
-            out.append("| " + " | ".join("---" for _ in head) + " |")
-            out += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
-            out.append("")
-    return "\n".join(out)
-
-
-def render_html(blocks: list[tuple], title: str = "linlm scaling report") -> str:
-    e = html.escape
-    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
-             "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f2f2f2}"
-             "img{max-width:100%}</style></head><body>"]
-    for blk in blocks:
-        kind = blk[0]
-        if kind in ("h1", "h2"):
-            parts.append(f"<{kind}>{e(blk[1])}</{kind}>")
-        elif kind == "p":
-            parts.append(f"<p>{e(blk[1])}</p>")
-        elif kind == "pre":
-            parts.append(f"<pre>{e(blk[1])}</pre>")
-        elif kind == "img":
-            data = base64.b64encode(blk[2]).decode("ascii")
-            parts.append(f"<img alt='{e(blk[1])}' src='data:image/png;base64,{data}'>")
-        elif kind == "table":
-            parts.append("<table><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in blk[1]) + "</tr>")
-            for r in blk[2]:
-                parts.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>")
-            parts.append("</table>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
 def write_report(a: Analysis, out: str | Path, what: Optional[str] = None) -> dict[str, Path]:
     """Write the report's files (:data:`REPORT_FILES`) into the directory ``out``; return their paths by name.
 
@@ -354,8 +298,6 @@ def write_report(a: Analysis, out: str | Path, what: Optional[str] = None) -> di
         outputs.write_bytes(files[name], data, what)
     outputs.write_json(files["fit.json"], a.to_dict(), what)
     outputs.write_text(files["report.md"], render_markdown(blocks), what)
-    outputs.write_text(files["report.html"], render_html(blocks), what)
+    outputs.write_text(files["report.html"], render_html(blocks, "linlm scaling report"), what)
     return files
 
-
-_json_default = json_default  # the name linlm.reproduce reads fit results with

@@ -158,8 +158,7 @@ def restore_rng(tensors: dict[str, torch.Tensor], rest: dict) -> None:
 
 def _write_json(path: Path, obj: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
+        f.write(outputs.dumps(obj))
 
 
 def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch.Tensor], model_config: dict,

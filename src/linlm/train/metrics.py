@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -26,6 +25,7 @@ import torch
 
 from linlm import outputs
 from linlm.errors import StorageError
+from linlm.progress import ProgressBar, format_duration, live_display
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -61,7 +61,7 @@ class MetricsLog:
         try:
             if truncate_after is not None and self.path.exists():
                 keep = [r for r in read_metrics(self.path) if r["step"] <= truncate_after]
-                outputs.write_text(self.path, "".join(json.dumps(r) + "\n" for r in keep), "out_dir")
+                outputs.write_text(self.path, "".join(outputs.dumps(r, indent=None) for r in keep), "out_dir")
                 outputs.record(self.path, append=True)
             self._recorded = self.path.exists() and self.path.stat().st_size > 0
             self._f = open(self.path, "a", encoding="utf-8")
@@ -72,7 +72,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         try:
-            self._f.write(json.dumps(clean) + "\n")
+            self._f.write(outputs.dumps(clean, indent=None))
             self._f.flush()
             if not self._recorded:
                 outputs.record(self.path, append=True)
@@ -126,18 +126,6 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     return 2.0 * n**3 / best
 
 
-def use_live_display() -> bool:
-    """A live progress bar only on an interactive terminal outside CI."""
-    return sys.stderr.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
-
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
 def format_line(rec: dict, total_steps: int, eta: Optional[float]) -> str:
     parts = [f"step {rec['step']}/{total_steps}", f"loss {rec['loss']:.4f}" if rec.get("loss") is not None
              else "loss nan"]
@@ -157,23 +145,15 @@ def format_line(rec: dict, total_steps: int, eta: Optional[float]) -> str:
 
 
 class Progress:
-    """A rich progress bar with ETA on a terminal; plain log lines (every ``log_every`` steps) always."""
+    """The training display: a live bar (:class:`linlm.progress.ProgressBar`) on a terminal; plain log lines (every
+    ``log_every`` steps) always."""
 
     def __init__(self, total_steps: int, start_step: int, log_every: int, enabled: bool = True,
                  live: Optional[bool] = None):
         self.total, self.start, self.log_every, self.enabled = total_steps, start_step, log_every, enabled
         self.t0 = time.perf_counter()
-        self._bar = None
-        if enabled and (use_live_display() if live is None else live):
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-            from rich.progress import Progress as RichProgress
-
-            self._bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, info="")
+        self._bar = ProgressBar("train", total_steps, completed=start_step, eta_label="eta",
+                                enabled=enabled and (live_display() if live is None else live))
 
     def eta(self, step: int) -> Optional[float]:
         done = step - self.start
@@ -182,24 +162,17 @@ class Progress:
         return (time.perf_counter() - self.t0) / done * (self.total - step)
 
     def print(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, flush=True)
+        if self.enabled:
+            self._bar.print(text)
 
     def update(self, rec: dict) -> None:
         if not self.enabled:
             return
         step = rec["step"]
-        if self._bar is not None:
-            loss = rec.get("loss")
-            self._bar.update(self._task, completed=step, info=f"loss {loss:.3f}" if loss is not None else "")
+        loss = rec.get("loss")
+        self._bar.update(step, info=f"loss {loss:.3f}" if loss is not None else "")
         if step % self.log_every == 0 or step == self.total or rec.get("val_loss") is not None:
             self.print(format_line(rec, self.total, self.eta(step)))
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        self._bar.close()

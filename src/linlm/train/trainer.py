@@ -36,12 +36,13 @@ import torch
 
 from linlm.devices import resolve_precision
 from linlm.errors import CheckpointError, LinlmError, TrainingDiverged
+from linlm.progress import live_display
 from linlm.signals import StopSignals
 from linlm.train import checkpoint as ckpt
 from linlm.train import distributed as dist_utils
 from linlm.train import guard
 from linlm.train.train_config import TrainConfig
-from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops, use_live_display
+from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops
 from linlm.train.optim import build_optimizer, lr_at
 from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data, split_batch
 from linlm.train.report import read_summary, write_report
@@ -148,7 +149,7 @@ class Trainer:
             summary = _on_main(info, lambda: read_summary(self.run_dir))
             if summary is not None:
                 return self._already_finished(plan, summary, started)
-        show = self.verbose and info.is_main and (use_live_display() if self.live is None else self.live)
+        show = self.verbose and info.is_main and (live_display() if self.live is None else self.live)
         if self.data_factory is None:
             data_dir = Path(_on_main(info, lambda: str(resolve_data(cfg, show))))
             self.data = open_prepared(cfg, data_dir, info.rank, info.world_size)

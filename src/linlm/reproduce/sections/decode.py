@@ -13,7 +13,8 @@ from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, image
 def measure(settings: dict, archs: list[str], plots: Path, tick: Tick) -> dict:
     """Decode latency, peak memory and state size against context length (random weights: speed and memory do
     not depend on them), one architecture at a time with its shape from the recipe."""
-    from linlm.infer.profile import environment, plot, profile, rows_to_dicts
+    from linlm.environment import environment
+    from linlm.infer.profile import plot, profile, rows_to_dicts
 
     rows = []
     archs = list(settings.get("archs") or archs)
