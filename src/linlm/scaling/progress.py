@@ -11,14 +11,13 @@ import math
 import time
 from typing import Callable, Optional
 
+from linlm.progress import ProgressBar, format_duration
 from linlm.scaling.ladder import PlannedRun
 
 
 def fmt_seconds(s: Optional[float]) -> str:
     if s is None:
         return "n/a"
-    from linlm.train.metrics import format_duration
-
     return format_duration(s)
 
 
@@ -73,17 +72,8 @@ class GridProgress:
         self.samples: list[tuple[float, float]] = []
         self.line: Optional[tuple[float, float]] = None
         self._left_at, self._left = -math.inf, ""
-        self.bar = None
-        if live:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("scaling"), BarColumn(), TextColumn("{task.percentage:>4.0f}% of compute"),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                TextColumn("{task.fields[left]}"),
-                                console=Console(stderr=True))
-            self.bar.start()
-            self.task = self.bar.add_task("scaling", total=self.total or 1, info="", left="")
+        self.bar = ProgressBar("scaling", self.total or 1, count="percent", percent_suffix=" of compute",
+                               eta="given", transient=False, enabled=live)
 
     def eta(self) -> Optional[float]:
         if self.line is not None:
@@ -113,13 +103,12 @@ class GridProgress:
         self.done += work
         if self.on_fraction is not None:
             self.on_fraction(min(1.0, self.done / self.total) if self.total else 1.0)
-        if self.bar is not None:
+        if self.bar.active:
             now = time.perf_counter()
             if now - self._left_at >= 1.0:  # the time left, recomputed once a second, not at every step
                 left = self.eta()
                 self._left_at, self._left = now, f"about {fmt_seconds(left)} left" if left is not None else ""
-            self.bar.update(self.task, completed=self.done, info=info, left=self._left)
+            self.bar.update(self.done, info=info, left=self._left)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.close()
