@@ -42,8 +42,8 @@ PRECISIONS = ("fp32", "bf16", "auto")
 def native_bf16(device: torch.device) -> bool:
     """True where bfloat16 matmuls run at full speed on ``device``: a CUDA device with bf16 support, or a CPU that
     oneDNN drives in bf16 (AVX-512 or AMX; what torch reports as mkldnn bf16 support). On a CPU without it (an
-    AVX2-only x86, for one) torch falls back to a reference loop: measured here on an AVX2 AMD EPYC, 1.3 GFLOP/s
-    against 63 GFLOP/s in float32 at 1 thread."""
+    AVX2-only x86, for one) torch falls back to a reference loop, tens of times slower than float32
+    (benchmarks/bench_train_step.py prints both matmul ceilings of the machine it runs on)."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
     if device.type != "cpu":

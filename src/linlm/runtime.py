@@ -3,10 +3,8 @@
 A training step allocates and frees the same large activation tensors every step. glibc's malloc, by default,
 serves blocks above its (adaptive, at most 32 MB) mmap threshold with fresh mmaps and returns free memory at the
 top of the heap to the system, so those tensors come back as untouched pages the next step, and every first
-write to a 4 KB page is a page fault that the kernel zero-fills. On this project's 2-core CPU, cosFormer2 at seq
-8192 (paper-70m, fp32) took 913,000 page faults per step and ran at 651 tokens/s; with the settings below, 225,000
-and 758 (benchmarks/bench_train_step.py, see docs/training.md). LLaMA, with almost no page faults either way, did
-not change beyond noise.
+write to a 4 KB page is a page fault that the kernel zero-fills. benchmarks/bench_train_step.py counts those page
+faults per step beside its throughput (LINLM_ALLOCATOR=system runs it without these settings, to compare).
 
 ``tune_allocator()`` keeps freed memory in the process for reuse: blocks up to 1 GiB come from the heap, the
 heap is not trimmed until 4 GiB of it are free, and each heap extension adds 256 MiB of slack. The price is a

@@ -155,9 +155,7 @@ def _low_rank_dt(dt_low, weight, bias):
 class _LowRankDt(torch.autograd.Function):
     """bias + dt_low @ weight^T, whose backward computes both products transposed, with the wide dimension (Din, or
     the tokens) as the output's columns: a CPU matmul with only R output columns runs several times slower than its
-    transpose when R is small. Measured on a 2-core AVX2 CPU, 2048 tokens, Din 256, R 8 (the demo's rank): dt_low's
-    gradient 0.50 -> 0.19 ms and the weight's 1.01 -> 0.16 ms at 2 threads. At R 32 (paper-70m) the transposed
-    dt_low gradient was slower at 2 threads (1.9 -> 5.2 ms) and the whole op no faster than autograd's, hence
+    transpose when R is small. At the paper's larger ranks the transposed form was no faster than autograd's, hence
     NARROW_RANK. benchmarks/bench_fused.py times the op against F.linear at both ranks."""
 
     @staticmethod

@@ -170,9 +170,8 @@ class MossNetMixer(nn.Module):
         # Gathered in u's dtype: the scan kernel reads and writes bfloat16 rows in place (computing in float32), the
         # GLA op of "ssd" takes them as they are.
         ug = gather_rows(u.reshape(B * T, Din), src, reads).view(E, -1, Din)
-        # Each expert's (dt~, B, C) projection on its own rows only, one bmm over E: fwd + bwd at 2 threads it took
-        # 22 ms against 38 for every expert's projection on every token ([2048, 1024] -> 4 x 96 columns, paper-70m);
-        # see docs/mossnet.md.
+        # Each expert's (dt~, B, C) projection on its own rows only, one bmm over E, rather than every expert's
+        # projection on every token (benchmarks/bench_mossnet.py times the mixer).
         xp = torch.bmm(ug, self.x_proj.weight.view(E, P, Din).transpose(1, 2))
         dt_raw, Bm, Cm = xp.split([R, N, N], dim=-1)
 

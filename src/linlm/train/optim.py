@@ -43,8 +43,8 @@ def split_decay(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[
 
 def fused_adamw_takes(params) -> bool:
     """Whether torch's fused AdamW (one kernel over every tensor) can run these parameters: plain tensors (not the
-    DTensors of FSDP2) of a floating dtype, all on the CPU or all on one CUDA device. On the CPU here its step is
-    4-5x faster than the default per-tensor loop (MossNet demo shape, 3.3M parameters: 14.7 -> 3.8 ms)."""
+    DTensors of FSDP2) of a floating dtype, all on the CPU or all on one CUDA device: one pass over all parameters
+    instead of the default per-tensor loop."""
     params = list(params)
     if not params:
         return False
