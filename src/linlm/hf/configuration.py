@@ -53,19 +53,25 @@ class LinlmConfig(PreTrainedConfig):
 
 
 class PerArch(Mapping):
-    """{architecture: class} over the registry as it is at each access: the class of an architecture is made (by
-    ``make``) the first time it is asked for, so an architecture registered after this module was imported has one
-    too. Each class is also a module attribute of ``module`` under its own name (``LinlmTnlConfig``)."""
+    """{architecture: class} over the registry as it is at each access: the class of an architecture, a subclass of
+    ``base`` named ``Linlm<Arch><suffix>`` with the class attributes ``attrs(arch)``, is made the first time it is
+    asked for and handed to ``register`` (transformers' Auto classes), so an architecture registered after this
+    module was imported has one too. Each class is also a module attribute of ``module`` under its own name."""
 
-    def __init__(self, make: Callable[[str], type], module: str):
-        self._make, self._module, self._made = make, module, {}
+    def __init__(self, base: type, suffix: str, attrs: Callable[[str], dict], register: Callable[[type], None],
+                 module: str):
+        self._base, self._suffix, self._attrs, self._register = base, suffix, attrs, register
+        self._module, self._made = module, {}
 
     def __getitem__(self, arch: str) -> type:
         if arch not in ARCHITECTURES:
             raise KeyError(arch)
         if arch not in self._made:
-            cls = self._made[arch] = self._make(arch)
-            setattr(sys.modules[self._module], cls.__name__, cls)
+            name = class_name(arch, self._suffix)
+            cls = type(name, (self._base,), {**self._attrs(arch), "__module__": self._module, "__qualname__": name})
+            self._register(cls)
+            self._made[arch] = cls
+            setattr(sys.modules[self._module], name, cls)
         return self._made[arch]
 
     def __iter__(self) -> Iterator[str]:
@@ -86,15 +92,9 @@ def class_name(arch: str, suffix: str) -> str:
     return "Linlm" + arch.capitalize() + suffix
 
 
-def _config_class(arch: str) -> type[LinlmConfig]:
-    name = class_name(arch, "Config")
-    cls = type(name, (LinlmConfig,), {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch, "__module__": __name__,
-                                      "__qualname__": name})
-    AutoConfig.register(cls.model_type, cls, exist_ok=True)
-    return cls
-
-
-CONFIG_CLASSES: Mapping[str, type[LinlmConfig]] = PerArch(_config_class, __name__)
+CONFIG_CLASSES: Mapping[str, type[LinlmConfig]] = PerArch(
+    LinlmConfig, "Config", lambda arch: {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch},
+    lambda cls: AutoConfig.register(cls.model_type, cls, exist_ok=True), __name__)
 
 
 def __getattr__(name: str) -> type:

@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from linlm.errors import CheckpointError, ShapeError
-from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, PerArch, class_name, hf_config_for
+from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, PerArch, hf_config_for
 from linlm.layers.state import ModelState
 from linlm.layers.tnl import TNLMixer, tnl_log_decay
 from linlm.models.lm import CausalLM
@@ -162,15 +162,9 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
 
 
-def _model_class(arch: str) -> type[LinlmForCausalLM]:
-    name = class_name(arch, "ForCausalLM")
-    cls = type(name, (LinlmForCausalLM,), {"config_class": CONFIG_CLASSES[arch], "__module__": __name__,
-                                           "__qualname__": name})
-    AutoModelForCausalLM.register(cls.config_class, cls, exist_ok=True)
-    return cls
-
-
-MODEL_CLASSES: Mapping[str, type[LinlmForCausalLM]] = PerArch(_model_class, __name__)
+MODEL_CLASSES: Mapping[str, type[LinlmForCausalLM]] = PerArch(
+    LinlmForCausalLM, "ForCausalLM", lambda arch: {"config_class": CONFIG_CLASSES[arch]},
+    lambda cls: AutoModelForCausalLM.register(cls.config_class, cls, exist_ok=True), __name__)
 
 
 def __getattr__(name: str) -> type:
