@@ -8,6 +8,19 @@ DATA_ENV = "LINLM_EVAL_DATA"
 OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
 
 
+def _model_command(subparsers, name: str, help: str, description: str):
+    """The parser of an evaluation command: its help, its description and the model flags every one takes."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    _add_model(p)
+    return p
+
+
+def _add_text_source(p, flag: str, **kwargs) -> None:
+    """The text a command reads (any `linlm data` source) and the record field that holds it."""
+    p.add_argument(flag, **kwargs)
+    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+
+
 def _add_model(p) -> None:
     p.add_argument("--model", required=True, metavar="DIR",
                    help="a run directory (its newest valid checkpoint), a checkpoint directory, or a model.save() "
@@ -114,14 +127,12 @@ def cmd_lm_eval_hook(args) -> int:
 def register_perplexity(subparsers) -> None:
     from linlm.eval.perplexity import MODES
 
-    p = subparsers.add_parser(
-        "perplexity", help="perplexity and bits per byte of a model on any text source",
+    p = _model_command(
+        subparsers, "perplexity", help="perplexity and bits per byte of a model on any text source",
         description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
                     "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
                     "perplexity. See docs/evaluation.md.")
-    _add_model(p)
-    p.add_argument("--source", required=True, help="text source spec (as for `linlm data prepare`)")
-    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+    _add_text_source(p, "--source", required=True, help="text source spec (as for `linlm data prepare`)")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="stateful: whole documents through the recurrent state; sliding: windows; auto: stateful "
                         "unless the model has a position limit (LLaMA)")
@@ -159,14 +170,13 @@ def cmd_perplexity(args) -> int:
 def register_niah(subparsers) -> None:
     from linlm.eval.niah import MODES
 
-    p = subparsers.add_parser(
-        "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
+    p = _model_command(
+        subparsers, "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
         description="Insert a needle (a magic number) at each depth of a haystack cut to each context length, ask "
                     "for it, score greedy answers; print the mean and weighted accuracy, write JSON and a heatmap. "
                     "See docs/evaluation.md for the weights.")
-    _add_model(p)
-    p.add_argument("--haystack", default="shakespeare", help="text source for the haystack (any `linlm data` source)")
-    p.add_argument("--text-field", default="text")
+    _add_text_source(p, "--haystack", default="shakespeare",
+                     help="text source for the haystack (any `linlm data` source)")
     p.add_argument("--mode", choices=MODES, default="standard")
     p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
     p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
