@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, time_fn, write_json  # noqa: E402
 
 from linlm.data.loader import Batches, TokenDataset  # noqa: E402
-from linlm.data.prepare import DEFAULT_SPLIT_CHARS, iter_pieces, prepare  # noqa: E402
+from linlm.data.pieces import DEFAULT_SPLIT_CHARS, iter_pieces  # noqa: E402
+from linlm.data.prepare import prepare  # noqa: E402
 from linlm.data.sources import open_source  # noqa: E402
 from linlm.data.tokenizer import Tokenizer  # noqa: E402
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from linlm import outputs
-from linlm.data.prepare import is_val_piece, iter_pieces, prepare, split_offset
+from linlm.data.pieces import is_val_piece, iter_pieces, split_offset
+from linlm.data.prepare import prepare
 from linlm.data.shards import META_FILE, PROGRESS_DIR, token_dtype
 from linlm.data.tokenizer import EOS_TOKEN, Tokenizer
 from linlm.errors import ConfigError, DataError

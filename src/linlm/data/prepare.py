@@ -5,14 +5,9 @@ The output directory and meta.json are laid out as :mod:`linlm.data.shards` defi
 
 Token stream: every document is encoded on its own and followed by the end-of-text id.
 
-Split rule: documents are cut into *pieces* of at most ``split_chars`` characters, at the last newline before
-the limit (a hard cut when a line is longer). Pieces are numbered 0, 1, 2, ... in source order and piece ``j``
-goes to validation when ``floor((j + 1) * f + u) > floor(j * f + u)``, with ``f = val_fraction`` and
-``u`` in [0, 1) drawn from ``seed``: a systematic sample, so exactly ``floor(n * f + u)`` of ``n`` pieces are
-validation, evenly spread through the corpus, and the rule needs neither the count in advance nor a second pass.
-Cutting long documents into pieces is what gives a single file or a 42-work corpus a validation split at all.
-The end-of-text id follows the last piece of a document, whichever split it lands in. A tokenizer trained here
-(``bpe:N``) sees only training pieces.
+Split rule: documents are cut into pieces, each of which goes to training or validation, as
+:mod:`linlm.data.pieces` defines. The end-of-text id follows the last piece of a document, whichever split it
+lands in. A tokenizer trained here (``bpe:N``) sees only training pieces.
 
 Resuming: after each completed shard the state (pieces consumed, shards written, each split's pending tail)
 is committed to ``.progress``. A re-run with the same source, tokenizer and settings skips the consumed pieces
@@ -31,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -41,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from linlm import outputs
+from linlm.data.pieces import DEFAULT_SPLIT_CHARS, is_val_piece, iter_pieces, split_offset
 from linlm.data.shards import (FORMAT, META_FILE, PROGRESS_DIR, PROGRESS_FILE, SPLITS, STATE_FILE, SplitWriter,
                                is_format_path, shard_size_problem, token_dtype)
 from linlm.data.sources import Source, SourceLike, open_source
@@ -52,33 +46,11 @@ from linlm.progress import ProgressBar
 log = logging.getLogger("linlm.data")
 
 DEFAULT_SHARD_TOKENS = 1 << 25  # 32 Mi tokens: 64 MiB per uint16 shard
-DEFAULT_SPLIT_CHARS = 8192
 BPE_MIN_FREQUENCY = 2
 _BATCH_CHARS = 1 << 21  # characters per encode_batch call
 WHAT = "output"  # how messages name the directory (the --out of `linlm data prepare`, or a cache entry)
 
 ShardHook = Callable[[str, dict], None]
-
-
-def is_val_piece(index: int, val_fraction: float, offset: float) -> bool:
-    """The split rule (see the module doc)."""
-    return math.floor((index + 1) * val_fraction + offset) > math.floor(index * val_fraction + offset)
-
-
-def split_offset(seed: int) -> float:
-    return random.Random(f"linlm-split-{seed}").random()
-
-
-def iter_pieces(docs: Iterable[str], split_chars: int) -> Iterator[tuple[str, bool]]:
-    """Cut documents into pieces of at most ``split_chars`` characters; yields (piece, is_last_piece_of_doc)."""
-    for doc in docs:
-        start, end_of_doc = 0, len(doc)
-        while end_of_doc - start > split_chars:
-            cut = doc.rfind("\n", start, start + split_chars)
-            end = cut + 1 if cut > start else start + split_chars
-            yield doc[start:end], False
-            start = end
-        yield doc[start:], True
 
 
 def prepare(source: SourceLike, tokenizer: "str | Path | Tokenizer", out_dir: str | Path, *,
