@@ -61,7 +61,8 @@ def test_hooks_see_every_step_and_the_result(make_config):
     assert hooks.start["steps"] == 6 and hooks.start["start_step"] == 0 and hooks.start["arch"] == "llama"
     assert [r["step"] for r in hooks.steps] == [1, 2, 3, 4, 5, 6]
     assert hooks.end is result
-    per_token = hooks.start["flops_per_token"]
+    per_token = hooks.start["training_flops_per_token"]
+    assert hooks.start["flops_per_token"] == per_token  # the name it had before counted and paper FLOPs split
     assert result.flops == per_token * hooks.start["tokens_per_step"] * 6 > 0
 
 
@@ -114,6 +115,7 @@ def test_mfu_uses_the_counted_flops_not_the_papers(make_config):
     result = Trainer(cfg, hooks=hooks, data=memory_data, verbose=False, live=False).run()
     counts = count(cfg.model_config(vocab_size=40), batch=cfg.batch_size, seq_len=cfg.data.seq_len)
     head = counts["lm_head_flops_per_token"]
-    assert hooks.start["flops_per_token"] == counts["counted_flops_per_token"] + head
-    assert hooks.start["flops_per_token"] != paper_flops_per_token(counts) + head  # llama: the paper's formula differs
-    assert result.flops == hooks.start["flops_per_token"] * cfg.batch_size * cfg.data.seq_len
+    assert hooks.start["training_flops_per_token"] == counts["counted_flops_per_token"] + head
+    # llama: the paper's formula differs
+    assert hooks.start["training_flops_per_token"] != paper_flops_per_token(counts) + head
+    assert result.flops == hooks.start["training_flops_per_token"] * cfg.batch_size * cfg.data.seq_len

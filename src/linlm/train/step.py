@@ -4,7 +4,7 @@
 all-reduce only on the last), the global gradient norm and clipping, and the optimizer update, which is skipped
 when the loss or the gradient is not finite. What the trainer does around it (the learning-rate schedule, logging,
 evaluation, checkpoints, the divergence guards) is :mod:`linlm.train.trainer`'s; :func:`weight_norm` measures
-the parameters for those guards.
+the parameters for those guards, and :func:`validation_loss` is the evaluation's forward passes.
 
 :func:`apply_activation_checkpointing` makes each block recompute its activations in the backward pass.
 """
@@ -34,6 +34,13 @@ class StepOutcome:
     skipped: Optional[str]  # why the update was not applied (a non-finite loss or gradient), else None
     stop: bool  # some process asked to stop after this step
     data_s: float  # seconds spent taking batches from the iterator
+
+
+def on_device(batch, device: torch.device) -> tuple:
+    """A batch's ``(ids, targets, reset)`` on ``device`` (``reset`` may be None)."""
+    ids, targets, reset = split_batch(batch)
+    ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+    return ids, targets, (reset.to(device, non_blocking=True) if reset is not None else None)
 
 
 class TrainStep:
@@ -67,9 +74,7 @@ class TrainStep:
         data_s = 0.0
         for micro in range(A):
             t_data = time.perf_counter()
-            ids, targets, reset = split_batch(next(batches))
-            ids, targets = ids.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            reset = reset.to(device, non_blocking=True) if reset is not None else None
+            ids, targets, reset = on_device(next(batches), device)
             data_s += time.perf_counter() - t_data
             with dist_utils.no_grad_sync(self.model, info.enabled and micro < A - 1):
                 with self.autocast():
@@ -94,6 +99,28 @@ class TrainStep:
             torch.cuda.synchronize(device)
         return StepOutcome(loss=loss, aux_loss=float(stats[1]) / info.world_size, grad_norm=norm, skipped=why,
                            stop=bool(stats[2] > 0), data_s=data_s)
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, forward: Callable, batches, *, info: dist_utils.DistInfo,
+                    autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> float:
+    """Mean cross-entropy per target token over ``batches``, all processes together; ``model`` is in eval mode
+    meanwhile and back in train mode after."""
+    total = torch.zeros(2, dtype=torch.float64, device=info.device)
+    model.eval()
+    try:
+        for batch in batches:
+            ids, targets, reset = on_device(batch, info.device)
+            with autocast():
+                mean = forward(ids, targets=targets, reset=reset, return_aux=True).loss
+            counted = int((targets != -100).sum())
+            if counted:
+                total[0] += mean.double() * counted
+                total[1] += counted
+    finally:
+        model.train()
+    dist_utils.all_reduce_sum(total, info)
+    return float(total[0] / total[1])
 
 
 def weight_norm(params: list, info: dist_utils.DistInfo) -> float:

@@ -44,11 +44,11 @@ from linlm.train import guard
 from linlm.train.train_config import TrainConfig
 from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops
 from linlm.train.optim import build_optimizer, lr_at
-from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data, split_batch
+from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data
 from linlm.train.report import read_summary, write_report
 from linlm.train.restore import as_saved, load_initial_weights
 from linlm.train.rundir import RunDir
-from linlm.train.step import TrainStep, apply_activation_checkpointing, weight_norm
+from linlm.train.step import TrainStep, apply_activation_checkpointing, validation_loss, weight_norm
 
 log = logging.getLogger("linlm.train")
 
@@ -75,7 +75,9 @@ class TrainHooks:
     """Override any of these; the Trainer calls them on rank 0."""
 
     def on_start(self, info: dict) -> None:
-        """info: arch, params, start_step, steps, tokens_per_step, flops_per_token, out_dir."""
+        """info: arch, params, start_step, steps, tokens_per_step, training_flops_per_token (counted, not the
+        paper's closed form: :func:`linlm.models.cost.training_flops`; also under its old name flops_per_token),
+        out_dir."""
 
     def on_step(self, record: dict) -> None:
         """The record written to metrics.jsonl for this step."""
@@ -171,7 +173,8 @@ class Trainer:
         from linlm.models.counting import count
 
         counts = count(self.model_config, batch=cfg.batch_size, seq_len=cfg.data.seq_len)
-        self.flops_per_token = training_flops(1, counts["counted_flops_per_token"], counts["lm_head_flops_per_token"])
+        self.training_flops_per_token = training_flops(1, counts["counted_flops_per_token"],
+                                                       counts["lm_head_flops_per_token"])
         self.tokens_per_step = cfg.batch_size * cfg.data.seq_len
         n_params = sum(p.numel() for p in self.raw.parameters())
         self.say(f"{'resuming' if plan.checkpoint else 'training'} {self.model_config.arch} ({n_params:,} "
@@ -179,7 +182,8 @@ class Trainer:
         if info.is_main:
             self.hooks.on_start({"arch": self.model_config.arch, "params": n_params, "start_step": start_step,
                                  "steps": cfg.steps, "tokens_per_step": self.tokens_per_step,
-                                 "flops_per_token": self.flops_per_token, "out_dir": self.out})
+                                 "training_flops_per_token": self.training_flops_per_token,
+                                 "flops_per_token": self.training_flops_per_token, "out_dir": self.out})
         precision = resolve_precision(cfg.precision, info.device)
         if cfg.precision == "auto":
             self.say(f"precision auto: {precision} on {info.device.type}")
@@ -207,7 +211,7 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
         result.finished = result.step >= cfg.steps and result.interrupted is None and diverged is None
-        result.flops = float(self.flops_per_token * self.tokens_per_step * result.step)
+        result.flops = float(self.training_flops_per_token * self.tokens_per_step * result.step)
         if start_step >= cfg.steps and info.is_main:
             result.checkpoint = plan.checkpoint
             self.say(f"{self.out} is already complete at step {cfg.steps}")
@@ -314,14 +318,15 @@ class Trainer:
                 rec: dict[str, Any] = {
                     "step": n, "tokens": n * self.tokens_per_step, "loss": loss_value, "lr": lr,
                     "grad_norm": norm, "param_norm": norm_before, "tokens_per_s": tps, "step_s": dt,
-                    "data_s": data_s, "mfu": tps / info.world_size * self.flops_per_token / self.peak,
+                    "data_s": data_s, "mfu": tps / info.world_size * self.training_flops_per_token / self.peak,
                     "skipped": why is not None, "skipped_steps": self.skipped, "time": time.perf_counter() - run_t0}
                 if aux_value:
                     rec["aux_loss"] = aux_value
                 if why is not None:
                     log.warning("step %d: %s; the update was skipped (%d in a row)", n, why, bad_streak)
                 if cfg.eval.every and (n % cfg.eval.every == 0 or n == cfg.steps) and diverged is None:
-                    rec["val_loss"] = self._evaluate()
+                    rec["val_loss"] = validation_loss(self.model, self.step_model, self.data.val, info=self.info,
+                                                      autocast=self.autocast)
                     result.val_loss = rec["val_loss"]
                 if self.metrics is not None:
                     self.metrics.write(rec)
@@ -352,27 +357,6 @@ class Trainer:
         if last is None and self.cfg.init_from:
             last = ckpt.resolve_checkpoint(self.cfg.init_from)
         return guard.advice(self.cfg, self.out, last)
-
-    @torch.no_grad()
-    def _evaluate(self) -> float:
-        device = self.info.device
-        self.model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=device)
-        try:
-            for batch in self.data.val:
-                ids, targets, reset = split_batch(batch)
-                ids, targets = ids.to(device), targets.to(device)
-                reset = reset.to(device) if reset is not None else None
-                with self.autocast():
-                    mean = self.step_model(ids, targets=targets, reset=reset, return_aux=True).loss
-                counted = int((targets != -100).sum())
-                if counted:
-                    total[0] += mean.double() * counted
-                    total[1] += counted
-        finally:
-            self.model.train()
-        dist_utils.all_reduce_sum(total, self.info)
-        return float(total[0] / total[1])
 
     def _save(self, step: int, val_loss: Optional[float], loss: float, sane: bool) -> Optional[Path]:
         model_sd, optim_sd = dist_utils.full_state_dicts(self.raw, self.optimizer, self.info)
