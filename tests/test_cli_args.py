@@ -120,6 +120,24 @@ def test_comma_lists_convert_strip_and_skip_empty_items():
     assert comma_list(" , ", "--archs", empty_ok=True) == []
 
 
+@pytest.mark.parametrize("argv", [["--archs", "tnl,llama"], ["--archs", "tnl", "llama"], ["--archs", "tnl,", "llama"]])
+def test_check_and_demo_take_archs_comma_or_space_separated(monkeypatch, argv):
+    import linlm.commands.check
+    import linlm.commands.demo
+
+    seen = {}
+
+    class Result:
+        interrupted = None
+
+    monkeypatch.setattr(linlm.commands.demo, "run_demo", lambda **kw: seen.update(demo=kw["archs"]) or Result())
+    monkeypatch.setattr(linlm.commands.check, "run_check", lambda **kw: seen.update(check=kw["archs"]))
+    assert main(["demo", *argv]) == 0 and main(["check", *argv]) == 0
+    assert seen == {"demo": ["tnl", "llama"], "check": ["tnl", "llama"]}
+    main(["check"])
+    assert seen["check"] is None  # not given: every registered architecture
+
+
 @pytest.mark.parametrize("text, kwargs, expected", [
     ("8,abc", dict(item=int, what="integers >= 1", example="512,2048"),
      "--contexts: expected comma-separated integers >= 1, got '8,abc' (e.g. 512,2048)"),

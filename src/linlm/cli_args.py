@@ -90,6 +90,15 @@ def comma_list(text: str, flag: str, *, item: Callable[[str], T] = str, what: st
     return values
 
 
+def comma_lists(values: Optional[list[str]], flag: str, **kwargs) -> Optional[list]:
+    """The items of a flag that takes both spellings, ``--archs tnl,llama`` and ``--archs tnl llama`` (an
+    ``nargs="*"`` flag, kept where users already pass space-separated names): every value is a comma list
+    (:func:`comma_list`, with its checks). None stays None (the flag was not given)."""
+    if values is None:
+        return None
+    return [v for text in values for v in comma_list(text, flag, empty_ok=True, **kwargs)]
+
+
 def check_numbers(*checks: tuple[str, Optional[float], float, bool]) -> None:
     """Refuse numeric flags out of range, before any work, in one line (a ConfigError naming the flag).
 

@@ -18,13 +18,16 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("check", help="build every architecture, check decoding against a full pass, "
                                             "print a table")
     p.add_argument("--archs", nargs="*", default=None,
-                   help="architectures to include (default: every registered one, see `linlm archs`)")
+                   help="architectures to include, comma- or space-separated (default: every registered one, "
+                        "see `linlm archs`)")
     p.add_argument("--preset", default="tiny", help="size preset (see `linlm archs`)")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_check(args) -> int:
-    run_check(archs=args.archs, preset=args.preset)
+    from linlm.cli_args import comma_lists
+
+    run_check(archs=comma_lists(args.archs, "--archs"), preset=args.preset)
     return 0
 
 

@@ -38,12 +38,12 @@ def register(subparsers) -> None:
 
 
 def cmd_demo(args) -> int:
-    from linlm.cli_args import override_items
+    from linlm.cli_args import comma_lists, override_items
     from linlm.train.cli import setup_logging
 
     setup_logging()
-    result = run_demo(archs=args.archs, preset=args.preset, out_dir=args.out_dir, steps=args.steps,
-                      overrides=override_items(args))
+    result = run_demo(archs=comma_lists(args.archs, "--archs"), preset=args.preset, out_dir=args.out_dir,
+                      steps=args.steps, overrides=override_items(args))
     return 130 if result.interrupted else 0
 
 
