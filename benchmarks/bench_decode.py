@@ -29,7 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, write_json  # noqa: E402
 
+from linlm.cli_args import comma_list  # noqa: E402
 from linlm.devices import native_bf16  # noqa: E402
+from linlm.errors import ConfigError  # noqa: E402
 from linlm.infer.profile import HF_LLAMA, plot, profile, rows_to_dicts  # noqa: E402
 from linlm.models.registry import ARCHITECTURES, arch_names  # noqa: E402
 
@@ -150,10 +152,12 @@ def main(argv=None) -> int:
     p.add_argument("--plot", default=None, help="write the fp32 latency and memory plot (linlm.infer.profile.plot)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    archs = [a for a in args.archs.split(",") if a] + [HF_LLAMA]
-    contexts = [int(n) for n in args.contexts.split(",")]
-
-    exported = [f for f in args.exported.split(",") if f]
+    try:
+        archs = comma_list(args.archs, "--archs", empty_ok=True) + [HF_LLAMA]
+        contexts = comma_list(args.contexts, "--contexts", item=int, minimum=1, what="positive integers")
+        exported = comma_list(args.exported, "--exported", empty_ok=True)
+    except ConfigError as e:
+        p.error(str(e))
 
     def show(row):
         prefill = "eager" if row.prefill_tokens_per_s is None else f"{row.prefill_tokens_per_s:.0f} tok/s"

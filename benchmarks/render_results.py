@@ -8,7 +8,7 @@ Each X.json becomes X.md in the same folder, with the run's revision, machine (C
 and command line (the `meta` block of benchmarks/_common.py), then the benchmark's tables; a PNG named like the
 JSON is shown on its page. A benchmark is known by `meta.benchmark` (the script's name; older files by their own
 name or `format`); benchmarks without a page of their own get every list of records as a table. This script reads
-JSON only (the standard library, no torch), so pages render anywhere.
+JSON only and runs no benchmark; its tables are linlm.render's Markdown tables, as the reports' are.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import math
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
+from linlm.render import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = ROOT / "docs" / "results"
@@ -64,12 +66,7 @@ def plural(n, word: str) -> str:
 
 def table(headers: list[str], rows: Iterable[list]) -> list[str]:
     """A Markdown table; cells are strings already (or values shown with `num`)."""
-    def cell(c) -> str:
-        return (c if isinstance(c, str) else num(c)).replace("|", "\\|").replace("\n", " ")
-
-    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
-    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return out
+    return markdown_table(headers, list(rows), cell=lambda c: c if isinstance(c, str) else num(c))
 
 
 def command_line(meta: dict) -> str:

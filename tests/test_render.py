@@ -34,3 +34,10 @@ def test_print_table_writes_headers_and_cells_to_stdout(capsys, monkeypatch):
     assert out.err == ""
     for text in ("models", "arch", "params", "tnl", "1234", "mamba", "None"):
         assert text in out.out
+
+
+def test_markdown_table_escapes_every_cell_and_applies_the_formatter():
+    from linlm.render import markdown_table
+
+    lines = markdown_table(["a|b", "c"], [[1.5, "x\ny|z"]], cell=lambda v: f"<{v}>")
+    assert lines == ["| a\\|b | c |", "| --- | --- |", "| <1.5> | <x y\\|z> |"]

@@ -9,7 +9,7 @@ A report is built once as a list of blocks and rendered twice, so that its two p
 - ``("img", name, png_bytes)``: a PNG, linked by ``name`` from the Markdown page (the caller writes the file
   beside it) and inlined as base64 in the HTML page.
 
-:func:`print_table` prints one table to the terminal (rich).
+:func:`markdown_table` is one Markdown table alone; :func:`print_table` prints one table to the terminal (rich).
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ Blocks = list[tuple]
 
 def _md_cell(s) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(headers: Sequence, rows: Sequence[Sequence], cell=str) -> list[str]:
+    """A Markdown table as lines: ``cell`` shows each value (``str`` unless given); pipes are escaped and line
+    breaks flattened, so no value can break the table."""
+    out = ["| " + " | ".join(map(_md_cell, headers)) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    return out + ["| " + " | ".join(_md_cell(cell(c)) for c in r) + " |" for r in rows]
 
 
 def render_markdown(blocks: Blocks) -> str:
@@ -41,11 +48,7 @@ def render_markdown(blocks: Blocks) -> str:
         elif kind == "img":
             out.append(f"![{blk[1]}]({blk[1]})\n")
         elif kind == "table":
-            head, rows = blk[1], blk[2]
-            out.append("| " + " | ".join(map(_md_cell, head)) + " |")
-            out.append("| " + " | ".join("---" for _ in head) + " |")
-            out += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
-            out.append("")
+            out += markdown_table(blk[1], blk[2]) + [""]
     return "\n".join(out)
 
 
