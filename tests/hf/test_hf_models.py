@@ -141,7 +141,7 @@ def test_import_linlm_hf_registers_with_the_auto_classes(tmp_path):
     to_hf(tiny("tnl")).save_pretrained(tmp_path / "hf")
     load = f"transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'hf')!r})"
     code = ("import transformers, linlm.hf;"
-            "c = transformers.AutoConfig.for_model('linlm_mossnet', linlm={'arch': 'mossnet'});"
+            "c = transformers.AutoConfig.for_model('linlm_mossnet', hidden_size=32, num_hidden_layers=1, vocab_size=64);"
             "print(type(c).__name__, transformers.AutoModelForCausalLM.from_config(c).__class__.__name__,"
             f"type({load}).__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
