@@ -9,7 +9,8 @@ the KV cache of LLaMA. It is created by the model on the first forward with ``us
 
 ``from_pretrained`` refuses a config.json that contradicts the weights (a layer count or a width other than theirs,
 tensors missing or left over) with a CheckpointError, instead of transformers' freshly initialised or dropped
-tensors.
+tensors. ``generate()`` refuses sampling settings out of range (``top_p`` outside (0, 1], a negative ``top_k`` or
+temperature, ``do_sample`` with temperature 0) by linlm's own checks (``check_sampling``) before any work.
 
 Left-padded batches (``attention_mask`` with zeros before each row's prompt): the prefill marks each row's first
 real token as a document start (linlm's ``reset``), so the recurrent states, conv windows and expert states restart
@@ -30,6 +31,7 @@ from linlm.errors import CheckpointError, ConfigError, ShapeError
 from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, PerArch, hf_config_for
 from linlm.layers.state import ModelState
 from linlm.layers.tnl import TNLMixer, tnl_log_decay
+from linlm.models.generation import check_sampling
 from linlm.models.lm import CausalLM
 
 
@@ -131,6 +133,12 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         _check_loaded(pretrained_model_name_or_path, info)
         return (model, info) if want_info else model
 
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' ``generate()``, after linlm's checks of the sampling settings it would use."""
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        check_generation(config)
+        return super().generate(inputs, generation_config, **kwargs)
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model makes its own LinlmCache
@@ -180,6 +188,18 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
             cache = cache if cache is not None else LinlmCache()
             cache.state = out.state
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+
+
+def check_generation(config) -> None:
+    """Raise ConfigError for the sampling settings of a ``GenerationConfig`` that linlm refuses: out of range as
+    :func:`~linlm.models.generation.check_sampling` says (None is transformers' "not set"), or sampling at
+    temperature 0 (greedy decoding is ``do_sample=False``)."""
+    temperature = 1.0 if config.temperature is None else config.temperature
+    if config.do_sample and temperature == 0:
+        raise ConfigError("temperature: must be > 0 when do_sample=True, got 0 (greedy decoding is do_sample=False)")
+    check_sampling(temperature, 0 if config.top_k is None else config.top_k,
+                   1.0 if config.top_p is None else config.top_p,
+                   0 if config.max_new_tokens is None else config.max_new_tokens)
 
 
 def _check_loaded(path, info: dict) -> None:
