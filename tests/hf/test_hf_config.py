@@ -189,3 +189,8 @@ def test_an_option_missing_from_config_json_takes_its_value_from_before_it_exist
     (path / "config.json").write_text(json.dumps({k: v for k, v in data.items() if k not in ("slopes", "v_silu")}))
     back = transformers.AutoModelForCausalLM.from_pretrained(path)
     assert back.model.config.options == TNLOptions(**ARCHITECTURES["tnl"].saved_before)
+
+
+def test_the_flat_spelling_of_an_option_is_an_alias():
+    cfg = transformers.AutoConfig.for_model("linlm_tnl", **TINY, tnl_slopes="pow2")
+    assert cfg.slopes == "pow2" and cfg.tnl_slopes == "pow2" and "tnl_slopes" not in cfg.to_dict()

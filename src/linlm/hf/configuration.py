@@ -6,7 +6,8 @@ of linlm's ModelConfig and every option of the architecture (``ArchSpec.options`
 ``tpe``, ...), with the defaults of linlm's ``paper-70m`` preset for that architecture (its preset rule included:
 Mamba's matched layer count and dt_rank). A setting that transformers has a standard name for is stored under that
 name (:data:`HF_NAMES`: ``hidden_size`` for d_model, ``num_hidden_layers`` for n_layers, ...) and its linlm name is
-an alias of it (``attribute_map``), so ``config.d_model`` and ``config.hidden_size`` are the same value. So
+an alias of it (``attribute_map``), so ``config.d_model`` and ``config.hidden_size`` are the same value; so are the
+earlier flat spellings of the options (``tnl_slopes`` of ``slopes``). So
 ``AutoConfig.for_model("linlm_hgrn2", hidden_size=256, num_hidden_layers=4)`` gives the config of exactly that
 model, and config.json holds each setting once.
 
@@ -70,7 +71,7 @@ class LinlmConfig(PreTrainedConfig):
     model_type = "linlm"
     arch: ClassVar[str] = ""
     option_names: ClassVar[tuple[str, ...]] = ()
-    attribute_map = {k: v for k, v in HF_NAMES.items()}
+    attribute_map = dict(HF_NAMES)
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
@@ -87,9 +88,8 @@ class LinlmConfig(PreTrainedConfig):
     def from_dict(cls, config_dict: dict[str, Any], **kwargs):
         """The config of a saved config.json. An option it lacks (it was saved before the option existed) takes the
         value linlm computed with then (``ArchSpec.saved_before``), as ``ModelConfig.from_saved`` does."""
-        both = [(alias, name) for alias, name in HF_NAMES.items() if alias in config_dict and name in config_dict]
-        for alias, name in both:
-            if config_dict[alias] != config_dict[name]:
+        for alias, name in cls.attribute_map.items():
+            if alias in config_dict and name in config_dict and config_dict[alias] != config_dict[name]:
                 raise CheckpointError(f"config.json: {name}={config_dict[name]!r} and {alias}={config_dict[alias]!r} "
                                       f"are one setting ({alias} is linlm's name of {name}); keep {name} only")
         if cls.arch and "linlm" not in config_dict:
@@ -154,8 +154,11 @@ def config_fields(arch: str) -> dict[str, tuple[Any, Any]]:
 
 def _config_attrs(arch: str) -> dict[str, Any]:
     fields = config_fields(arch)
-    return {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch,
-            "option_names": tuple(f.name for f in dataclasses.fields(ARCHITECTURES[arch].options)),
+    spec = ARCHITECTURES[arch]
+    # The earlier flat spellings of the options ("tnl_slopes") are aliases too.
+    aliases = {**HF_NAMES, **{flat: option for flat, option in spec.flat_options.items() if flat != option}}
+    return {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch, "attribute_map": aliases,
+            "option_names": tuple(f.name for f in dataclasses.fields(spec.options)),
             "__annotations__": {name: kind for name, (kind, _) in fields.items()},
             **{name: default for name, (_, default) in fields.items()}}
 

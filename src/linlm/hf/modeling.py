@@ -208,7 +208,7 @@ def _check_loaded(path, info: dict) -> None:
                 if info[key]]
     if info["mismatched_keys"]:
         problems.append(("of another shape in the weights than in the model",
-                         [f"{k} {tuple(saved)} vs {tuple(model)}" for k, saved, model in sorted(info["mismatched_keys"])]))
+                         [f"{k} {tuple(ckpt)} vs {tuple(ours)}" for k, ckpt, ours in sorted(info["mismatched_keys"])]))
     if problems:
         listed = "; ".join(f"{what}: {_some(keys)}" for what, keys in problems)
         raise CheckpointError(f"{path}: config.json does not describe these weights ({listed}); a layer count or a "
