@@ -12,26 +12,17 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from linlm import create_model  # noqa: E402
 from linlm.errors import CheckpointError, ConfigError  # noqa: E402
 from linlm.hf.configuration import CONFIG_CLASSES, DEFAULT_PRESET, HF_NAMES, hf_config_for  # noqa: E402
 from linlm.hf.modeling import MODEL_CLASSES, to_hf  # noqa: E402
 from linlm.models.archs.tnl import TNLOptions  # noqa: E402
 from linlm.models.presets import preset_config  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
+from hf_helpers import tiny  # noqa: E402
 
 ARCHS = sorted(ARCHITECTURES)
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=96,
             max_position_embeddings=128, chunk_size=16)
-
-
-def tiny(arch, **kw):
-    torch.manual_seed(0)
-    model = create_model(arch, preset="tiny", **kw).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
 
 
 def saved(arch, tmp_path, **kw):

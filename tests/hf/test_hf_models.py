@@ -9,22 +9,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from linlm import create_model  # noqa: E402
 from linlm.errors import CheckpointError, ShapeError  # noqa: E402
 from linlm.hf.modeling import MODEL_CLASSES, LinlmCache, from_hf, to_hf  # noqa: E402
 from linlm.infer.generate import generate_ids  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
+from hf_helpers import tiny  # noqa: E402
 
 ARCHS = sorted(ARCHITECTURES)
-
-
-def tiny(arch, **kw):
-    torch.manual_seed(0)
-    model = create_model(arch, preset="tiny", **kw).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)  # norms and gates away from their symmetric inits
-    return model
 
 
 @pytest.mark.parametrize("arch", ARCHS)

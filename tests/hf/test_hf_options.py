@@ -11,17 +11,12 @@ transformers = pytest.importorskip("transformers")
 from linlm.hf.configuration import CONFIG_CLASSES, hf_config_for  # noqa: E402
 from linlm.hf.modeling import to_hf  # noqa: E402
 from linlm.models.archs.cosformer2 import CosFormer2Options  # noqa: E402
-from linlm.models.lm import create_model  # noqa: E402
+from hf_helpers import tiny  # noqa: E402
 
 
 def _model(arch, **options):
-    torch.manual_seed(0)
     # Six heads: TNL's two slope rules differ (they agree when the head count is a power of two).
-    model = create_model(arch, preset="tiny", d_model=48, n_heads=6, options=options).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+    return tiny(arch, d_model=48, n_heads=6, options=options)
 
 
 @pytest.mark.parametrize("arch,options", [("tnl", {"slopes": "pow2", "v_silu": False}),
