@@ -9,22 +9,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from linlm import create_model  # noqa: E402
 from linlm.errors import CheckpointError, ShapeError  # noqa: E402
 from linlm.hf.modeling import MODEL_CLASSES, LinlmCache, from_hf, to_hf  # noqa: E402
 from linlm.infer.generate import generate_ids  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
+from hf_helpers import tiny  # noqa: E402
 
 ARCHS = sorted(ARCHITECTURES)
-
-
-def tiny(arch, **kw):
-    torch.manual_seed(0)
-    model = create_model(arch, preset="tiny", **kw).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)  # norms and gates away from their symmetric inits
-    return model
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -141,7 +132,7 @@ def test_import_linlm_hf_registers_with_the_auto_classes(tmp_path):
     to_hf(tiny("tnl")).save_pretrained(tmp_path / "hf")
     load = f"transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'hf')!r})"
     code = ("import transformers, linlm.hf;"
-            "c = transformers.AutoConfig.for_model('linlm_mossnet', linlm={'arch': 'mossnet'});"
+            "c = transformers.AutoConfig.for_model('linlm_mossnet', hidden_size=32, num_hidden_layers=1, vocab_size=64);"
             "print(type(c).__name__, transformers.AutoModelForCausalLM.from_config(c).__class__.__name__,"
             f"type({load}).__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,4 +1,5 @@
-"""An architecture's own options through transformers: saved, loaded, and read from the earlier flat format."""
+"""An architecture's own options through transformers: saved as attributes of the config and loaded back (the
+earlier formats: tests/hf/test_hf_config.py)."""
 
 import json
 
@@ -8,20 +9,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from linlm.hf.configuration import CONFIG_CLASSES, hf_config_for  # noqa: E402
-from linlm.hf.modeling import MODEL_CLASSES, to_hf  # noqa: E402
+from linlm.hf.modeling import to_hf  # noqa: E402
 from linlm.models.archs.cosformer2 import CosFormer2Options  # noqa: E402
-from linlm.models.archs.tnl import TNLOptions  # noqa: E402
-from linlm.models.lm import create_model  # noqa: E402
+from hf_helpers import tiny  # noqa: E402
 
 
 def _model(arch, **options):
-    torch.manual_seed(0)
     # Six heads: TNL's two slope rules differ (they agree when the head count is a power of two).
-    model = create_model(arch, preset="tiny", d_model=48, n_heads=6, options=options).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+    return tiny(arch, d_model=48, n_heads=6, options=options)
 
 
 @pytest.mark.parametrize("arch,options", [("tnl", {"slopes": "pow2", "v_silu": False}),
@@ -29,8 +24,8 @@ def _model(arch, **options):
 def test_options_round_trip_through_save_pretrained(tmp_path, arch, options):
     model = _model(arch, **options)
     to_hf(model).save_pretrained(tmp_path / "hf")
-    saved = json.loads((tmp_path / "hf" / "config.json").read_text())["linlm"]
-    assert saved["options"] == options
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {k: saved[k] for k in options} == options and "options" not in saved
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert back.model.config == model.config
     ids = torch.randint(0, 512, (2, 13))
@@ -39,24 +34,8 @@ def test_options_round_trip_through_save_pretrained(tmp_path, arch, options):
         torch.testing.assert_close(back(ids).logits, model(ids), rtol=0, atol=0)
 
 
-def test_a_transformers_config_of_the_flat_format_still_loads(tmp_path):
-    model = _model("tnl", slopes="pow2", v_silu=False)
-    to_hf(model).save_pretrained(tmp_path / "hf")
-    path = tmp_path / "hf" / "config.json"
-    data = json.loads(path.read_text())
-    flat = {k: v for k, v in data["linlm"].items() if k != "options"}
-    data["linlm"] = {**flat, "tpe": True, "tnl_slopes": "pow2", "tnl_v_silu": False,
-                     "cosformer2_gate_before_norm": True}
-    path.write_text(json.dumps(data))
-    back = MODEL_CLASSES["tnl"].from_pretrained(tmp_path / "hf").eval()
-    assert back.model.config.options == TNLOptions("pow2", False)
-    ids = torch.randint(0, 512, (1, 9))
-    with torch.no_grad():
-        torch.testing.assert_close(back(ids).logits, model(ids), rtol=0, atol=0)
-
-
 def test_hf_config_carries_the_options():
     cfg = _model("cosformer2", tpe=False).config
     hf = hf_config_for(cfg)
-    assert type(hf) is CONFIG_CLASSES["cosformer2"] and hf.linlm["options"] == {"gate_before_norm": True, "tpe": False}
+    assert type(hf) is CONFIG_CLASSES["cosformer2"] and (hf.gate_before_norm, hf.tpe) == (True, False)
     assert hf.to_linlm().options == CosFormer2Options(gate_before_norm=True, tpe=False)

@@ -7,6 +7,11 @@ tensors under a ``model.`` prefix and ``generate()`` runs linlm's own prefill an
 The cache (:class:`LinlmCache`) holds linlm's decoding state: the recurrent and conv states of the linear models,
 the KV cache of LLaMA. It is created by the model on the first forward with ``use_cache``.
 
+``from_pretrained`` refuses a config.json that contradicts the weights (a layer count or a width other than theirs,
+tensors missing or left over) with a CheckpointError, instead of transformers' freshly initialised or dropped
+tensors. ``generate()`` refuses sampling settings out of range (``top_p`` outside (0, 1], a negative ``top_k`` or
+temperature, ``do_sample`` with temperature 0) by linlm's own checks (``check_sampling``) before any work.
+
 Left-padded batches (``attention_mask`` with zeros before each row's prompt): the prefill marks each row's first
 real token as a document start (linlm's ``reset``), so the recurrent states, conv windows and expert states restart
 there and the padding never enters them; LLaMA masks the padded keys for the rest of the generation. Each row then
@@ -22,10 +27,11 @@ from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from linlm.errors import CheckpointError, ShapeError
+from linlm.errors import CheckpointError, ConfigError, ShapeError
 from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, PerArch, hf_config_for
 from linlm.layers.state import ModelState
 from linlm.layers.tnl import TNLMixer, tnl_log_decay
+from linlm.models.generation import check_sampling
 from linlm.models.lm import CausalLM
 
 
@@ -112,6 +118,28 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' ``from_pretrained``, with every tensor of the model read from the weights and every tensor
+        of the weights read into the model: anything else (a config.json whose layer count or widths contradict the
+        weights, a tensor missing or left over) raises a CheckpointError naming the tensors, also where
+        ``ignore_mismatched_sizes`` was asked for."""
+        want_info = kwargs.pop("output_loading_info", False)
+        kwargs["ignore_mismatched_sizes"] = True  # mismatches are collected and refused below
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
+        except ConfigError as e:
+            raise CheckpointError(f"{pretrained_model_name_or_path}: config.json: {e}") from None
+        _check_loaded(pretrained_model_name_or_path, info)
+        return (model, info) if want_info else model
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' ``generate()``, after linlm's checks of the sampling settings it would use."""
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        check_generation(config)
+        return super().generate(inputs, generation_config, **kwargs)
+
+    @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model makes its own LinlmCache
 
@@ -160,6 +188,36 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
             cache = cache if cache is not None else LinlmCache()
             cache.state = out.state
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+
+
+def check_generation(config) -> None:
+    """Raise ConfigError for the sampling settings of a ``GenerationConfig`` that linlm refuses: out of range as
+    :func:`~linlm.models.generation.check_sampling` says (None is transformers' "not set"), or sampling at
+    temperature 0 (greedy decoding is ``do_sample=False``)."""
+    temperature = 1.0 if config.temperature is None else config.temperature
+    if config.do_sample and temperature == 0:
+        raise ConfigError("temperature: must be > 0 when do_sample=True, got 0 (greedy decoding is do_sample=False)")
+    check_sampling(temperature, 0 if config.top_k is None else config.top_k,
+                   1.0 if config.top_p is None else config.top_p,
+                   0 if config.max_new_tokens is None else config.max_new_tokens)
+
+
+def _check_loaded(path, info: dict) -> None:
+    problems = [(what, sorted(info[key])) for what, key in (("missing from the weights", "missing_keys"),
+                                                            ("in the weights but not in the model", "unexpected_keys"))
+                if info[key]]
+    if info["mismatched_keys"]:
+        problems.append(("of another shape in the weights than in the model",
+                         [f"{k} {tuple(ckpt)} vs {tuple(ours)}" for k, ckpt, ours in sorted(info["mismatched_keys"])]))
+    if problems:
+        listed = "; ".join(f"{what}: {_some(keys)}" for what, keys in problems)
+        raise CheckpointError(f"{path}: config.json does not describe these weights ({listed}); a layer count or a "
+                              "width in config.json differs from the checkpoint's, or the weights file is incomplete")
+
+
+def _some(keys: list, shown: int = 4) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
 
 
 MODEL_CLASSES: Mapping[str, type[LinlmForCausalLM]] = PerArch(
