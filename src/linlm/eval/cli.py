@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 DATA_ENV = "LINLM_EVAL_DATA"
 OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
@@ -21,8 +22,8 @@ def _add_text_source(p, flag: str, **kwargs) -> None:
     p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
 
 
-def _add_model(p) -> None:
-    p.add_argument("--model", required=True, metavar="DIR",
+def _add_model(p, required: bool = True) -> None:
+    p.add_argument("--model", required=required, metavar="DIR",
                    help="a run directory (its newest valid checkpoint), a checkpoint directory, or a model.save() "
                         "directory; the tokenizer is the tokenizer.json beside the weights")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json to use instead of the one beside the weights")
@@ -34,12 +35,15 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA",
-        description="Score multiple-choice tasks and LAMBADA from local JSON Lines files. Tasks: "
-                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. See docs/evaluation.md.")
-    _add_model(p)
-    p.add_argument("--tasks", required=True, help="comma-separated tasks or groups, e.g. piqa,hellaswag or commonsense")
+        description="Score multiple-choice tasks and LAMBADA. Tasks: "
+                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. Without --data-dir each task comes from the "
+                    "dataset hub as lm-evaluation-harness defines it, converted once into linlm's cache; `linlm "
+                    "eval fetch` writes the same files for a machine without network. See docs/evaluation.md.")
+    _add_model(p, required=False)  # required unless `fetch`: checked in cmd_eval
+    p.add_argument("--tasks", default=None, help="comma-separated tasks or groups, e.g. piqa,hellaswag or commonsense")
     p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
-                   help=f"directory holding the task files (default: ${DATA_ENV})")
+                   help=f"directory holding the task files (default: ${DATA_ENV}, else the task cache, filled from "
+                        "the dataset hub)")
     p.add_argument("--limit", type=int, default=None, help="only the first N documents of each task")
     p.add_argument("--batch-size", type=int, default=16, help="contexts per prefill (their continuations run 2 x this many rows to a forward)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
@@ -49,9 +53,31 @@ def register(subparsers) -> None:
     p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+    fetch = p.add_subparsers(dest="eval_command", metavar="fetch", required=False).add_parser(
+        "fetch", help="write the standard tasks' files into a directory, for `linlm eval --data-dir`",
+        description="Get each task from the dataset hub (or linlm's cache) as lm-evaluation-harness defines it and "
+                    "write linlm's task files into --out, for a machine without network: `linlm eval --data-dir "
+                    "OUT` reads them. See docs/evaluation.md.")
+    fetch.add_argument("--tasks", required=True, help="comma-separated tasks or groups, e.g. commonsense,lambada")
+    fetch.add_argument("--out", required=True, metavar="DIR",
+                       help="directory for the task files (new, empty, or one linlm wrote into)")
+    fetch.set_defaults(func=cmd_fetch)
     register_perplexity(subparsers)
     register_niah(subparsers)
     register_lm_eval_hook(subparsers)
+
+
+def _fetched(name, path, n: int, stream=None) -> None:
+    """Say a task's file was written (``linlm eval`` says it on stderr: its stdout is the results table)."""
+    print(f"{name}: {n} documents -> {path}", file=stream, flush=True)
+
+
+def cmd_fetch(args) -> int:
+    from linlm.eval.hub import fetch
+
+    paths = fetch(args.tasks, args.out, progress=_fetched)
+    print(f"use them with: linlm eval --data-dir {args.out} --tasks {','.join(paths)} --model DIR")
+    return 0
 
 
 def _write_json(args, obj: dict, fmt: str) -> int:
@@ -74,21 +100,23 @@ def _load(args):
 def cmd_eval(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
     from linlm.errors import ConfigError
-    from linlm.eval.evaluator import RESULTS_HEADERS, check_data_dir, evaluate, results_rows
+    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
+    from linlm.eval.hub import task_dir
     from linlm.eval.tasks import resolve_tasks
     from linlm.render import print_table
 
     # Every check that can refuse runs before the model loads: a mistake costs nothing.
+    for flag, value in (("--model", args.model), ("--tasks", args.tasks)):
+        if value is None:
+            raise ConfigError(f"{flag}: required (`linlm eval --model DIR --tasks piqa,hellaswag`; `linlm eval "
+                              "fetch --tasks ... --out DIR` only writes the task files)")
     resolve_tasks(args.tasks)
     check_numbers(("--limit", args.limit, 1, False), ("--batch-size", args.batch_size, 1, False),
                   ("--max-length", args.max_length, 1, False))
-    if not args.data_dir:
-        raise ConfigError(f"--data-dir: not given and ${DATA_ENV} is not set; pass the directory holding the task "
-                          "JSON Lines files (see docs/evaluation.md for their formats)")
-    check_data_dir(args.data_dir)
     check_output_files(args, "--json")
+    data_dir = task_dir(args.tasks, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
     model, tok = _load(args)
-    results = evaluate(model, tok, args.tasks, args.data_dir, limit=args.limit, batch_size=args.batch_size,
+    results = evaluate(model, tok, args.tasks, data_dir, limit=args.limit, batch_size=args.batch_size,
                        skip_bad=args.skip_bad_lines, shared=not args.naive,
                        max_length=args.max_length if args.max_length is not None else -1,
                        show_progress=not args.quiet)
