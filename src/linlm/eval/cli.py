@@ -9,17 +9,28 @@ DATA_ENV = "LINLM_EVAL_DATA"
 OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
 
 
-def _model_command(subparsers, name: str, help: str, description: str):
-    """The parser of an evaluation command: its help, its description and the model flags every one takes."""
+def _text_command(subparsers, name: str, *, help: str, description: str, source: str, source_help: str,
+                  source_default: str | None, modes: tuple, mode_help: str, json_help: str, func):
+    """The parser of a command that runs a model over a text source (perplexity, niah): its help and description,
+    the model flags, the source (any `linlm data` source) and its record field, --mode, --batch-size, --json OUT
+    and the function it runs. The caller adds the flags of its own."""
     p = subparsers.add_parser(name, help=help, description=description)
     _add_model(p)
+    p.add_argument(source, required=source_default is None, default=source_default, help=source_help)
+    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+    p.add_argument("--mode", choices=modes[0], default=modes[1], help=mode_help)
+    p.add_argument("--batch-size", type=int, default=4, help="documents (or windows, or needles) per pass")
+    p.add_argument("--json", default=None, metavar="OUT", help=f"{json_help} ({OUTPUT_RULE})")
+    p.set_defaults(func=func)
     return p
 
 
-def _add_text_source(p, flag: str, **kwargs) -> None:
-    """The text a command reads (any `linlm data` source) and the record field that holds it."""
-    p.add_argument(flag, **kwargs)
-    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+def _source_and_model(args, source: str):
+    """The command's text source, opened, then the model and its tokenizer (after every check)."""
+    from linlm.data.sources import open_source
+
+    text = open_source(getattr(args, source), text_field=args.text_field)
+    return text, *_load(args)
 
 
 def _add_model(p, required: bool = True) -> None:
@@ -155,38 +166,33 @@ def cmd_lm_eval_hook(args) -> int:
 def register_perplexity(subparsers) -> None:
     from linlm.eval.perplexity import MODES
 
-    p = _model_command(
+    p = _text_command(
         subparsers, "perplexity", help="perplexity and bits per byte of a model on any text source",
         description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
                     "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
-                    "perplexity. See docs/evaluation.md.")
-    _add_text_source(p, "--source", required=True, help="text source spec (as for `linlm data prepare`)")
-    p.add_argument("--mode", choices=MODES, default="auto",
-                   help="stateful: whole documents through the recurrent state; sliding: windows; auto: stateful "
-                        "unless the model has a position limit (LLaMA)")
+                    "perplexity. See docs/evaluation.md.",
+        source="--source", source_help="text source spec (as for `linlm data prepare`)", source_default=None,
+        modes=(MODES, "auto"), mode_help="stateful: whole documents through the recurrent state; sliding: windows; "
+                                         "auto: stateful unless the model has a position limit (LLaMA)",
+        json_help="also write the result as JSON to OUT", func=cmd_perplexity)
     p.add_argument("--window", type=int, default=None,
                    help="sliding window length, >= 1 (default: max_seq_len or 2048)")
     p.add_argument("--stride", type=int, default=None,
                    help="sliding window stride, 1 to --window (default: window / 2)")
     p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
-    p.add_argument("--batch-size", type=int, default=4, help="documents (stateful) or windows (sliding) per pass")
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
-    p.add_argument("--json", default=None, metavar="OUT", help=f"also write the result as JSON to OUT ({OUTPUT_RULE})")
-    p.set_defaults(func=cmd_perplexity)
 
 
 def cmd_perplexity(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
-    from linlm.data.sources import open_source
     from linlm.eval.perplexity import perplexity
     from linlm.render import print_table
 
     check_numbers(*((flag, getattr(args, flag[2:].replace("-", "_")), 1, False)
                     for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))
     check_output_files(args, "--json")
-    source = open_source(args.source, text_field=args.text_field)
-    model, tok = _load(args)
+    source, model, tok = _source_and_model(args, "source")
     res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
                      batch_size=args.batch_size, max_docs=args.max_docs, max_tokens=args.max_tokens)
     d = res.to_dict()
@@ -198,29 +204,26 @@ def cmd_perplexity(args) -> int:
 def register_niah(subparsers) -> None:
     from linlm.eval.niah import MODES
 
-    p = _model_command(
+    p = _text_command(
         subparsers, "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
         description="Insert a needle (a magic number) at each depth of a haystack cut to each context length, ask "
                     "for it, score greedy answers; print the mean and weighted accuracy, write JSON and a heatmap. "
-                    "See docs/evaluation.md for the weights.")
-    _add_text_source(p, "--haystack", default="shakespeare",
-                     help="text source for the haystack (any `linlm data` source)")
-    p.add_argument("--mode", choices=MODES, default="standard")
+                    "See docs/evaluation.md for the weights.",
+        source="--haystack", source_help="text source for the haystack (any `linlm data` source)",
+        source_default="shakespeare", modes=(MODES, "standard"),
+        mode_help="standard: the needle states the number; easy: it also holds the question",
+        json_help="write the grid and the scores as JSON", func=cmd_niah)
     p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
     p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
     p.add_argument("--trials", type=int, default=1, help="needles per cell")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
     p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--json", default=None, metavar="OUT", help=f"write the grid and the scores as JSON ({OUTPUT_RULE})")
     p.add_argument("--plot", default=None, metavar="PNG", help=f"a heatmap of the grid as a PNG file ({OUTPUT_RULE})")
-    p.set_defaults(func=cmd_niah)
 
 
 def cmd_niah(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
-    from linlm.data.sources import open_source
     from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
@@ -228,8 +231,7 @@ def cmd_niah(args) -> int:
                      length_ratio=args.length_ratio, depth_ratio=args.depth_ratio).validate()
     check_numbers(("--batch-size", args.batch_size, 1, False))
     check_output_files(args, "--json", "--plot")
-    source = open_source(args.haystack, text_field=args.text_field)
-    model, tok = _load(args)
+    source, model, tok = _source_and_model(args, "haystack")
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)
     print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "
