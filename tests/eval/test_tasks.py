@@ -11,7 +11,7 @@ from linlm.errors import ConfigError, DataError, TokenizerError
 from linlm.eval.evaluator import evaluate
 from linlm.eval.scoring import Scored
 from linlm.eval.tasks import (COMMONSENSE, TASKS, Doc, aggregate, doc_metrics, encode_pair, join, mean_stderr,
-                              read_jsonl, resolve_tasks)
+                              read_jsonl, request_texts, resolve_tasks, validate_record)
 
 
 def test_unknown_task_lists_the_valid_ones():
@@ -44,6 +44,20 @@ def test_encode_pair_moves_trailing_space_to_the_continuation(tokenizer):
     assert join("Question: x\n", "a") == "a" and join("She", "runs") == " runs"
     assert encode_pair(tokenizer, "", "hello")[0] == [tokenizer.eos_id]
 
+
+
+def test_a_records_delimiter_is_always_put_in():
+    """Without ``delimiter`` the space is left out after a prompt ending in whitespace (llm-foundry's PIQA ends
+    each query with a newline); with it, as in files converted from the hub, it is put in as lm-eval does."""
+    piqa = {"query": "Question: x\n", "choices": ["a", "b"], "gold": 0}
+    assert request_texts("choice", piqa) == [("Question: x\n", "a"), ("Question: x\n", "b")]
+    assert request_texts("choice", {**piqa, "delimiter": " "}) == [("Question: x\n", " a"), ("Question: x\n", " b")]
+    wino = {"context_options": ["A so B", "A so C"], "continuation": "won.", "gold": 1, "delimiter": ""}
+    assert request_texts("partial", wino) == [("A so B", "won."), ("A so C", "won.")]
+    assert request_texts("lambada", {"context": "he saw the ", "continuation": "dog", "delimiter": " "}) == \
+        [("he saw the ", " dog")]
+    with pytest.raises(ValueError, match="'delimiter' must be str"):
+        validate_record("choice", {**piqa, "delimiter": 1})
 
 def test_acc_and_acc_norm_and_stderr():
     # Choice 1 has the highest sum; per byte, choice 0 wins (-3 / 3 bytes > -4 / 2 bytes).

@@ -274,12 +274,12 @@ class Source:
             raise DataError(f"source {self.spec!r} needs the optional `datasets` package: "
                             "pip install 'linlm[data]' (or pip install datasets)") from e
         name, config, split = self._hf
-        unreadable = _hf_read_errors(datasets)
+        unreadable = hf_read_errors(datasets)
         try:
             ds = datasets.load_dataset(name, config, split=split, streaming=True, **self._hf_kwargs)
         except (FileNotFoundError, ConnectionError, ValueError, *unreadable) as e:
             raise DataError(f"source {self.spec!r}: cannot load dataset {name!r} (config {config!r}, split "
-                            f"{split!r}): {_first_line(e)}") from e
+                            f"{split!r}): {first_line(e)}") from e
         columns = getattr(ds, "column_names", None)
         if columns is not None and self.text_field not in columns:
             raise DataError(f"source {self.spec!r}: no field {self.text_field!r} (fields: "
@@ -293,14 +293,14 @@ class Source:
                 return
             except unreadable as e:  # a malformed file met while streaming (pyarrow's ArrowInvalid, ...)
                 raise DataError(f"source {self.spec!r}: cannot read dataset {name!r} after {i} records: "
-                                f"{_first_line(e)}; fix or remove the malformed file") from e
+                                f"{first_line(e)}; fix or remove the malformed file") from e
             i += 1
             text = self._record_text(record, f"{self.spec}: record {i}")
             self.bytes_read += len(text)
             yield text
 
 
-def _hf_read_errors(datasets_module: Any) -> tuple[type, ...]:
+def hf_read_errors(datasets_module: Any) -> tuple[type, ...]:
     """The exceptions by which ``datasets`` (and pyarrow beneath it) report a malformed data file."""
     errors: list[type] = []
     generation = getattr(getattr(datasets_module, "exceptions", None), "DatasetGenerationError", None)
@@ -315,7 +315,7 @@ def _hf_read_errors(datasets_module: Any) -> tuple[type, ...]:
     return tuple(errors)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
 

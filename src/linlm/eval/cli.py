@@ -3,26 +3,38 @@
 from __future__ import annotations
 
 import os
+import sys
 
 DATA_ENV = "LINLM_EVAL_DATA"
 OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
 
 
-def _model_command(subparsers, name: str, help: str, description: str):
-    """The parser of an evaluation command: its help, its description and the model flags every one takes."""
+def _text_command(subparsers, name: str, *, help: str, description: str, source: str, source_help: str,
+                  source_default: str | None, modes: tuple, mode_help: str, json_help: str, func):
+    """The parser of a command that runs a model over a text source (perplexity, niah): its help and description,
+    the model flags, the source (any `linlm data` source) and its record field, --mode, --batch-size, --json OUT
+    and the function it runs. The caller adds the flags of its own."""
     p = subparsers.add_parser(name, help=help, description=description)
     _add_model(p)
+    p.add_argument(source, required=source_default is None, default=source_default, help=source_help)
+    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+    p.add_argument("--mode", choices=modes[0], default=modes[1], help=mode_help)
+    p.add_argument("--batch-size", type=int, default=4, help="documents (or windows, or needles) per pass")
+    p.add_argument("--json", default=None, metavar="OUT", help=f"{json_help} ({OUTPUT_RULE})")
+    p.set_defaults(func=func)
     return p
 
 
-def _add_text_source(p, flag: str, **kwargs) -> None:
-    """The text a command reads (any `linlm data` source) and the record field that holds it."""
-    p.add_argument(flag, **kwargs)
-    p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
+def _source_and_model(args, source: str):
+    """The command's text source, opened, then the model and its tokenizer (after every check)."""
+    from linlm.data.sources import open_source
+
+    text = open_source(getattr(args, source), text_field=args.text_field)
+    return text, *_load(args)
 
 
-def _add_model(p) -> None:
-    p.add_argument("--model", required=True, metavar="DIR",
+def _add_model(p, required: bool = True) -> None:
+    p.add_argument("--model", required=required, metavar="DIR",
                    help="a run directory (its newest valid checkpoint), a checkpoint directory, or a model.save() "
                         "directory; the tokenizer is the tokenizer.json beside the weights")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json to use instead of the one beside the weights")
@@ -34,12 +46,15 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA",
-        description="Score multiple-choice tasks and LAMBADA from local JSON Lines files. Tasks: "
-                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. See docs/evaluation.md.")
-    _add_model(p)
-    p.add_argument("--tasks", required=True, help="comma-separated tasks or groups, e.g. piqa,hellaswag or commonsense")
+        description="Score multiple-choice tasks and LAMBADA. Tasks: "
+                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. Without --data-dir each task comes from the "
+                    "dataset hub as lm-evaluation-harness defines it, converted once into linlm's cache; `linlm "
+                    "eval fetch` writes the same files for a machine without network. See docs/evaluation.md.")
+    _add_model(p, required=False)  # required unless `fetch`: checked in cmd_eval
+    p.add_argument("--tasks", default=None, help="comma-separated tasks or groups, e.g. piqa,hellaswag or commonsense")
     p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
-                   help=f"directory holding the task files (default: ${DATA_ENV})")
+                   help=f"directory holding the task files (default: ${DATA_ENV}, else the task cache, filled from "
+                        "the dataset hub)")
     p.add_argument("--limit", type=int, default=None, help="only the first N documents of each task")
     p.add_argument("--batch-size", type=int, default=16, help="contexts per prefill (their continuations run 2 x this many rows to a forward)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
@@ -49,9 +64,31 @@ def register(subparsers) -> None:
     p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+    fetch = p.add_subparsers(dest="eval_command", metavar="fetch", required=False).add_parser(
+        "fetch", help="write the standard tasks' files into a directory, for `linlm eval --data-dir`",
+        description="Get each task from the dataset hub (or linlm's cache) as lm-evaluation-harness defines it and "
+                    "write linlm's task files into --out, for a machine without network: `linlm eval --data-dir "
+                    "OUT` reads them. See docs/evaluation.md.")
+    fetch.add_argument("--tasks", required=True, help="comma-separated tasks or groups, e.g. commonsense,lambada")
+    fetch.add_argument("--out", required=True, metavar="DIR",
+                       help="directory for the task files (new, empty, or one linlm wrote into)")
+    fetch.set_defaults(func=cmd_fetch)
     register_perplexity(subparsers)
     register_niah(subparsers)
     register_lm_eval_hook(subparsers)
+
+
+def _fetched(name, path, n: int, stream=None) -> None:
+    """Say a task's file was written (``linlm eval`` says it on stderr: its stdout is the results table)."""
+    print(f"{name}: {n} documents -> {path}", file=stream, flush=True)
+
+
+def cmd_fetch(args) -> int:
+    from linlm.eval.hub import fetch
+
+    paths = fetch(args.tasks, args.out, progress=_fetched)
+    print(f"use them with: linlm eval --data-dir {args.out} --tasks {','.join(paths)} --model DIR")
+    return 0
 
 
 def _write_json(args, obj: dict, fmt: str) -> int:
@@ -74,21 +111,23 @@ def _load(args):
 def cmd_eval(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
     from linlm.errors import ConfigError
-    from linlm.eval.evaluator import RESULTS_HEADERS, check_data_dir, evaluate, results_rows
+    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
+    from linlm.eval.hub import task_dir
     from linlm.eval.tasks import resolve_tasks
     from linlm.render import print_table
 
     # Every check that can refuse runs before the model loads: a mistake costs nothing.
+    for flag, value in (("--model", args.model), ("--tasks", args.tasks)):
+        if value is None:
+            raise ConfigError(f"{flag}: required (`linlm eval --model DIR --tasks piqa,hellaswag`; `linlm eval "
+                              "fetch --tasks ... --out DIR` only writes the task files)")
     resolve_tasks(args.tasks)
     check_numbers(("--limit", args.limit, 1, False), ("--batch-size", args.batch_size, 1, False),
                   ("--max-length", args.max_length, 1, False))
-    if not args.data_dir:
-        raise ConfigError(f"--data-dir: not given and ${DATA_ENV} is not set; pass the directory holding the task "
-                          "JSON Lines files (see docs/evaluation.md for their formats)")
-    check_data_dir(args.data_dir)
     check_output_files(args, "--json")
+    data_dir = task_dir(args.tasks, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
     model, tok = _load(args)
-    results = evaluate(model, tok, args.tasks, args.data_dir, limit=args.limit, batch_size=args.batch_size,
+    results = evaluate(model, tok, args.tasks, data_dir, limit=args.limit, batch_size=args.batch_size,
                        skip_bad=args.skip_bad_lines, shared=not args.naive,
                        max_length=args.max_length if args.max_length is not None else -1,
                        show_progress=not args.quiet)
@@ -127,38 +166,33 @@ def cmd_lm_eval_hook(args) -> int:
 def register_perplexity(subparsers) -> None:
     from linlm.eval.perplexity import MODES
 
-    p = _model_command(
+    p = _text_command(
         subparsers, "perplexity", help="perplexity and bits per byte of a model on any text source",
         description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
                     "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
-                    "perplexity. See docs/evaluation.md.")
-    _add_text_source(p, "--source", required=True, help="text source spec (as for `linlm data prepare`)")
-    p.add_argument("--mode", choices=MODES, default="auto",
-                   help="stateful: whole documents through the recurrent state; sliding: windows; auto: stateful "
-                        "unless the model has a position limit (LLaMA)")
+                    "perplexity. See docs/evaluation.md.",
+        source="--source", source_help="text source spec (as for `linlm data prepare`)", source_default=None,
+        modes=(MODES, "auto"), mode_help="stateful: whole documents through the recurrent state; sliding: windows; "
+                                         "auto: stateful unless the model has a position limit (LLaMA)",
+        json_help="also write the result as JSON to OUT", func=cmd_perplexity)
     p.add_argument("--window", type=int, default=None,
                    help="sliding window length, >= 1 (default: max_seq_len or 2048)")
     p.add_argument("--stride", type=int, default=None,
                    help="sliding window stride, 1 to --window (default: window / 2)")
     p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
-    p.add_argument("--batch-size", type=int, default=4, help="documents (stateful) or windows (sliding) per pass")
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
-    p.add_argument("--json", default=None, metavar="OUT", help=f"also write the result as JSON to OUT ({OUTPUT_RULE})")
-    p.set_defaults(func=cmd_perplexity)
 
 
 def cmd_perplexity(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
-    from linlm.data.sources import open_source
     from linlm.eval.perplexity import perplexity
     from linlm.render import print_table
 
     check_numbers(*((flag, getattr(args, flag[2:].replace("-", "_")), 1, False)
                     for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))
     check_output_files(args, "--json")
-    source = open_source(args.source, text_field=args.text_field)
-    model, tok = _load(args)
+    source, model, tok = _source_and_model(args, "source")
     res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
                      batch_size=args.batch_size, max_docs=args.max_docs, max_tokens=args.max_tokens)
     d = res.to_dict()
@@ -170,29 +204,26 @@ def cmd_perplexity(args) -> int:
 def register_niah(subparsers) -> None:
     from linlm.eval.niah import MODES
 
-    p = _model_command(
+    p = _text_command(
         subparsers, "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
         description="Insert a needle (a magic number) at each depth of a haystack cut to each context length, ask "
                     "for it, score greedy answers; print the mean and weighted accuracy, write JSON and a heatmap. "
-                    "See docs/evaluation.md for the weights.")
-    _add_text_source(p, "--haystack", default="shakespeare",
-                     help="text source for the haystack (any `linlm data` source)")
-    p.add_argument("--mode", choices=MODES, default="standard")
+                    "See docs/evaluation.md for the weights.",
+        source="--haystack", source_help="text source for the haystack (any `linlm data` source)",
+        source_default="shakespeare", modes=(MODES, "standard"),
+        mode_help="standard: the needle states the number; easy: it also holds the question",
+        json_help="write the grid and the scores as JSON", func=cmd_niah)
     p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
     p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
     p.add_argument("--trials", type=int, default=1, help="needles per cell")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
     p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--json", default=None, metavar="OUT", help=f"write the grid and the scores as JSON ({OUTPUT_RULE})")
     p.add_argument("--plot", default=None, metavar="PNG", help=f"a heatmap of the grid as a PNG file ({OUTPUT_RULE})")
-    p.set_defaults(func=cmd_niah)
 
 
 def cmd_niah(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
-    from linlm.data.sources import open_source
     from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
@@ -200,8 +231,7 @@ def cmd_niah(args) -> int:
                      length_ratio=args.length_ratio, depth_ratio=args.depth_ratio).validate()
     check_numbers(("--batch-size", args.batch_size, 1, False))
     check_output_files(args, "--json", "--plot")
-    source = open_source(args.haystack, text_field=args.text_field)
-    model, tok = _load(args)
+    source, model, tok = _source_and_model(args, "haystack")
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)
     print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "

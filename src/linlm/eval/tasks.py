@@ -12,7 +12,10 @@ kind            fields                                                request(s)
 ``lambada``     ``context``, ``continuation``                           context, continuation = " " + continuation
 ==============  ===================================================  =============================================
 
-The " " delimiter is left out when the prompt already ends with whitespace. Metrics:
+Any record may carry ``delimiter``, the text put between prompt and continuation (lm-evaluation-harness'
+``target_delimiter``); the task files that :mod:`linlm.eval.hub` converts from the dataset hub set it to " ", as
+lm-eval does, always. Without it the delimiter is " ", left out when the prompt already ends with whitespace (so the
+llm-foundry copies of PIQA, whose queries end in a newline, get no space before the answer). Metrics:
 
 - ``acc``: the choice with the highest summed log-likelihood is the gold one (ties go to the first, as numpy's
   argmax in the harness).
@@ -146,6 +149,8 @@ def _gold(rec: dict, n: int) -> int:
 
 
 def validate_record(kind: str, rec: dict) -> None:
+    if "delimiter" in rec:
+        _need(rec, "delimiter", str)
     if kind == "choice":
         _need(rec, "query", str)
         _gold(rec, len(_string_list(rec, "choices")))
@@ -168,9 +173,25 @@ def load_task(spec: TaskSpec, data_dir: str | Path, *, limit: Optional[int] = No
 
 # ---- requests ----------------------------------------------------------------------------------------------------
 
-def join(prompt: str, continuation: str) -> str:
-    """The continuation with its delimiter: " " unless the prompt is empty or already ends with whitespace."""
+def join(prompt: str, continuation: str, delimiter: Optional[str] = None) -> str:
+    """The continuation with its delimiter: ``delimiter`` when given (a record's own), else " " unless the prompt
+    is empty or already ends with whitespace."""
+    if delimiter is not None:
+        return delimiter + continuation
     return continuation if not prompt or prompt[-1:].isspace() else " " + continuation
+
+
+def request_texts(kind: str, rec: dict) -> list[tuple[str, str]]:
+    """A record's (context, continuation) strings, the delimiter in the continuation: one per choice (choice), one
+    per option (partial), one (lambada). The strings lm-evaluation-harness' requests hold for the same document."""
+    delim = rec.get("delimiter")
+    if kind == "choice":
+        return [(rec["query"], join(rec["query"], c, delim)) for c in rec["choices"]]
+    if kind == "partial":
+        return [(o, join(o, rec["continuation"], delim)) for o in rec["context_options"]]
+    if kind == "lambada":
+        return [(rec["context"], join(rec["context"], rec["continuation"], delim))]
+    raise ConfigError(f"unknown task kind {kind!r}")
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -199,22 +220,12 @@ class Doc:
 
 
 def build_doc(kind: str, rec: dict, tokenizer) -> Doc:
-    if kind == "choice":
-        query, choices = rec["query"], rec["choices"]
-        pairs = [encode_pair(tokenizer, query, join(query, c)) for c in choices]  # one context for all choices
+    pairs = [encode_pair(tokenizer, ctx, cont) for ctx, cont in request_texts(kind, rec)]
+    if kind == "choice":  # one context for all choices
         return Doc([Request(pairs[0][0], [cont for _, cont in pairs])], rec["gold"],
-                   [len(c.encode("utf-8")) for c in choices])
-    if kind == "partial":
-        reqs = []
-        for option in rec["context_options"]:
-            ctx, cont = encode_pair(tokenizer, option, join(option, rec["continuation"]))
-            reqs.append(Request(ctx, [cont]))
-        n = len(rec["continuation"].encode("utf-8"))
-        return Doc(reqs, rec["gold"], [n] * len(reqs))
-    if kind == "lambada":
-        ctx, cont = encode_pair(tokenizer, rec["context"], join(rec["context"], rec["continuation"]))
-        return Doc([Request(ctx, [cont])], 0, [len(rec["continuation"].encode("utf-8"))])
-    raise ConfigError(f"unknown task kind {kind!r}")
+                   [len(c.encode("utf-8")) for c in rec["choices"]])
+    n = len(rec["continuation"].encode("utf-8"))
+    return Doc([Request(ctx, [cont]) for ctx, cont in pairs], rec.get("gold", 0), [n] * len(pairs))
 
 
 # ---- metrics -----------------------------------------------------------------------------------------------------

@@ -37,8 +37,8 @@ def measure(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Opti
     from linlm.infer.generate import load_for_generation
 
     if not data_dir:
-        return {"not_run": "no --data-dir was given: the zero-shot tasks need their JSON Lines files "
-                           "(see docs/evaluation.md)"}
+        return {"not_run": "no --data-dir was given: the zero-shot tasks need their JSON Lines files (`linlm eval "
+                           "fetch --tasks commonsense --out DIR` writes them; see docs/evaluation.md)"}
     root, present, missing_tasks = check_task_dir(data_dir, tasks)
     from linlm.errors import LinlmError
     from linlm.eval.scoring import config_max_length
