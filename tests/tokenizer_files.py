@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -21,8 +22,9 @@ def write_pretrained_tokenizer(directory: Path, texts: Iterable[str], *, vocab_s
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
+    alphabet = list(string.ascii_letters + string.digits + string.punctuation)  # any ASCII text has no <unk>
     tok.train_from_iterator(list(texts), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
-                                                               show_progress=False))
+                                                               initial_alphabet=alphabet, show_progress=False))
     if post_bos:
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                            special_tokens=[("<s>", 1)])
