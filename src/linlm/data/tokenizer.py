@@ -160,7 +160,7 @@ class Tokenizer:
         if not getattr(hf, "is_fast", False):
             raise TokenizerError(f"tokenizer {name!r} has no fast (tokenizers) version; only those are supported")
         backend = hf.backend_tokenizer
-        named = {"bos_token": hf.bos_token, **{k: v for k, v in named.items() if v is not None}}
+        named = {"bos_token": hf.bos_token, **named}  # what the files state wins
         return cls._with_named(backend, eos_token or hf.eos_token or _find_eos(backend, {}, name), named)
 
     # ---- use -----------------------------------------------------------------------------------------------
