@@ -124,7 +124,7 @@ def test_missing_paths_fail_fast_without_a_hub_lookup(tmp_path, monkeypatch):
     def no_hub(*a, **k):
         raise AssertionError("a path must not be looked up on the hub")
 
-    monkeypatch.setattr(Tokenizer, "_from_hub", classmethod(no_hub))
+    monkeypatch.setattr(Tokenizer, "_from_transformers", classmethod(no_hub))
     with pytest.raises(TokenizerError, match="no such file or directory"):
         Tokenizer.from_pretrained(tmp_path / "missing" / "tokenizer.json")
     with pytest.raises(TokenizerError, match="no such file or directory"):

@@ -49,3 +49,18 @@ def model_dir(tmp_path_factory, tokenizer) -> Path:
     model.save(path)
     tokenizer.save(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def pretrained_model_dir(tmp_path_factory, model_dir) -> Path:
+    """The weights of ``model_dir`` beside a pretrained-style tokenizer (tokenizer.json, tokenizer_config.json,
+    special_tokens_map.json: a Metaspace BPE whose BOS ``<s>`` is added) instead of linlm's own."""
+    import shutil
+
+    from tokenizer_files import write_pretrained_tokenizer
+
+    path = tmp_path_factory.mktemp("pretrained") / "tnl"
+    shutil.copytree(model_dir, path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).unlink()
+    return write_pretrained_tokenizer(path, fixture_texts() * 3, vocab_size=250)

@@ -36,8 +36,9 @@ def _source_and_model(args, source: str):
 def _add_model(p, required: bool = True) -> None:
     p.add_argument("--model", required=required, metavar="DIR",
                    help="a run directory (its newest valid checkpoint), a checkpoint directory, or a model.save() "
-                        "directory; the tokenizer is the tokenizer.json beside the weights")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json to use instead of the one beside the weights")
+                        "directory; the tokenizer is the one beside the weights (linlm's or transformers')")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json (or its directory) to use instead of the one "
+                                                     "beside the weights")
     p.add_argument("--device", default="cpu")
 
 

@@ -14,14 +14,17 @@ discovery for models, so its own ``lm_eval`` command sees ``linlm`` only after t
     linlm-lm-eval --model linlm --model_args pretrained=DIR --tasks hellaswag,piqa     (the same, as a script)
 
 ``pretrained`` is anything ``linlm eval --model`` takes (a run directory, a checkpoint, a model.save() directory);
-other model_args: ``tokenizer`` (a tokenizer.json), ``device``, ``batch_size``, ``max_length``.
+other model_args: ``tokenizer`` (a tokenizer.json), ``device``, ``batch_size``, ``max_length``. The tokenizer is
+resolved as for every linlm command (:func:`linlm.data.tokenizer.tokenizer_for_model`); a pretrained one that adds a
+BOS gets it where lm-eval's HF wrapper (``add_bos_token`` unset) puts it, so the log-likelihoods are the same.
 
 The three request types:
 
 - ``loglikelihood``: requests sharing a context are scored together from one prefill of that context
   (:func:`linlm.eval.scoring.score_requests`), with the harness's encoding of context/continuation pairs and its
   left truncation. The same code path serves ``linlm eval``, so the two give identical acc and acc_norm.
-- ``loglikelihood_rolling``: the summed log-likelihood of each whole document, after the end-of-text token:
+- ``loglikelihood_rolling``: the summed log-likelihood of each whole document, after the prefix token (the BOS,
+  else end-of-text; a BOS the tokenizer adds is scored too, as lm-eval's HF wrapper does):
   stateful (exact, whole document) for models without a position limit, disjoint windows of max_length for LLaMA.
 - ``generate_until``: greedy decoding from the recurrent state, stopped at the first ``until`` string, at
   ``max_gen_toks`` (default 256) or at end-of-text.
@@ -102,10 +105,10 @@ class LinlmLM(LM):
         for req in requests:
             text = req.args[0]
             if self.max_length is None:
-                res = perplexity(self.model, self.tok, [text], mode="stateful")
+                res = perplexity(self.model, self.tok, [text], mode="stateful", encode=self.tok.encode_input)
             else:
                 res = perplexity(self.model, self.tok, [text], mode="sliding", window=self.max_length,
-                                 stride=self.max_length)
+                                 stride=self.max_length, encode=self.tok.encode_input)
             ll = -res.nll if res.documents else 0.0
             out.append(ll)
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
@@ -122,7 +125,7 @@ class LinlmLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
-            ids = self.tok.encode(context) or [self.tok.eos_id]
+            ids = self.tok.encode_input(context) or [self.tok.prefix_id]
             if self.max_length is not None:
                 ids = ids[-max(1, self.max_length - max_new):]
             new = generate_ids(self.model, ids, max_new, temperature=0.0, top_k=0, eos_id=self.tok.eos_id)

@@ -131,21 +131,22 @@ def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list
     and the question is an error, or, given a set ``too_short``, added to it (its cells are left out)."""
     rng = random.Random(cfg.seed)
     question = tokenizer.encode("\n\n" + QUESTION)
+    start = tokenizer.encode_input("")  # the BOS when the tokenizer adds one
     out = []
     for i, L in enumerate(lengths):
         for j, d in enumerate(cfg.depths):
             for t in range(cfg.trials):
                 number = str(rng.randrange(1_000_000, 10_000_000))
                 needle = tokenizer.encode(" " + NEEDLES[cfg.mode].format(n=number) + " ")
-                n_hay = L - len(needle) - len(question)
+                n_hay = L - len(start) - len(needle) - len(question)
                 if n_hay < 1:
                     if too_short is None:
                         raise ConfigError(f"context length {L} is too short for the needle and the question "
-                                          f"({len(needle) + len(question)} tokens)")
+                                          f"({len(start) + len(needle) + len(question)} tokens)")
                     too_short.add(L)
                     continue
                 at = round(n_hay * d / 100.0)
-                ctx = haystack[:at] + needle + haystack[at:n_hay] + question
+                ctx = start + haystack[:at] + needle + haystack[at:n_hay] + question
                 out.append((i, j, t, Request(ctx, [tokenizer.encode(" " + number)])))
     return out
 

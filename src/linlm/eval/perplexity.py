@@ -1,10 +1,11 @@
 """Perplexity of a model on any text source (``linlm.data.sources``: files, globs, directories, JSON Lines,
 Parquet, ``shakespeare``, ``hf:NAME[:CONFIG][@SPLIT]``), per token and per byte.
 
-Each document is scored on its own: its tokens follow the end-of-text id (the boundary a model trained on packed
-documents has seen before every document), and every token of the document is predicted (the closing end-of-text
-is not). With N the scored tokens, B the document's UTF-8 bytes and W its whitespace-separated words, all summed
-over documents, and NLL the summed negative log-likelihood in nats:
+Each document is scored on its own: its tokens follow the tokenizer's prefix token (``prefix_id``: the end-of-text
+id, the boundary a model trained on packed documents has seen before every document; the BOS for a pretrained
+tokenizer that has one), and every token of the document is predicted (the closing end-of-text is not). With N
+the scored tokens, B the document's UTF-8 bytes and W its whitespace-separated words, all summed over documents,
+and NLL the summed negative log-likelihood in nats:
 
     token perplexity = exp(NLL / N)       bits per byte = NLL / (B ln 2)       word perplexity = exp(NLL / W)
 
@@ -123,14 +124,16 @@ def _score_windows(model, pieces: list[tuple[list[int], int]]) -> float:
 @torch.no_grad()
 def perplexity(model, tokenizer, texts: Iterable[str], *, mode: str = "auto", window: Optional[int] = None,
                stride: Optional[int] = None, chunk: int = 2048, batch_size: int = 4, max_docs: Optional[int] = None,
-               max_tokens: Optional[int] = None, progress: Optional[Callable[[int], None]] = None
-               ) -> PerplexityResult:
+               max_tokens: Optional[int] = None, progress: Optional[Callable[[int], None]] = None,
+               encode: Optional[Callable[[str], list[int]]] = None) -> PerplexityResult:
     """Score the documents of ``texts`` (strings, e.g. ``linlm.data.sources.iter_texts(spec)``).
 
     ``max_docs``/``max_tokens`` stop after that many documents / once that many tokens were scored (whole
     documents). ``window`` and ``stride`` of the sliding mode default (None) to the model's max_seq_len (else 2048)
     and to half the window. Every count given must be >= 1: a 0 is refused, never read as "the default".
-    ``progress(tokens)`` is called after each batch.
+    ``progress(tokens)`` is called after each batch. ``encode`` gives the scored ids of a text (default
+    ``tokenizer.encode``; the lm-eval adapter passes ``tokenizer.encode_input``, as lm-eval's HF wrapper scores a
+    tokenizer's BOS after the prefix too).
     """
     if mode not in MODES:
         raise ConfigError(f"mode: unknown perplexity mode {mode!r}; valid choices are {', '.join(MODES)}")
@@ -179,14 +182,14 @@ def perplexity(model, tokenizer, texts: Iterable[str], *, mode: str = "auto", wi
                 break
             if max_tokens is not None and res.tokens >= max_tokens:
                 break
-            ids = tokenizer.encode(text)
+            ids = (encode or tokenizer.encode)(text)
             if not ids:
                 continue
             res.documents += 1
             res.tokens += len(ids)
             res.bytes += len(text.encode("utf-8"))
             res.words += len(text.split())
-            pending.append([tokenizer.eos_id] + ids)
+            pending.append([tokenizer.prefix_id] + ids)
             if len(pending) >= batch_size:
                 flush()
         flush()

@@ -196,16 +196,17 @@ def request_texts(kind: str, rec: dict) -> list[tuple[str, str]]:
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """Token ids of a context and its continuation, the harness's way: trailing whitespace of the context moves to
-    the continuation, the whole text is encoded once and the continuation is what follows the context's tokens. An
-    empty context is the end-of-text token."""
+    the continuation, the whole text is encoded once (as a model's input: the BOS first when the tokenizer adds
+    one, as lm-eval's HF wrapper encodes) and the continuation is what follows the context's tokens. An empty
+    context is the prefix token (the BOS, else end-of-text)."""
     if not context:
-        return [tokenizer.eos_id], tokenizer.encode(continuation)
+        return [tokenizer.prefix_id], tokenizer.encode(continuation)
     n_space = len(context) - len(context.rstrip())
     if n_space:
         continuation = context[-n_space:] + continuation
         context = context[:-n_space]
-    whole = tokenizer.encode(context + continuation)
-    ctx = tokenizer.encode(context)
+    whole = tokenizer.encode_input(context + continuation)
+    ctx = tokenizer.encode_input(context)
     return ctx, whole[len(ctx):]
 
 

@@ -25,7 +25,9 @@ def register(subparsers) -> None:
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     p.add_argument("--truncate-prompt", action="store_true",
                    help="drop the start of a prompt longer than the model's limit instead of refusing it")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the one beside the weights)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json or its directory (default: the one beside the weights, linlm's own or "
+                        "a transformers one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.set_defaults(func=cmd_generate)
 

@@ -2,8 +2,8 @@
 (or KV cache), sampling with temperature, top-k and top-p (nucleus).
 
 ``load_for_generation(path)`` accepts a run directory (its newest valid checkpoint), a checkpoint directory, or a
-directory written by ``model.save()``; the tokenizer is the ``tokenizer.json`` beside the weights unless one is
-given.
+directory written by ``model.save()``; the tokenizer is the one beside the weights unless one is given
+(:func:`linlm.data.tokenizer.tokenizer_for_model`: linlm's own or a transformers tokenizer, with its BOS rule).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from linlm.errors import CheckpointError, TokenizerError
+from linlm.errors import CheckpointError
 from linlm.models.generation import (check_sampling, fit_prompt, generate, generate_ids, sample_token,
                                      stream_ids, stream_text)
 
@@ -42,16 +42,13 @@ def load_model(path: str | Path, device: str = "cpu"):
 
 
 def load_for_generation(path: str | Path, tokenizer: Optional[str | Path] = None, device: str = "cpu"):
-    """(model, tokenizer): the model as :func:`load_model`; the tokenizer beside it unless one is given."""
-    from linlm.data.tokenizer import Tokenizer
+    """(model, tokenizer): the model as :func:`load_model`; the tokenizer as
+    :func:`linlm.data.tokenizer.tokenizer_for_model` resolves it (beside the weights unless one is given), checked
+    to fit the model's vocabulary."""
+    from linlm.data.tokenizer import tokenizer_for_model
 
     model, model_dir = load_model(path, device)
-    tok_path = Path(tokenizer) if tokenizer is not None else model_dir
-    if tokenizer is None and not (model_dir / "tokenizer.json").is_file():
-        raise TokenizerError(f"{model_dir}: no tokenizer.json beside the weights; pass --tokenizer PATH")
-    tok = Tokenizer.from_pretrained(tok_path)
-    tok.ensure_fits(model.config.vocab_size)
-    return model, tok
+    return model, tokenizer_for_model(model_dir, tokenizer, model.config.vocab_size)
 
 
 def _hf_model_type(config_file: Path) -> Optional[str]:

@@ -106,14 +106,15 @@ def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, **kw) -> lis
 
 
 def stream_text(model, tokenizer, prompt: str, max_new_tokens: int = 64, **kw) -> Iterator[str]:
-    """Yield the completion of ``prompt`` in pieces as tokens are decoded (stops at the end-of-text token).
+    """Yield the completion of ``prompt`` in pieces as tokens are decoded (stops at the end-of-text token). The
+    prompt is encoded as a model's input (``encode_input``: the BOS first when the tokenizer adds one).
 
     Each piece is the new text since the last one: a token that only completes a multi-byte character yields
     nothing until the character is whole.
     """
     new: list[int] = []
     shown = ""
-    for token in stream_ids(model, tokenizer.encode(prompt), max_new_tokens, eos_id=tokenizer.eos_id, **kw):
+    for token in stream_ids(model, tokenizer.encode_input(prompt), max_new_tokens, eos_id=tokenizer.eos_id, **kw):
         if token == tokenizer.eos_id:
             break
         new.append(token)
@@ -132,7 +133,7 @@ def stream_text(model, tokenizer, prompt: str, max_new_tokens: int = 64, **kw) -
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 64, *, temperature: float = 0.8,
              top_k: int = 40, top_p: float = 1.0, seed: Optional[int] = 0, truncate: bool = False) -> str:
     """The completion of ``prompt`` (text after the prompt; stops at the end-of-text token)."""
-    new = generate_ids(model, tokenizer.encode(prompt), max_new_tokens, temperature=temperature, top_k=top_k,
+    new = generate_ids(model, tokenizer.encode_input(prompt), max_new_tokens, temperature=temperature, top_k=top_k,
                        top_p=top_p, seed=seed, eos_id=tokenizer.eos_id, truncate=truncate)
     if new and new[-1] == tokenizer.eos_id:
         new = new[:-1]
