@@ -2,10 +2,7 @@
 checkpoint does): the pretrained tokenizer is the one used, its BOS goes where lm-eval's HF wrapper puts it, and
 the same weights with linlm's own tokenizer give other results."""
 
-import importlib
 import json
-import sys
-import types
 
 import pytest
 import torch
@@ -137,27 +134,13 @@ def test_too_large_a_vocabulary_is_one_line(pretrained_model_dir, tok, tmp_path,
 @pytest.fixture(scope="module")
 def hf_wrapper(pretrained_model_dir):
     """lm-eval's HFLM with only its tokenizer (no transformers model): its own encoding of requests, with
-    add_bos_token unset (its default). Its module imports accelerate, which its encoding never uses: without
-    accelerate installed, a stand-in is in sys.modules for the import, and the module is dropped again after."""
+    add_bos_token unset (its default)."""
     transformers = pytest.importorskip("transformers")
-    pytest.importorskip("lm_eval")
-    name = "lm_eval.models.huggingface"
-    stub = importlib.util.find_spec("accelerate") is None and name not in sys.modules
-    with pytest.MonkeyPatch.context() as mp:
-        if stub:
-            fake, fake_utils = types.ModuleType("accelerate"), types.ModuleType("accelerate.utils")
-            for attr in ("Accelerator", "InitProcessGroupKwargs", "find_executable_batch_size"):
-                setattr(fake, attr, None)
-            fake_utils.get_max_memory = None
-            mp.setitem(sys.modules, "accelerate", fake)
-            mp.setitem(sys.modules, "accelerate.utils", fake_utils)
-        huggingface = importlib.import_module(name)
-        lm = huggingface.HFLM.__new__(huggingface.HFLM)
-        lm.tokenizer = transformers.AutoTokenizer.from_pretrained(str(pretrained_model_dir), local_files_only=True)
-        lm.add_bos_token, lm.custom_prefix_token_id, lm.backend = None, None, "causal"
-        yield lm
-    if stub:
-        sys.modules.pop(name, None)
+    huggingface = pytest.importorskip("lm_eval.models.huggingface")
+    lm = huggingface.HFLM.__new__(huggingface.HFLM)
+    lm.tokenizer = transformers.AutoTokenizer.from_pretrained(str(pretrained_model_dir), local_files_only=True)
+    lm.add_bos_token, lm.custom_prefix_token_id, lm.backend = None, None, "causal"
+    return lm
 
 
 def test_adapter_loglikelihoods_match_lm_eval_hf_encoding(pretrained_model_dir, tok, hf_wrapper):
