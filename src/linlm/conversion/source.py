@@ -24,6 +24,13 @@ INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def _why(e: BaseException) -> str:
+    """One line of an exception's message: the line naming what torch refused, else its first line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    named = [line for line in lines if "Unsupported global" in line]
+    return (named or lines or [type(e).__name__])[0].split(". Please use")[0]
+
+
 def read_json(path: Path, what: str = "config") -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -81,15 +88,15 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: cannot be read as safetensors ({e}); the file is truncated or corrupt") \
+            raise CheckpointError(f"{path}: cannot be read as safetensors ({_why(e)}); the file is truncated or corrupt") \
                 from None
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"{path}: holds more than tensors and is refused (weights_only=True: {e}); convert "
+        raise CheckpointError(f"{path}: holds more than tensors and is refused (weights_only=True: {_why(e)}); convert "
                               f"it to safetensors with the library that wrote it") from None
     except (OSError, RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot be read as PyTorch weights ({e}); the file is truncated or corrupt") \
+        raise CheckpointError(f"{path}: cannot be read as PyTorch weights ({_why(e)}); the file is truncated or corrupt") \
             from None
     if isinstance(data, Mapping) and "state_dict" in data and isinstance(data["state_dict"], Mapping):
         data = data["state_dict"]
