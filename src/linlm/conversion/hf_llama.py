@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from linlm.conversion.layout import Layout, fill, refuse_model_type
+from linlm.conversion.layout import Layout, fill, load_into, refuse_model_type, require_transformers
 from linlm.errors import CheckpointError, ConfigError
 from linlm.models.model_config import ModelConfig
 from linlm.models.lm import CausalLM
-
-
-def _require_transformers(what: str = "LLaMA"):
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"{what} conversion needs transformers: pip install 'linlm[hf]'") from None
 
 
 def _rope_fields(hf_config) -> dict:
@@ -50,7 +43,7 @@ def _rope_fields(hf_config) -> dict:
 
 
 def hf_config_from(cfg: ModelConfig):
-    _require_transformers()
+    require_transformers("LLaMA")
     from transformers import LlamaConfig
 
     if cfg.arch != "llama":
@@ -104,7 +97,7 @@ def config_from_hf(hf_config) -> ModelConfig:
 
 def to_hf_llama(model: CausalLM):
     """A ``LlamaForCausalLM`` with the same weights and layout (GQA, tied or untied head, RoPE scaling)."""
-    _require_transformers()
+    require_transformers("LLaMA")
     from transformers import LlamaForCausalLM
 
     cfg = model.config
@@ -125,14 +118,7 @@ def to_hf_llama(model: CausalLM):
             p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
             p + "mlp.down_proj.weight": layer.mlp.w_out.weight,
         })
-    sd = {k: v.detach().clone() for k, v in sd.items()}
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
-    allowed_missing = {"lm_head.weight"} if model.head is None else set()
-    if unexpected or set(missing) - allowed_missing:
-        raise CheckpointError(f"conversion to LlamaForCausalLM failed: missing {missing}, unexpected {unexpected}")
-    if model.head is None:
-        hf.tie_weights()
-    return hf
+    return load_into(hf, {k: v.detach().clone() for k, v in sd.items()}, tied=model.head is None)
 
 
 def from_hf_llama(hf_model) -> CausalLM:
@@ -165,7 +151,7 @@ def from_state(cfg: ModelConfig, sd) -> CausalLM:
 
 
 def _to_linlm(config: dict, sd) -> CausalLM:
-    _require_transformers()
+    require_transformers("LLaMA")
     from transformers import LlamaConfig
 
     refuse_model_type(config, "llama", "hf-llama")

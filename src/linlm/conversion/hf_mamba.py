@@ -9,14 +9,14 @@ conv biases (use_conv_bias=False) converts with zero biases, which compute the s
 
 from __future__ import annotations
 
-from linlm.conversion.hf_llama import _require_transformers
-from linlm.conversion.layout import Layout, build, conv_weight, fill, refuse_model_type
+import torch
+
+from linlm.conversion.layout import Layout, build, conv_weight, fill, load_into, refuse_model_type, require_transformers
 from linlm.conversion.source import Tensors
 from linlm.errors import CheckpointError, ConfigError
+from linlm.layers.mamba import dt_rank
 from linlm.models.lm import CausalLM
 from linlm.models.model_config import ModelConfig
-
-import torch
 
 # linlm's names of one block's mixer tensors and the names both Mamba layouts (transformers', mamba_ssm's) give them.
 MIXER_NAMES = {"in_proj.weight": "in_proj.weight", "x_proj.weight": "x_proj.weight",
@@ -72,14 +72,13 @@ def from_hf_mamba(hf_model) -> CausalLM:
 
 
 def hf_config_from(cfg: ModelConfig):
-    _require_transformers("Mamba")
+    require_transformers("Mamba")
     from transformers import MambaConfig
 
     if cfg.arch != "mamba":
         raise ConfigError(f"arch: only 'mamba' models convert to MambaForCausalLM, got {cfg.arch!r}")
     if cfg.norm_type not in ("auto", "rms"):
         raise ConfigError(f"norm_type: MambaForCausalLM uses RMSNorm, got norm_type={cfg.norm_type!r}")
-    from linlm.layers.mamba import dt_rank
 
     return MambaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, state_size=cfg.d_state,
                        num_hidden_layers=cfg.n_layers, layer_norm_epsilon=cfg.norm_eps, expand=cfg.expand,
@@ -103,19 +102,14 @@ def hf_state(model: CausalLM) -> dict:
 
 def to_hf_mamba(model: CausalLM):
     """A transformers ``MambaForCausalLM`` with the weights of a linlm Mamba."""
+    require_transformers("Mamba")
     from transformers import MambaForCausalLM
 
-    hf = MambaForCausalLM(hf_config_from(model.config))
-    missing, unexpected = hf.load_state_dict(hf_state(model), strict=False)
-    if unexpected or set(missing) - ({"lm_head.weight"} if model.head is None else set()):
-        raise CheckpointError(f"conversion to MambaForCausalLM failed: missing {missing}, unexpected {unexpected}")
-    if model.head is None:
-        hf.tie_weights()
-    return hf.eval()
+    return load_into(MambaForCausalLM(hf_config_from(model.config)), hf_state(model), tied=model.head is None).eval()
 
 
 def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
-    _require_transformers("Mamba")
+    require_transformers("Mamba")
     from transformers import MambaConfig
 
     refuse_model_type(config, "mamba", "hf-mamba")

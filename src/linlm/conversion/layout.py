@@ -27,6 +27,13 @@ class Layout:
     from_linlm: Optional[Callable[[CausalLM], "tuple[dict, dict[str, torch.Tensor]]"]] = None
 
 
+def require_transformers(what: str) -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{what} conversion needs transformers: pip install 'linlm[hf]'") from None
+
+
 def found(config: Mapping) -> str:
     """What a config.json describes, for an error message."""
     if config.get("format") == "linlm-model":
@@ -58,6 +65,16 @@ def fill(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], where: str) -> C
     model = CausalLM(cfg)
     model.load_state_dict({k: v.detach().clone().float() for k, v in tensors.items()}, strict=True)
     return model.eval()
+
+
+def load_into(hf, tensors: Mapping[str, torch.Tensor], tied: bool):
+    """The transformers model ``hf`` holding ``tensors`` (its own names); a tied head is tied again afterwards."""
+    missing, unexpected = hf.load_state_dict(dict(tensors), strict=False)
+    if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
+        raise CheckpointError(f"conversion to {type(hf).__name__} failed: missing {missing}, unexpected {unexpected}")
+    if tied:
+        hf.tie_weights()
+    return hf
 
 
 def refuse_model_type(config: Mapping, want: str, layout: str, where: str = "config.json") -> None:

@@ -88,16 +88,16 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: cannot be read as safetensors ({_why(e)}); the file is truncated or corrupt") \
-                from None
+            raise CheckpointError(f"{path}: cannot be read as safetensors ({_why(e)}); the file is truncated or "
+                                  f"corrupt") from None
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"{path}: holds more than tensors and is refused (weights_only=True: {_why(e)}); convert "
                               f"it to safetensors with the library that wrote it") from None
     except (OSError, RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot be read as PyTorch weights ({_why(e)}); the file is truncated or corrupt") \
-            from None
+        raise CheckpointError(f"{path}: cannot be read as PyTorch weights ({_why(e)}); the file is truncated or "
+                              f"corrupt") from None
     if isinstance(data, Mapping) and "state_dict" in data and isinstance(data["state_dict"], Mapping):
         data = data["state_dict"]
     if not isinstance(data, Mapping) or not all(isinstance(v, torch.Tensor) for v in data.values()):
