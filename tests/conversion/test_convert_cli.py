@@ -119,3 +119,19 @@ def test_linlm_load_on_a_foreign_checkpoint_says_how_to_convert_it(tmp_path):
     (src / "config.json").write_text(json.dumps({"d_model": 32, "n_layer": 2, "vocab_size": 50}))
     with pytest.raises(CheckpointError, match=r"describes a mamba_ssm checkpoint, not a linlm model"):
         linlm.load(src)
+
+
+def test_to_writes_a_foreign_directory_under_the_same_rules(tmp_path, capsys):
+    src = fla_dir(tmp_path / "fla")
+    (src / "tokenizer.json").write_text(TOKENIZER["tokenizer.json"])
+    assert main(["convert", str(src), "--out", str(tmp_path / "ours")]) == 0
+    back = [str(tmp_path / "ours"), "--out", str(tmp_path / "back"), "--to", "fla-hgrn2"]
+    assert main(["convert", *back]) == 0
+    assert (tmp_path / "back" / "tokenizer.json").read_text() == TOKENIZER["tokenizer.json"]
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == "hgrn2"
+    capsys.readouterr()
+    refused(capsys, tmp_path, back, "holds files already", "--overwrite")
+    assert main(["convert", *back, "--overwrite"]) == 0
+    capsys.readouterr()
+    (tmp_path / "back" / "notes.txt").write_text("mine")
+    refused(capsys, tmp_path, [*back, "--overwrite"], "notes.txt", "linlm did not write")

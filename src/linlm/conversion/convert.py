@@ -66,8 +66,11 @@ def _write_foreign(config: dict, tensors: dict, out: Path, overwrite: bool, file
     if held and not overwrite:
         raise CheckpointError(f"{out}: holds files already ({outputs.shown(sorted(held))}); pass --overwrite to "
                               f"replace them, or choose a new directory (nothing was written)")
-    if held:
-        outputs.check_removal(out, "--out")
+    foreign = sorted(outputs.foreign_entries(out)) if held else []
+    if foreign:
+        raise CheckpointError(f"{out}: holds files linlm did not write, or that were changed since "
+                              f"({outputs.shown(foreign)}); move them out or choose a new directory, since "
+                              f"--overwrite replaces the directory whole (nothing was written)")
     tmp = outputs.temp_dir_beside(out)
     try:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
