@@ -12,7 +12,7 @@ from linlm.errors import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 
-from linlm.conversion.hf_llama import from_hf_llama  # noqa: E402
+from linlm.conversion.hf_llama import config_from_hf, from_hf_llama  # noqa: E402
 from linlm.conversion.hf_mamba import from_hf_mamba, to_hf_mamba  # noqa: E402
 
 LAYOUTS = {
@@ -76,6 +76,8 @@ def test_each_converter_refuses_a_checkpoint_of_another_architecture():
     mamba = random_hf_mamba()
     with pytest.raises(CheckpointError, match=r"describes a transformers 'mamba' checkpoint.*not a 'llama' one"):
         from_hf_llama(mamba)
+    with pytest.raises(CheckpointError, match=r"describes a transformers 'mamba' checkpoint.*not a 'llama' one"):
+        config_from_hf(mamba.config)  # a MambaConfig: an AttributeError before
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4))
     with pytest.raises(CheckpointError, match=r"describes a transformers 'llama' checkpoint.*not a 'mamba' one"):
