@@ -106,3 +106,13 @@ def test_decoding_a_converted_short_conv_model_matches_its_full_pass(tmp_path):
             pieces.append(step.logits)
             state = step.state
     torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-5)
+
+
+def test_the_hgrn2_options_are_checked():
+    with pytest.raises(ConfigError, match=r"^options.mlp_act: unknown activation 'gelu'; valid choices are 'none', "
+                                          r"'silu'"):
+        linlm.ModelConfig.from_dict({"arch": "hgrn2", "options": {"mlp_act": "gelu"}})
+    with pytest.raises(ConfigError, match=r"^options.short_conv: must be >= 0"):
+        linlm.ModelConfig.from_dict({"arch": "hgrn2", "options": {"short_conv": -1}})
+    model = linlm.create_model("hgrn2", preset="tiny", vocab_size=64, options={"lower_bound": False})
+    assert model.shared is None and not any(n.startswith("shared.") for n in model.state_dict())
