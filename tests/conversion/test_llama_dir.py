@@ -34,3 +34,17 @@ def test_the_old_import_path_still_converts():
     from linlm.hf.llama import from_hf_llama as old
 
     assert old is new
+
+
+def test_a_sharded_checkpoint_is_read_shard_by_shard(tmp_path):
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                   num_attention_heads=4)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "hf").glob("model-*.safetensors"))) > 1
+    linlm.convert(tmp_path / "hf", tmp_path / "ours")
+    ids = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(linlm.load(tmp_path / "ours")(ids), hf(ids).logits, rtol=0, atol=1e-5)

@@ -9,7 +9,7 @@ from typing import Optional
 from linlm import outputs
 from linlm.conversion.layout import Layout, found
 from linlm.conversion.registry import LAYOUTS, layout_names
-from linlm.conversion.source import CONFIG, copy_names, read_config, read_weights
+from linlm.conversion.source import CONFIG, tokenizer_files, read_config, read_weights
 from linlm.errors import CheckpointError, ConfigError
 from linlm.models.format import FORMAT, WEIGHTS, check_save_target, save_model
 from linlm.models.lm import CausalLM
@@ -92,7 +92,7 @@ def convert(src, out, *, layout: Optional[str] = None, to: Optional[str] = None,
     from linlm.models.io import load
 
     src, out = Path(src), Path(out)
-    files = copy_names(src) if src.is_dir() else []
+    files = tokenizer_files(src) if src.is_dir() else []
     if to is not None:
         target = get_layout(to)
         if target.from_linlm is None:

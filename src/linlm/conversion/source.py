@@ -137,6 +137,6 @@ class Tensors(dict):
                                   f"({shown}); the weights belong to another layout or model")
 
 
-def copy_names(src: Path) -> list[Path]:
+def tokenizer_files(src: Path) -> list[Path]:
     """The tokenizer files of ``src`` to carry into the converted directory."""
     return [Path(src) / n for n in TOKENIZER_FILES if (Path(src) / n).is_file()]
