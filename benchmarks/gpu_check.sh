@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot check of linlm's GPU backend on a machine with a CUDA GPU (about 5-8 minutes):
 #   1. the libraries: fla-core (flash-linear-attention's ops) and mamba-ssm, installed if missing and possible;
-#   2. tests/ops/test_gpu_backends.py: the kernels against linlm's references (fp32, bf16, gradients, states);
+#   2. tests/ops/test_gpu_backends.py: the kernels against linlm's references (fp32, bf16, gradients, states), and
+#      tests/conversion/test_fla_gpu.py: fla's HGRN2ForCausalLM against its conversion into linlm;
 #   3. benchmarks/bench_gpu_kernels.py: kernels against linlm's torch path, fwd+bwd timings (JSON in results/);
 #   4. the commands with --device cuda: linlm train (a few steps), linlm profile.
 # Each step has its own time limit and a failure does not stop the later ones; the summary at the end says which
@@ -60,6 +61,8 @@ pip_install() {  # pip_install LIMIT ARGS...
     fi
 }
 have fla.ops.gla || pip_install 120 "fla-core>=0.5.2" || echo "fla-core could not be installed: fla tests will skip"
+have fla.models || pip_install 120 --no-deps "flash-linear-attention>=0.5.2" \
+    || echo "flash-linear-attention (fla.models) could not be installed: the HGRN2 conversion check will skip"
 if ! have mamba_ssm.ops.selective_scan_interface; then
     if [ -n "${LINLM_WHEELS:-}" ]; then
         pip_install 120 --no-deps "mamba-ssm>=2.2" || echo "mamba-ssm: no usable wheel in $LINLM_WHEELS"
@@ -77,6 +80,9 @@ EOF
 
 # ---- 2. tests against linlm's references
 step tests 300 "$PY" -m pytest tests/ops/test_gpu_backends.py -q -rs -p no:cacheprovider
+
+# fla's own HGRN2ForCausalLM against its conversion (linlm convert), logits to 1e-5
+step convert_fla 180 "$PY" -m pytest tests/conversion/test_fla_gpu.py -q -rs -p no:cacheprovider
 
 # ---- 3. timings: kernels against linlm's torch path
 step bench 150 "$PY" benchmarks/bench_gpu_kernels.py --repeat 5

@@ -6,7 +6,9 @@ from linlm.models.io import load
 from linlm.models.lm import CausalLM, LMOutput, create_model
 from linlm.models.presets import PRESETS
 from linlm.models.registry import ARCHITECTURES
+from linlm.conversion import convert
 
 __version__ = "0.1.0"
 
-__all__ = ["errors", "ModelConfig", "CausalLM", "LMOutput", "create_model", "load", "PRESETS", "ARCHITECTURES", "__version__"]
+__all__ = ["errors", "ModelConfig", "CausalLM", "LMOutput", "create_model", "load", "PRESETS", "ARCHITECTURES", "convert",
+           "__version__"]

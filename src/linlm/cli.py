@@ -83,7 +83,8 @@ def _subsystem_clis():
 
     mods = []
     for name in ("linlm.commands.demo", "linlm.data.cli", "linlm.train.cli", "linlm.commands.check", "linlm.infer.cli",
-                 "linlm.eval.cli", "linlm.experiments.cli", "linlm.scaling.cli", "linlm.reproduce.cli"):
+                 "linlm.eval.cli", "linlm.conversion.cli", "linlm.experiments.cli", "linlm.scaling.cli",
+                 "linlm.reproduce.cli"):
         try:
             mods.append(importlib.import_module(name))
         except ModuleNotFoundError as e:

@@ -14,6 +14,7 @@ from linlm.schema import parse_overrides
 from linlm.errors import ConfigError
 from linlm.models.archs.base import ArchSpec, NoOptions
 from linlm.models.archs.cosformer2 import CosFormer2Options
+from linlm.models.archs.hgrn2 import HGRN2Options
 from linlm.models.archs.tnl import TNLMixer, TNLOptions
 from linlm.models.model_config import ModelConfig, model_keys, resume_options
 from linlm.models.format import config_checksum
@@ -44,7 +45,7 @@ def _write_flat(directory, flat: dict) -> None:
     ("tnl", {"tnl_slopes": "pow2", "tnl_v_silu": False}, TNLOptions("pow2", False)),
     ("tnl", {"tnl_slopes": "alibi", "tnl_v_silu": True, "tpe": False}, TNLOptions("alibi", True)),
     ("cosformer2", {"cosformer2_gate_before_norm": False, "tpe": False}, CosFormer2Options(False, False)),
-    ("hgrn2", {"tnl_v_silu": False, "tpe": False}, NoOptions()),
+    ("hgrn2", {"tnl_v_silu": False, "tpe": False}, HGRN2Options()),  # the paper's model
 ])
 def test_a_model_saved_in_the_flat_format_loads_and_computes_the_same(tmp_path, arch, flat_options, options):
     flat = {**FLAT, "arch": arch, **flat_options}
@@ -108,7 +109,8 @@ def test_replace_keeps_merges_or_resets_the_options():
     assert cfg.replace(options={"v_silu": True}).options == TNLOptions("pow2", True)
     assert cfg.replace(tnl_v_silu=True).options == TNLOptions("pow2", True)
     assert cfg.replace(arch="cosformer2").options == CosFormer2Options()  # the new architecture's defaults
-    assert cfg.replace(arch="hgrn2").options == NoOptions()
+    assert cfg.replace(arch="hgrn2").options == HGRN2Options()
+    assert cfg.replace(arch="mamba").options == NoOptions()
 
 
 def test_yaml_configs_and_overrides_take_both_spellings(tmp_path):

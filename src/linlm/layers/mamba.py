@@ -69,20 +69,22 @@ class ShortConv(nn.Module):
     """Causal depthwise conv1d over time, with a carried state and document-boundary masking.
 
     out[t] = bias + sum_j weight[:, j] * x[t - (K - 1 - j)] (the tap layout of ``nn.Conv1d`` with
-    padding K - 1). The state holds the last K - 1 inputs, [B, K - 1, C]; a missing state means zeros.
+    padding K - 1; ``bias=False``: no bias). The state holds the last K - 1 inputs, [B, K - 1, C]; a missing
+    state means zeros.
     With ``reset`` (bool [B, T], True at a document's first token) a tap that would read an input of an
     earlier document is dropped, and inputs of a finished document are zeroed in the returned state.
     """
 
-    def __init__(self, channels: int, kernel: int):
+    def __init__(self, channels: int, kernel: int, bias: bool = True):
         super().__init__()
         self.channels, self.kernel = channels, kernel
         self.weight = nn.Parameter(torch.empty(channels, kernel))
-        self.bias = nn.Parameter(torch.empty(channels))
+        self.bias = nn.Parameter(torch.empty(channels)) if bias else None
         bound = 1.0 / math.sqrt(kernel)  # nn.Conv1d's default for a depthwise conv (fan_in = kernel)
         with torch.no_grad():
             self.weight.uniform_(-bound, bound)
-            self.bias.uniform_(-bound, bound)
+            if bias:
+                self.bias.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, reset: torch.Tensor | None = None,
                 silu: bool = False):
@@ -94,7 +96,7 @@ class ShortConv(nn.Module):
             pos = torch.arange(T, device=x.device)
             # Position of the latest document start at or before t; far in the past when none.
             last = torch.where(reset, pos, -(T + K)).cummax(dim=1).values  # [B, T]
-        if silu and x.device.type == "cpu" and kernel_library.available():
+        if silu and self.bias is not None and x.device.type == "cpu" and kernel_library.available():
             since = None if reset is None else pos - last
             out = conv_kernel.conv_silu(x, state, self.weight, self.bias, since)
             if state is None:
@@ -120,7 +122,10 @@ class ShortConv(nn.Module):
             state = x.new_zeros(B, K - 1, C)
         xs = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K - 1 + T, C]; xs[:, i] is time i - (K - 1)
         w = self.weight.to(x.dtype)
-        out = torch.addcmul(self.bias.to(x.dtype), xs[:, K - 1 :], w[:, K - 1])
+        if self.bias is None:
+            out = xs[:, K - 1 :] * w[:, K - 1]
+        else:
+            out = torch.addcmul(self.bias.to(x.dtype), xs[:, K - 1 :], w[:, K - 1])
         if reset is not None:
             pos = torch.arange(T, device=x.device)
             since = (pos - last).unsqueeze(-1)  # tokens since the document start, >= T + K when none

@@ -63,8 +63,9 @@ def is_model_dir(path: Path) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
-def check_save_target(path: Path, overwrite: bool) -> None:
-    """Refuse a target whose contents linlm did not write (one-line CheckpointError; nothing is changed)."""
+def check_save_target(path: Path, overwrite: bool, also: tuple[str, ...] = ()) -> None:
+    """Refuse a target whose contents linlm did not write (one-line CheckpointError; nothing is changed). ``also``
+    names files beside MODEL_FILES that the save writes too (a converted model's tokenizer files)."""
     if path.is_symlink():
         raise CheckpointError(f"{path}: is a symbolic link; save to the directory it points to, or to a new path")
     if not path.exists():
@@ -82,7 +83,7 @@ def check_save_target(path: Path, overwrite: bool) -> None:
     if not overwrite:
         raise CheckpointError(f"{path}: holds a saved model already; pass overwrite=True to replace it, "
                               f"or choose a new path (nothing was written)")
-    foreign = sorted(set(outputs.foreign_entries(path)) | {name for name in entries if name not in MODEL_FILES})
+    foreign = sorted(set(outputs.foreign_entries(path)) | {n for n in entries if n not in (*MODEL_FILES, *also)})
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise CheckpointError(f"{path}: also holds files linlm's model.save() did not write, or that were changed "
@@ -90,15 +91,17 @@ def check_save_target(path: Path, overwrite: bool) -> None:
                               f"the directory whole (nothing was written)")
 
 
-def save_model(model, path, *, overwrite: bool = False) -> Path:
+def save_model(model, path, *, overwrite: bool = False, files: tuple[Path, ...] = ()) -> Path:
     """Save ``model`` (its state dict and ``model.config``) as a directory at ``path``, atomically.
 
     ``path`` must be new, an empty directory, or (with ``overwrite=True``) a directory holding a saved model and
     nothing else. A file, a directory of other things, or a saved model with files of the user's in it is refused
     with a CheckpointError and left untouched. The new directory is written beside ``path`` and swapped in whole.
+    ``files`` are copied into it unchanged, under their own names (a converted checkpoint's tokenizer files).
     """
     path = Path(path)
-    check_save_target(path, overwrite)
+    files = tuple(Path(f) for f in files)
+    check_save_target(path, overwrite, tuple(f.name for f in files))
     try:
         tmp = outputs.temp_dir_beside(path)
     except (OSError, LinlmError) as e:
@@ -108,6 +111,8 @@ def save_model(model, path, *, overwrite: bool = False) -> Path:
                               f"(nothing was written)") from None
     try:
         write_model_files(tmp, model.state_dict(), model.config.to_dict())
+        for f in files:
+            (tmp / f.name).write_bytes(f.read_bytes())
         outputs.commit_dir(tmp, path)
     except BaseException as e:
         outputs.discard(tmp)
@@ -116,6 +121,16 @@ def save_model(model, path, *, overwrite: bool = False) -> Path:
                                   f"fix the permissions, then save again (whatever was at {path} is unchanged)") from e
         raise
     return path
+
+
+def foreign_layout(meta: Mapping[str, Any]) -> str:
+    """What checkpoint of another library a config.json describes ("a transformers 'mamba' checkpoint", "a mamba_ssm
+    checkpoint"), or "" when it is none of them."""
+    if "model_type" in meta and not str(meta["model_type"]).startswith("linlm"):
+        return f"a transformers {meta['model_type']!r} checkpoint"
+    if {"d_model", "n_layer", "vocab_size"} <= set(meta):
+        return "a mamba_ssm checkpoint"
+    return ""
 
 
 def read_config(path) -> tuple[ModelConfig, dict]:
@@ -128,6 +143,9 @@ def read_config(path) -> tuple[ModelConfig, dict]:
         meta = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cfg_file}: not valid JSON ({e}); the checkpoint is corrupt, save it again") from None
+    if isinstance(meta, dict) and meta.get("format") != FORMAT and foreign_layout(meta):
+        raise CheckpointError(f"{cfg_file}: describes {foreign_layout(meta)}, not a linlm model; convert it first: "
+                              f"linlm convert {path} --out DIR (or linlm.convert in Python), then load DIR")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{cfg_file}: not a linlm model config (missing format={FORMAT!r})")
     config = meta.get("config", {})
@@ -156,16 +174,19 @@ def load_weights(path, expected: dict[str, torch.Tensor], checksum: str | None) 
         tensors = load_file(str(wfile))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{wfile}: cannot be read as safetensors ({e}); the file is corrupt or truncated") from None
+    check_tensors(wfile, tensors, expected)
+    return tensors
+
+
+def check_tensors(where, tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                  hint: str = "weights do not match the config's architecture") -> None:
+    """Every name of ``expected`` in ``tensors``, no other, each of the expected shape (one-line CheckpointError)."""
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(
-            f"{wfile}: weights do not match the config's architecture "
-            f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})"
-        )
+        raise CheckpointError(f"{where}: {hint} (missing: {missing[:5]}, unexpected: {unexpected[:5]})")
     for name, ref in expected.items():
         if tuple(tensors[name].shape) != tuple(ref.shape):
             raise CheckpointError(
-                f"{wfile}: tensor {name!r} has shape {tuple(tensors[name].shape)}, the config needs {tuple(ref.shape)}"
+                f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, the config needs {tuple(ref.shape)}"
             )
-    return tensors

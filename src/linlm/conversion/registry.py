@@ -1,0 +1,22 @@
+"""The checkpoint layouts linlm converts: one line per layout module (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+from linlm.conversion import fla_hgrn2, hf_llama, hf_mamba, mamba_ssm
+from linlm.conversion.layout import Layout
+
+LAYOUTS: dict[str, Layout] = {}
+
+
+def register(layout: Layout) -> None:
+    LAYOUTS[layout.name] = layout
+
+
+register(hf_llama.LAYOUT)
+register(hf_mamba.LAYOUT)
+register(mamba_ssm.LAYOUT)
+register(fla_hgrn2.LAYOUT)
+
+
+def layout_names() -> list[str]:
+    return list(LAYOUTS)
