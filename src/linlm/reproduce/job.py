@@ -153,9 +153,12 @@ class Job:
         return load_ladder(self.recipe.scaling["ladder"])
 
     def compare_ladder(self):
+        """The comparison's ladder, one rung per seed when the recipe has several (:mod:`linlm.reproduce.seeds`)."""
+        from linlm.reproduce.seeds import seeded_ladder
         from linlm.scaling.ladder import ladder_from_dict
 
-        return ladder_from_dict(self.recipe.compare, "compare", f"recipe {self.recipe.name}: compare")
+        return ladder_from_dict(seeded_ladder(self.recipe.compare, self.recipe.seeds), "compare",
+                                f"recipe {self.recipe.name}: compare")
 
     def ladder(self, name: str):
         return self.scaling_ladder() if name == "scaling" else self.compare_ladder()
