@@ -200,6 +200,7 @@ def test_choice_requests_rank_the_true_number_among_distinct_others(tokenizer):
     from linlm.eval.niah import chance_level
 
     assert chance_level(NIAHConfig(value_length=3).validate()) == pytest.approx(1 / 900)
-    for bad in ({"scoring": "vote"}, {"candidates": 1, "scoring": "choice"}, {"value_length": 0}, {"alphabet": "runes"}):
+    for bad in ({"scoring": "vote"}, {"candidates": 1, "scoring": "choice"}, {"value_length": 0},
+                {"alphabet": "runes"}):
         with pytest.raises(ConfigError):
             NIAHConfig(**bad).validate()

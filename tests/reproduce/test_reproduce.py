@@ -222,6 +222,10 @@ def test_scaling_claims_follow_the_fits():
     wide = _fits({"llama": (-0.08, 3.0), "tnl": (-0.075, 2.9), "hgrn2": (-0.085, 2.8), "cosformer2": (-0.07, 2.9)},
                  alpha_hw=0.05)
     assert C.scale_like_transformers(wide).verdict == "not supported at this scale"
+    one_wide = _fits({"llama": (-0.08, 3.0), "tnl": (-0.075, 2.9), "hgrn2": (-0.085, 2.8)})
+    one_wide["archs"]["tnl"]["envelope"]["L(C)"]["alpha_ci"] = [-0.125, -0.025]
+    claim = C.scale_like_transformers(one_wide)  # the undecided one is left out of the tally
+    assert claim.verdict == "supported" and "tnl alpha -0.0750 [-0.1250, -0.0250]: overlaps, but" in claim.evidence
     # Exponents 20 % apart whose intervals are disjoint scale otherwise, whatever the 25 % band would say.
     tight = _fits({"llama": (-0.08, 3.0), "tnl": (-0.064, 2.9)}, alpha_hw=0.001)
     assert "disjoint" in C.scale_like_transformers(tight).evidence

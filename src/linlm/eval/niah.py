@@ -2,9 +2,9 @@
 
 A haystack (the first tokens of any text source, documents joined by blank lines) is cut to fit each context
 length L of the grid; a needle sentence holding a random value (by default a 7-digit number; ``alphabet`` and
-``value_length`` choose others) is inserted at depth d (0 % = the start of the context, 100 % = just before the question); the question follows. Each cell is
-scored from one prefill with :func:`linlm.eval.scoring.score_requests` (no sampling), in one of two ways
-(``scoring``):
+``value_length`` choose others) is inserted at depth d (0 % = the start of the context, 100 % = just before the
+question); the question follows. Each cell is scored from one prefill with
+:func:`linlm.eval.scoring.score_requests` (no sampling), in one of two ways (``scoring``):
 
 - ``greedy``: right when greedy decoding after the question reproduces the number exactly (every token the argmax).
   Chance is a guess of the value (1 / (9 x 10^6) for 7 digits): a model that has not learned to retrieve scores

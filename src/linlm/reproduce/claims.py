@@ -101,8 +101,8 @@ def _ci(law: dict, key: str) -> Optional[tuple[float, float]]:
 def scale_like_transformers(fits: Optional[dict]) -> Claim:
     text, rule = "Linear models scale like transformers", (
         "95 % bootstrap intervals of the L(C) exponents: disjoint from LLaMA's = scales otherwise; overlapping, "
-        f"with both half-widths at most {EXPONENT_REL_TOL:.0%} of the size of LLaMA's exponent = scales alike; overlapping "
-        f"but wider = cannot tell; R² >= {MIN_R2} for both")
+        f"with both half-widths at most {EXPONENT_REL_TOL:.0%} of the size of LLaMA's exponent = scales alike; "
+        f"overlapping but wider = cannot tell (left out of the tally); R² >= {MIN_R2} for both")
     if not fits:
         return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
     laws = {a: (f.get("envelope") or {}).get("L(C)") for a, f in fits.get("archs", {}).items()}
@@ -115,7 +115,7 @@ def scale_like_transformers(fits: Optional[dict]) -> Claim:
         return Claim(text, SCALING, "not supported at this scale", why, rule)
     tol = EXPONENT_REL_TOL * abs(ref["alpha"])
     parts = [f"{base} alpha {ref['alpha']:.4f} [{ref_ci[0]:.4f}, {ref_ci[1]:.4f}] (R² {ref['r2']:.2f})"]
-    wins = total = wide = 0
+    wins = total = 0
     for arch in linear_archs():
         law = laws.get(arch)
         if not law:
@@ -126,17 +126,17 @@ def scale_like_transformers(fits: Optional[dict]) -> Claim:
             parts.append(f"{arch} alpha {law['alpha']:.4f} but " + (f"R² {law['r2']:.2f}" if law["r2"] < MIN_R2
                                                                     else "no bootstrap interval"))
             continue
-        total += 1
         shown = f"{arch} alpha {law['alpha']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
         if ci[1] < ref_ci[0] or ref_ci[1] < ci[0]:
+            total += 1
             parts.append(f"{shown}: disjoint from {base}'s")
         elif max(ci[1] - ci[0], ref_ci[1] - ref_ci[0]) / 2 <= tol:
+            total += 1
             wins += 1
             parts.append(f"{shown}: overlaps {base}'s")
-        else:
-            wide += 1
-            parts.append(f"{shown}: overlaps, but an interval is wider than ±{tol:.4f}")
-    if not total or wide == total:
+        else:  # cannot tell: left out of the tally
+            parts.append(f"{shown}: overlaps, but an interval is wider than ±{tol:.4f}: cannot tell")
+    if not total:
         return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
     return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
 

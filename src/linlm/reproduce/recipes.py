@@ -2,9 +2,10 @@
 
 A recipe names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
 holds the MossNet comparison as a one-rung ladder of its own (``compare``: LLaMA, Mamba and MossNet at equal
-active parameters and equal tokens, trained once per seed of ``compare.seeds``: :mod:`linlm.reproduce.seeds`), and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``,
-``mqar``, ``decode``). ``mode: local`` trains here; ``mode: torchrun`` writes one torchrun command per run and
-evaluates whatever has finished when the command is run again.
+active parameters and equal tokens, trained once per seed of ``compare.seeds``: :mod:`linlm.reproduce.seeds`),
+and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``, ``mqar``, ``decode``). ``mode: local``
+trains here; ``mode: torchrun`` writes one torchrun command per run and evaluates whatever has finished when the
+command is run again.
 """
 
 from __future__ import annotations
