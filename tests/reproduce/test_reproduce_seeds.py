@@ -105,6 +105,10 @@ def test_niah_at_chance_is_not_measurable_and_says_its_chance_level(tmp_path):
     text = " ".join(str(b[1]) for b in render(SimpleNamespace(results={"niah": one}, failures={}, waiting={},
                                                               plots=tmp_path), []) if b[0] == "p")
     assert "Not measurable" not in text
+    # A linear model above chance while LLaMA is not: LLaMA cannot be the stronger one.
+    lucky = _niah({"llama": ("llama", "llama", 0.26), "tnl": ("tnl", "tnl", 0.35)})
+    claim = C.weaker_at_retrieval(None, lucky)
+    assert claim.verdict == "not supported at this scale" and "llama at chance" in claim.evidence
     # Three seeds each, LLaMA's all above every linear model's: supported by NIAH alone (no MQAR).
     three = _niah({f"{a}-s{i}": (a, a, m + 0.01 * i) for a, m in (("llama", 0.8), ("tnl", 0.4), ("hgrn2", 0.5),
                                                                    ("cosformer2", 0.45)) for i in range(3)})

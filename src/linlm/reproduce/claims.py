@@ -214,15 +214,19 @@ def _niah_retrieval(niah: Optional[dict]) -> tuple[Optional[str], str]:
     if "chance" not in niah:  # a result of before the chance level was kept
         return None, "NIAH mean: " + ", ".join(f"{k} {v['mean']:.2f}" for k, v in models.items())
     chance = niah["chance"]
-    if not any(m["above_chance"] for m in models.values()):
-        band = max(m["chance_band"] for m in models.values())
+    compared = {k: m for k, m in models.items() if m.get("group", m["arch"]) == m["arch"]}  # the scaling sweep's
+    if compared and not any(m["above_chance"] for m in compared.values()):
+        band = max(m["chance_band"] for m in compared.values())
         return "not supported at this scale", (
-            f"NIAH not measurable at this scale: every model at chance (chance {chance:.3f}, band {band:.3f}: "
-            + ", ".join(f"{k} {v['mean']:.3f}" for k, v in models.items()) + ")")
-    accs = _by_group({k: m for k, m in models.items() if m.get("group", m["arch"]) == m["arch"]}, "mean")
+            f"NIAH not measurable at this scale: every model compared at chance (chance {chance:.3f}, band "
+            f"{band:.3f}: " + ", ".join(f"{k} {v['mean']:.3f}" for k, v in compared.items()) + ")")
+    accs = _by_group(compared, "mean")
     base = baseline()
     if base not in accs:
         return None, f"NIAH: no {base} of the scaling sweep"
+    if not any(m["above_chance"] for m in compared.values() if m["arch"] == base):
+        return "not supported at this scale", (f"NIAH: {base} at chance ({Spread(accs[base]).text('.3f')}, chance "
+                                                f"{chance:.3f}): it cannot be the stronger one")
     parts, outcomes = [f"NIAH (chance {chance:.3f}): {base} {Spread(accs[base]).text('.3f')}"], []
     for arch in linear_archs():
         if arch in accs:
@@ -240,7 +244,7 @@ def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
     rule = (f"MQAR accuracy at the largest width: LLaMA above each linear model by more than {ACC_MARGIN:.2f}; "
             f"LLaMA must be more than {ABOVE_CHANCE:.2f} above chance. NIAH (mean accuracy of the scaling sweep's "
             "largest models against the chance level the result carries; a model counts as above chance beyond "
-            "chance + 2 binomial standard errors) decides only without MQAR: "
+            "chance + 2 binomial standard errors, and LLaMA must be) decides only without MQAR: "
             + rule_text(ACC_MARGIN, "in accuracy"))
     niah_verdict, niah_text = _niah_retrieval(niah)
     acc, width = _mqar_best(mqar)

@@ -47,7 +47,7 @@ def render(job, pending: list[str]) -> Blocks:
     s = n["settings"]
     chance = n.get("chance")
     scoring = n.get("scoring", "greedy")
-    value = f"values of {s.get('value_length', 7)} {s.get('alphabet', 'digits')}"
+    value = f"values ({s.get('value_length', 7)} characters each, {s.get('alphabet', 'digits')})"
     how = (f"the true value ranks first by log-likelihood among {s.get('candidates', 4)} {value}"
            if scoring == "choice" else f"greedy decoding reproduces the whole value ({value})")
     b.append(("p", f"Mode {s.get('mode', 'standard')}, haystack from the validation text; a cell is right when {how} "
