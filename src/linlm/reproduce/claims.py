@@ -145,7 +145,7 @@ def _loss_interval(law: dict, c: float) -> Optional[tuple[float, float]]:
     """Bounds on the fitted L(c) from the bootstrap intervals of beta and alpha: the lowest and highest of
     beta c^alpha over the four corners. The fits JSON keeps the two marginal intervals, not the joint replicates;
     beta and alpha of a log-log fit move against each other, so the box is usually much wider than an interval of
-    the replicates' L(c) would be: conservative, a difference it finds is one the joint interval would find too."""
+    the replicates' L(c) would be: conservative (it finds fewer differences)."""
     beta, alpha = _ci(law, "beta_ci"), _ci(law, "alpha_ci")
     if beta is None or alpha is None:
         return None
