@@ -72,6 +72,33 @@ def test_a_seed_count_below_one_is_refused_before_any_work(bad, tmp_path, monkey
     assert not out.exists()
 
 
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])
+def test_seeds_below_one_on_the_command_line_are_one_line_and_exit_2(dry, tmp_path, capsys):
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(out), "--seeds", "0", *dry]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "--seeds: give a whole number of training seeds, 1 or more, got 0" in err
+    assert not out.exists()
+
+
+def test_seeds_given_train_the_comparison_per_seed_and_are_kept_by_the_job(fakes, tmp_path):
+    import json
+
+    from linlm.reproduce import run
+
+    out = tmp_path / "job"
+    result = run("smoke", out, seeds=2, say=lambda text: None)
+    assert not result["failed"]
+    plan = json.loads((out / "compare" / "plan.json").read_text())
+    assert sorted(plan["runs"]) == ["llama-s-s0", "llama-s-s1", "mamba-s-s0", "mamba-s-s1", "mossnet-s-s0",
+                                    "mossnet-s-s1"]
+    assert json.loads((out / "reproduce.json").read_text())["seeds"] == 2
+    assert "with 2 seeds (train config seeds 0, 1)" in (out / "report.md").read_text()
+    # The comparison has finished with 2 seeds: another count is refused, naming what it would change.
+    with pytest.raises(ConfigError, match="--seeds: the job .* runs with --seeds 2.*compare"):
+        run("smoke", out, seeds=3, say=lambda text: None)
+
+
 def test_a_set_seed_is_refused_where_the_comparison_has_seeds(tmp_path, capsys):
     out = tmp_path / "job"
     assert main(["reproduce", "--recipe", "cpu", "--out", str(out), "--set", "seed=3"]) == 2

@@ -41,7 +41,7 @@ class Recipe:
     @property
     def seeds(self) -> int:
         """How many times the comparison trains each architecture (``compare.seeds``)."""
-        return seed_count(self.compare, f"recipe {self.name}")
+        return seed_count(self.compare, f"recipe {self.name}: compare.seeds")
 
     def source(self) -> dict[str, Any]:
         """The recipe as written (for the report and the directory's marker)."""
@@ -65,5 +65,5 @@ def load_recipe(name: str) -> Recipe:
         raise ConfigError(f"{path}: mode: {recipe.mode!r} is not one of {choices_text(MODES)}")
     if not isinstance(recipe.scaling.get("ladder"), str):
         raise ConfigError(f"{path}: scaling.ladder: name a built-in ladder")
-    seed_count(recipe.compare, str(path))
+    seed_count(recipe.compare, f"{path}: compare.seeds")
     return recipe

@@ -97,7 +97,7 @@ def write(job, pending: list[str], marker: dict) -> Written:
     if pending:
         intro += f" Incomplete: {', '.join(pending)} not finished; run the same command again."
     shown = sorted((s for s in SECTIONS if s.render is not None), key=lambda s: s.report_rank)
-    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.recipe.seeds)),
+    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.seed_count)),
               *(b for s in shown for b in s.render(job, pending)), *provenance_blocks(job, marker)]
     for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/
         target = job.out / blk[1] if blk[0] == "img" else None
@@ -109,6 +109,6 @@ def write(job, pending: list[str], marker: dict) -> Written:
     # "preset": the key's first name, kept for tools that read results.json.
     results = {"preset": job.recipe.name, "sections": job.results, "failed": job.failures, "pending": pending,
                "waiting": job.waiting, "claims": [c.to_dict() for c in claims], "environment": marker["environment"],
-               "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir")}}
+               "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir", "seeds")}}
     outputs.write_json(job.out / "results.json", results, "--out")
     return Written(md, html, claims)

@@ -27,11 +27,12 @@ ONE_SEED = "one seed: no spread"
 
 
 def seed_count(compare: dict, where: str) -> int:
-    """The comparison's seeds (``compare.seeds``, default 1); anything but a whole number >= 1 is refused."""
+    """The comparison's seeds (``compare.seeds``, default 1); anything but a whole number >= 1 is refused, the
+    message starting with ``where`` (the recipe's key, or the flag)."""
     seeds = compare.get("seeds", 1)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"{where}: compare.seeds: give a whole number of training seeds, 1 or more, got "
-                          f"{seeds!r}")
+        raise ConfigError(f"{where}: give a whole number of training seeds, 1 or more, got {seeds!r} (nothing was "
+                          "changed)")
     return seeds
 
 

@@ -70,9 +70,8 @@ def render(job, pending: list[str]) -> Blocks:
     return b
 
 
-SECTION = Section("niah", run, 0.05, needs=("scaling", "compare"), settings=("overrides", "scaling_dir"),
+SECTION = Section("niah", run, 0.05, needs=("scaling", "compare"), settings=("overrides", "scaling_dir", "seeds"),
                   render=render, report_rank=6, plots=("niah_*",),
                   plan=lambda p: (f"NIAH ({p.niah.get('mode', 'standard')}, {p.niah.get('scoring', 'greedy')} "
                                   f"scoring): lengths {p.niah.get('lengths')}, depths {p.niah.get('depths')}; the "
-                                  f"scaling sweep's largest models and the comparison's {p.seeds} seed(s) per "
-                                  "architecture"))
+                                  "scaling sweep's largest models and every seed of the comparison"))

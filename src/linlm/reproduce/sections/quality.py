@@ -65,5 +65,5 @@ QUALITY = quality_section(
     plan=lambda p: f"validation loss and bits/byte: up to {p.quality.get('max_tokens', 40_000):,} tokens per model")
 COMPARE_QUALITY = quality_section(
     "compare_quality", "compare", "MossNet against Mamba and LLaMA (equal active parameters, equal tokens)", 0.02,
-    ("overrides",), report_rank=2, every_seed=True,
-    plan=lambda p: f"MossNet vs Mamba vs LLaMA: validation loss of each of {p.seeds} seed(s) per architecture")
+    ("overrides", "seeds"), report_rank=2, every_seed=True,
+    plan=lambda p: "MossNet vs Mamba vs LLaMA: validation loss of every seed of each architecture")
