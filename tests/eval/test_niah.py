@@ -115,3 +115,92 @@ def test_the_heatmap_is_a_figure_of_its_own(tmp_path):
            "accuracy": [[1, 0, 1], [0, 1, 0], [1, 1, 0]]}
     assert isinstance(heatmap_figure(res), Figure)
     assert_png(plot_heatmap(res, tmp_path / "h.png"), (600, 480))
+
+
+# ---- choice scoring: stand-in scorers whose behaviour is known ------------------------------------------------------
+
+
+def copier_scores(vocab: int, confidence: float = 0.9):
+    """A stand-in for score_requests: an induction copier over token ids. At each position it predicts, with
+    probability ``confidence``, the token that followed the latest earlier occurrence of the longest suffix of the
+    sequence so far (the rest spread evenly over the other tokens); without an earlier match, every token alike."""
+    import math
+
+    from linlm.eval.scoring import Scored
+
+    def predicted(seq):
+        for k in range(len(seq) - 1, 0, -1):  # longest suffix first
+            suffix = seq[-k:]
+            for start in range(len(seq) - k - 1, -1, -1):  # latest earlier occurrence first
+                if seq[start:start + k] == suffix:
+                    return seq[start + k]
+        return None
+
+    def score(model, requests, **kwargs):
+        out = []
+        for r in requests:
+            logliks = []
+            for cont in r.continuations:
+                seq, ll = list(r.context), 0.0
+                for t in cont:
+                    guess = predicted(seq)
+                    p = 1.0 / vocab if guess is None else (confidence if t == guess else (1 - confidence) / (vocab - 1))
+                    ll += math.log(p)
+                    seq.append(t)
+                logliks.append(ll)
+            out.append(Scored(logliks, [False] * len(logliks)))
+        return out
+
+    return score
+
+
+class _NoLimit:
+    """What run_niah asks of a model besides the scorer: its window (none) and its config's arch."""
+
+    class config:
+        arch = "stand-in"
+        max_seq_len = None
+
+
+def test_choice_scoring_tells_a_copier_from_a_guesser(tokenizer, monkeypatch):
+    """One-digit needles: a model that copies what followed the question's earlier occurrence finds every needle
+    of the easy mode (accuracy 1, above chance); the same copier in standard mode, where the question never
+    occurred before, and a model that scores every number alike both sit at chance (1 / candidates) and are said
+    to be."""
+    import linlm.eval.niah as niah
+    from linlm.eval.scoring import Scored
+
+    monkeypatch.setattr(niah, "model_max_length", lambda model: None)
+    cfg = dict(lengths=[120, 200], depths=[0, 50, 100], trials=4, scoring="choice", candidates=4, value_length=1)
+    monkeypatch.setattr(niah, "score_requests", copier_scores(tokenizer.vocab_size))
+    easy = run_niah(_NoLimit(), tokenizer, HAY, NIAHConfig(mode="easy", **cfg))
+    assert easy["chance"] == 0.25 and easy["items"] == 2 * 3 * 4
+    assert easy["mean"] == 1.0 and easy["above_chance"]
+    assert easy["chance_band"] == pytest.approx(0.25 + 2 * (0.25 * 0.75 / 24) ** 0.5)
+    standard = run_niah(_NoLimit(), tokenizer, HAY, NIAHConfig(mode="standard", **cfg))
+    assert standard["mean"] == pytest.approx(0.25) and not standard["above_chance"]
+    monkeypatch.setattr(niah, "score_requests", lambda model, reqs, **kw: [Scored([-1.0] * len(r.continuations),
+                                                                                  [False] * len(r.continuations))
+                                                                           for r in reqs])
+    alike = run_niah(_NoLimit(), tokenizer, HAY, NIAHConfig(mode="easy", **cfg))
+    assert alike["mean"] == pytest.approx(0.25) and not alike["above_chance"]  # a four-way tie earns 1/4
+
+
+def test_choice_requests_rank_the_true_number_among_distinct_others(tokenizer):
+    cfg = NIAHConfig(lengths=[120], depths=[0, 100], trials=3, mode="easy", scoring="choice", candidates=5,
+                     value_length=2).validate()
+    hay = build_haystack(tokenizer, HAY, 120)
+    for _, j, _, req in niah_requests(tokenizer, hay, cfg, cfg.lengths):
+        numbers = [tokenizer.decode(c).strip() for c in req.continuations]
+        assert len(numbers) == 5 == len(set(numbers)) and all(len(n) == 2 and n.isdigit() for n in numbers)
+        if cfg.depths[j] == 0:  # the needle opens the context, and it holds the first (true) number
+            needle = tokenizer.encode(" " + NEEDLES["easy"].format(n=numbers[0]) + " ")
+            assert req.context[:len(needle)] == needle
+    # The greedy scoring's chance is a guess of the number; bad settings are refused.
+    from linlm.eval.niah import chance_level
+
+    assert chance_level(NIAHConfig(value_length=3).validate()) == pytest.approx(1 / 900)
+    for bad in ({"scoring": "vote"}, {"candidates": 1, "scoring": "choice"}, {"value_length": 0},
+                {"alphabet": "runes"}):
+        with pytest.raises(ConfigError):
+            NIAHConfig(**bad).validate()

@@ -17,7 +17,8 @@ from linlm.reproduce.layout import FORMAT, MARKER, check_directory
 from linlm.reproduce.recipes import load_recipe, recipe_names
 from output_asserts import assert_png
 
-VERDICTS = {"supported", "partly supported", "not supported", "not supported at this scale", "not measured"}
+VERDICTS = {"supported", "partly supported", "not supported", "tie", "one seed: no spread",
+            "not supported at this scale", "not measured"}
 
 
 def count_train_steps(monkeypatch) -> list[int]:
@@ -201,8 +202,13 @@ def test_every_preset_loads():
 # ---- claims: the verdict follows the numbers ----------------------------------------------------------------------
 
 
-def _fits(alphas: dict, r2: float = 0.95, c_max: float = 1e-6) -> dict:
-    return {"archs": {a: {"envelope": {"L(C)": {"alpha": al, "beta": b, "r2": r2},
+def _fits(alphas: dict, r2: float = 0.95, c_max: float = 1e-6, alpha_hw: float = 0.005,
+          beta_rel: float = 0.002) -> dict:
+    """Fits of L(C) = beta C^alpha per architecture, with 95 % intervals of half-width ``alpha_hw`` around alpha and
+    of relative half-width ``beta_rel`` around beta (the keys the fits section writes)."""
+    return {"archs": {a: {"envelope": {"L(C)": {"alpha": al, "beta": b, "r2": r2,
+                                                "alpha_ci": [al - alpha_hw, al + alpha_hw],
+                                                "beta_ci": [b * (1 - beta_rel), b * (1 + beta_rel)]},
                                        "envelope": {"compute_pflops_days": [c_max / 10, c_max]}}}
                       for a, (al, b) in alphas.items()}}
 
@@ -212,14 +218,32 @@ def test_scaling_claims_follow_the_fits():
     assert C.scale_like_transformers(same).verdict == "supported"
     apart = _fits({"llama": (-0.08, 3.0), "tnl": (-0.2, 2.9), "hgrn2": (-0.085, 2.8), "cosformer2": (-0.02, 2.9)})
     assert C.scale_like_transformers(apart).verdict == "partly supported"
+    # The same exponents with intervals too wide to have seen a 25 % difference: the fit cannot tell.
+    wide = _fits({"llama": (-0.08, 3.0), "tnl": (-0.075, 2.9), "hgrn2": (-0.085, 2.8), "cosformer2": (-0.07, 2.9)},
+                 alpha_hw=0.05)
+    assert C.scale_like_transformers(wide).verdict == "not supported at this scale"
+    one_wide = _fits({"llama": (-0.08, 3.0), "tnl": (-0.075, 2.9), "hgrn2": (-0.085, 2.8)})
+    one_wide["archs"]["tnl"]["envelope"]["L(C)"]["alpha_ci"] = [-0.125, -0.025]
+    claim = C.scale_like_transformers(one_wide)  # the undecided one is left out of the tally
+    assert claim.verdict == "supported" and "tnl alpha -0.0750 [-0.1250, -0.0250]: overlaps, but" in claim.evidence
+    # Exponents 20 % apart whose intervals are disjoint scale otherwise, whatever the 25 % band would say.
+    tight = _fits({"llama": (-0.08, 3.0), "tnl": (-0.064, 2.9)}, alpha_hw=0.001)
+    assert "disjoint" in C.scale_like_transformers(tight).evidence
+    assert C.scale_like_transformers(tight).verdict == "not supported"
     assert C.scale_like_transformers(_fits({"llama": (-0.08, 3.0)}, r2=0.3)).verdict == "not supported at this scale"
     assert C.scale_like_transformers(None).verdict == "not measured"
-    # Equal compute: beta decides at a common C when the exponents match.
-    lower = _fits({"llama": (-0.08, 3.0), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 2.8), "cosformer2": (-0.08, 2.9)})
+    # Equal compute: beta decides at a common C when the exponents match, beyond the intervals' box.
+    lower = _fits({"llama": (-0.08, 3.0), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 2.8), "cosformer2": (-0.08, 2.9)},
+                  alpha_hw=0.0005)
     assert C.lower_loss_at_equal_compute(lower).verdict == "supported"
-    higher = _fits({"llama": (-0.08, 2.8), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 3.0), "cosformer2": (-0.08, 2.9)})
+    higher = _fits({"llama": (-0.08, 2.8), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 3.0), "cosformer2": (-0.08, 2.9)},
+                   alpha_hw=0.0005)
     claim = C.lower_loss_at_equal_compute(higher)
     assert claim.verdict == "not supported" and f"{C.LOSS_MARGIN}" in claim.rule
+    # The same betas with exponents uncertain enough that the bounds at C overlap: every difference is a tie.
+    unsure = _fits({"llama": (-0.08, 3.0), "tnl": (-0.08, 2.9), "hgrn2": (-0.08, 2.8), "cosformer2": (-0.08, 2.9)},
+                   alpha_hw=0.02)
+    assert C.lower_loss_at_equal_compute(unsure).verdict == "tie"
 
 
 def _mqar(acc: dict, chance: float = 0.01) -> dict:
@@ -239,15 +263,27 @@ def test_retrieval_claims_follow_mqar():
     assert C.decay_helps_retrieval(chance).verdict == "not supported at this scale"
 
 
+def seeded_quality(losses: dict) -> dict:
+    """A compare_quality result: {arch: [val loss of each seed]} as its runs ARCH-r-sI."""
+    return {"models": {f"{a}-r-s{i}": {"arch": a, "seed": i, "val_loss": v, "bits_per_byte": v / 2, "params": 1000}
+                       for a, vs in losses.items() for i, v in enumerate(vs)}}
+
+
 def test_mossnet_claims_follow_the_numbers():
-    def q(moss, llama, mamba):
-        return {"models": {a: {"arch": a, "val_loss": v, "bits_per_byte": v / 2, "params": 1000}
-                           for a, v in (("mossnet", moss), ("llama", llama), ("mamba", mamba))}}
+    def q(moss, llama, mamba, spread=0.005):
+        return seeded_quality({a: [v - spread, v, v + spread]
+                               for a, v in (("mossnet", moss), ("llama", llama), ("mamba", mamba))})
 
     assert C.mossnet_beats_baselines(q(3.0, 3.2, 3.1)).verdict == "supported"
     assert C.mossnet_beats_baselines(q(3.0, 3.2, 2.9)).verdict == "partly supported"
+    assert C.mossnet_beats_baselines(q(3.3, 3.2, 3.4)).verdict == "partly supported"
     assert C.mossnet_beats_baselines(q(3.3, 3.2, 3.1)).verdict == "not supported"
-    assert C.mossnet_beats_baselines(q(3.195, 3.2, 3.2)).verdict == "not supported"  # within the margin: a tie
+    assert C.mossnet_beats_baselines(q(3.195, 3.2, 3.2, spread=0.001)).verdict == "tie"  # within the margin
+    # 0.1 nats apart, but the seeds' ranges overlap: within the seed spread, a tie.
+    assert C.mossnet_beats_baselines(q(3.0, 3.1, 3.1, spread=0.08)).verdict == "tie"
+    # One seed each: no spread, so no difference counts, however large.
+    one = seeded_quality({"mossnet": [3.0], "llama": [3.5], "mamba": [3.5]})
+    assert C.mossnet_beats_baselines(one).verdict == "one seed: no spread"
     rows = [{"arch": "mossnet", "context": n, "state_bytes": s} for n, s in ((16, 100), (64, 100))]
     assert C.constant_memory_decode({"rows": rows}).verdict == "supported"
     rows[1]["state_bytes"] = 400
@@ -274,10 +310,8 @@ def test_claims_take_their_architectures_from_the_registry(monkeypatch):
     # MossNet's baselines: the registry's baseline and every SSM.
     monkeypatch.setitem(ARCHITECTURES, "toyssm", dataclasses.replace(ARCHITECTURES["mamba"], name="toyssm"))
     losses = {"mossnet": 3.0, "llama": 3.2, "mamba": 3.1, "toyssm": 2.9}
-    quality = {"models": {a: {"arch": a, "val_loss": v, "bits_per_byte": v / 2, "params": 1000}
-                          for a, v in losses.items()}}
-    claim = C.mossnet_beats_baselines(quality)
-    assert claim.verdict == "partly supported" and "toyssm 2.9000" in claim.evidence
+    claim = C.mossnet_beats_baselines(seeded_quality({a: [v, v + 0.001, v + 0.002] for a, v in losses.items()}))
+    assert claim.verdict == "partly supported" and "toyssm 2.9010" in claim.evidence
     # The baseline is whichever the registry names.
     from linlm.models import registry
 

@@ -1,10 +1,27 @@
 """Needle in a haystack: can a model find one fact placed anywhere in a long context?
 
 A haystack (the first tokens of any text source, documents joined by blank lines) is cut to fit each context
-length L of the grid; a needle sentence holding a random 7-digit number is inserted at depth d (0 % = the start of
-the context, 100 % = just before the question); the question follows. The cell (L, d) is right when greedy decoding
-after the question reproduces the number exactly (every token the argmax; scored from one prefill with
-:func:`linlm.eval.scoring.score_requests`, no sampling).
+length L of the grid; a needle sentence holding a random value (by default a 7-digit number; ``alphabet`` and
+``value_length`` choose others) is inserted at depth d (0 % = the start of the context, 100 % = just before the
+question); the question follows. Each cell is scored from one prefill with
+:func:`linlm.eval.scoring.score_requests` (no sampling), in one of two ways (``scoring``):
+
+- ``greedy``: right when greedy decoding after the question reproduces the number exactly (every token the argmax).
+  Chance is a guess of the value (1 / (9 x 10^6) for 7 digits): a model that has not learned to retrieve scores
+  0, and so does every model too small to copy a multi-token answer whole.
+- ``choice``: the true value and ``candidates - 1`` other values of its length and alphabet are ranked by their summed
+  log-likelihood after the question; right when the true one ranks first (a tie of k numbers for first earns 1/k,
+  a tie broken at random). Chance is 1 / candidates. With a one-character value the ranking reads out exactly
+  the retrieval step (which character follows the question); with longer ones, a model that merely recognizes
+  the value's later characters from its earlier ones (copying within the value) gains too.
+
+The alphabet matters for small models: digits are rare in many training corpora (the built-in Shakespeare has
+about one in 1,400 characters), and a model cannot copy a token it has barely learned; ``alphabet: letters``
+(capital letters A-Z) draws the value from tokens such a corpus does hold.
+
+Every result carries its chance level and ``chance_band``, chance plus two binomial standard errors over the items
+scored (cells x trials): a mean accuracy at or below the band is indistinguishable from guessing
+(``above_chance`` false).
 
 Two modes (arXiv 2406.16690):
 
@@ -29,6 +46,7 @@ Lengths beyond a position-limited model's max_seq_len (LLaMA) are skipped and re
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +59,10 @@ from linlm.eval.scoring import Request, model_max_length, score_requests
 log = logging.getLogger("linlm.eval")
 
 MODES = ("standard", "easy")
+SCORINGS = ("greedy", "choice")
+# The characters of a needle's value: (its first character, the others).
+ALPHABETS = {"digits": ("123456789", "0123456789"),
+             "letters": ("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")}
 QUESTION = "What is the special magic number? Answer:"
 NEEDLES = {"standard": "The special magic number is {n}.", "easy": QUESTION + " {n}."}
 
@@ -64,10 +86,26 @@ class NIAHConfig:
     seed: int = 0
     length_ratio: float = 4.0
     depth_ratio: float = 2.0
+    scoring: str = "greedy"  # or "choice": rank the true number among ``candidates`` (see the module doc)
+    candidates: int = 4
+    alphabet: str = "digits"  # or "letters": the characters of the needle's value (see the module doc)
+    value_length: int = 7  # characters of the needle's value
 
     def validate(self) -> "NIAHConfig":
         if self.mode not in MODES:
             raise ConfigError(f"mode: unknown NIAH mode {self.mode!r}; valid choices are {', '.join(MODES)}")
+        if self.scoring not in SCORINGS:
+            raise ConfigError(f"scoring: unknown NIAH scoring {self.scoring!r}; valid choices are "
+                              f"{', '.join(SCORINGS)}")
+        if self.alphabet not in ALPHABETS:
+            raise ConfigError(f"alphabet: unknown NIAH alphabet {self.alphabet!r}; valid choices are "
+                              f"{', '.join(ALPHABETS)}")
+        if not (isinstance(self.value_length, int) and 1 <= self.value_length <= 12):
+            raise ConfigError(f"value_length: give a whole number of characters from 1 to 12, got "
+                              f"{self.value_length!r}")
+        if not (isinstance(self.candidates, int) and 2 <= self.candidates <= value_count(self)):
+            raise ConfigError(f"candidates: give at least 2 values to rank, and no more than the "
+                              f"{value_count(self)} values of this alphabet and length; got {self.candidates!r}")
         if not self.lengths or min(self.lengths) < 16:
             raise ConfigError(f"lengths: give context lengths of at least 16 tokens, got {self.lengths}")
         if not self.depths or not all(0.0 <= d <= 100.0 for d in self.depths):
@@ -103,6 +141,34 @@ def parse_grid(spec: str, kind: str) -> list[float]:
         raise ConfigError(f"--{kind} {spec!r}: expected a comma-separated list or LO:HI:N") from None
 
 
+def chance_level(cfg: NIAHConfig) -> float:
+    """The accuracy of a model that guesses: 1 / candidates (choice), or 1 / the count of such numbers (greedy)."""
+    return 1.0 / cfg.candidates if cfg.scoring == "choice" else 1.0 / value_count(cfg)
+
+
+def value_count(cfg: NIAHConfig) -> int:
+    """How many distinct values a needle can hold (a number has no leading zero)."""
+    first, rest = ALPHABETS[cfg.alphabet]
+    return len(first) * len(rest) ** (cfg.value_length - 1)
+
+
+def random_value(rng: random.Random, cfg: NIAHConfig) -> str:
+    first, rest = ALPHABETS[cfg.alphabet]
+    return rng.choice(first) + "".join(rng.choice(rest) for _ in range(cfg.value_length - 1))
+
+
+def chance_band(chance: float, items: int) -> float:
+    """Chance plus two binomial standard errors over ``items``: a mean accuracy at or below it is not above chance."""
+    return chance + 2.0 * math.sqrt(chance * (1.0 - chance) / max(1, items))
+
+
+def choice_credit(logliks: list[float]) -> float:
+    """1 when the first (true) continuation scores strictly highest, 1 / k when it ties with k - 1 others for the
+    highest (a tie broken at random, in expectation), else 0: a model that scores every number alike gets chance."""
+    top = max(logliks)
+    return 1.0 / sum(v == top for v in logliks) if logliks[0] == top else 0.0
+
+
 def cell_weights(cfg: NIAHConfig) -> list[list[float]]:
     """w[j][i] for depth j and length i (see the module doc)."""
     nl, nd = len(cfg.lengths), len(cfg.depths)
@@ -127,8 +193,9 @@ def build_haystack(tokenizer, texts: Iterable[str], n_tokens: int) -> list[int]:
 
 def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list[int],
                   too_short: Optional[set] = None) -> list[tuple]:
-    """(length index, depth index, trial, Request) for every cell and trial. A length too short to hold the needle
-    and the question is an error, or, given a set ``too_short``, added to it (its cells are left out)."""
+    """(length index, depth index, trial, Request) for every cell and trial; the request's first continuation is
+    the true number (then, for choice scoring, the others). A length too short to hold the needle and the question
+    is an error, or, given a set ``too_short``, added to it (its cells are left out)."""
     rng = random.Random(cfg.seed)
     question = tokenizer.encode("\n\n" + QUESTION)
     start = tokenizer.encode_input("")  # the BOS when the tokenizer adds one
@@ -136,7 +203,12 @@ def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list
     for i, L in enumerate(lengths):
         for j, d in enumerate(cfg.depths):
             for t in range(cfg.trials):
-                number = str(rng.randrange(1_000_000, 10_000_000))
+                number = random_value(rng, cfg)
+                others: list[str] = []
+                while cfg.scoring == "choice" and len(others) < cfg.candidates - 1:
+                    other = random_value(rng, cfg)
+                    if other != number and other not in others:
+                        others.append(other)
                 needle = tokenizer.encode(" " + NEEDLES[cfg.mode].format(n=number) + " ")
                 n_hay = L - len(start) - len(needle) - len(question)
                 if n_hay < 1:
@@ -147,7 +219,7 @@ def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list
                     continue
                 at = round(n_hay * d / 100.0)
                 ctx = start + haystack[:at] + needle + haystack[at:n_hay] + question
-                out.append((i, j, t, Request(ctx, [tokenizer.encode(" " + number)])))
+                out.append((i, j, t, Request(ctx, [tokenizer.encode(" " + n) for n in (number, *others)])))
     return out
 
 
@@ -187,18 +259,23 @@ def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] =
                                   f"max_seq_len={limit}; give shorter --lengths")
             reqs = niah_requests(tokenizer, haystack, cfg, lengths)
     scored = score_requests(model, [r[3] for r in reqs], batch_size=batch_size, max_length=None, progress=progress)
-    hits = [[0] * len(lengths) for _ in cfg.depths]
+    hits = [[0.0] * len(lengths) for _ in cfg.depths]
     for (i, j, _, _), s in zip(reqs, scored):
-        hits[j][i] += int(s.greedy[0])
+        hits[j][i] += float(s.greedy[0]) if cfg.scoring == "greedy" else choice_credit(s.logliks)
     acc = [[h / cfg.trials for h in row] for row in hits]
     kept = NIAHConfig(**{**asdict(cfg), "lengths": lengths}).validate()
     w = cell_weights(kept)
     total_w = sum(sum(r) for r in w)
     weighted = sum(w[j][i] * acc[j][i] for j in range(len(cfg.depths)) for i in range(len(lengths))) / total_w
     mean = sum(sum(r) for r in acc) / (len(lengths) * len(cfg.depths))
+    chance = chance_level(cfg)
+    band = chance_band(chance, len(reqs))
     return {"mode": cfg.mode, "lengths": lengths, "depths": cfg.depths, "accuracy": acc, "mean": mean,
             "weighted": weighted, "weights": {"length_ratio": cfg.length_ratio, "depth_ratio": cfg.depth_ratio},
-            "trials": cfg.trials, "seed": cfg.seed, "skipped_lengths": skipped}
+            "trials": cfg.trials, "seed": cfg.seed, "skipped_lengths": skipped, "scoring": cfg.scoring,
+            "candidates": cfg.candidates if cfg.scoring == "choice" else None, "alphabet": cfg.alphabet,
+            "value_length": cfg.value_length,
+            "chance": chance, "items": len(reqs), "chance_band": band, "above_chance": mean > band}
 
 
 def heatmap_figure(result: dict, title: str = ""):

@@ -2,9 +2,15 @@
 
 A verdict is computed, never written in advance: every function takes the section results and returns the
 verdict, the numbers it rests on and the rule (with its threshold) that decided it. Verdicts are one of
-``supported``, ``partly supported`` (some of the models compared, not all), ``not supported``,
-``not supported at this scale`` (the measurement cannot tell: no fit, or every model at chance) and
-``not measured`` (the section did not run).
+``supported``, ``partly supported`` (some of the models compared, not all), ``not supported``, ``tie`` (every
+difference within the uncertainty: the seed spread, or overlapping bootstrap intervals), ``one seed: no spread``
+(a comparison of trained models with one seed each: no difference can count), ``not supported at this scale``
+(the measurement cannot tell: no fit, intervals too wide, or every model at chance) and ``not measured`` (the
+section did not run).
+
+Uncertainty decides every verdict, never a point estimate alone: losses and accuracies of trained models by their
+spread over seeds (:func:`linlm.reproduce.seeds.compare`), fitted exponents and losses by their 95 % bootstrap
+intervals (the ``alpha_ci`` and ``beta_ci`` of each fitted law in the fits section).
 
 The architectures compared come from the registry: the baseline is :func:`linlm.models.registry.baseline_arch`,
 the linear models of the scaling study's claims are its linear-attention architectures, and MossNet's baselines
@@ -21,7 +27,9 @@ SCALING = "Scaling Laws for Linear Complexity LMs (arXiv 2406.16690)"
 MOSSNET = "MossNet (arXiv 2510.26182)"
 
 # Thresholds (shown in the report beside each verdict).
-EXPONENT_REL_TOL = 0.25  # exponents within 25 % of LLaMA's count as "scaling like" it
+# An exponent's bootstrap interval must be this narrow (half-width at most 25 % of LLaMA's exponent) for an overlap
+# to mean "alike": a wider interval could hide a larger difference.
+EXPONENT_REL_TOL = 0.25
 MIN_R2 = 0.8  # a fit of L(C) below this R^2 cannot support or refute anything
 LOSS_MARGIN = 0.01  # nats/token: a smaller difference in loss is a tie
 ACC_MARGIN = 0.05  # accuracy: a smaller difference in retrieval accuracy is a tie
@@ -56,44 +64,101 @@ def baseline() -> str:
     return baseline_arch()
 
 
-def _tally(wins: int, total: int) -> str:
+def _tally(wins: int, total: int, ties: int = 0) -> str:
+    """The verdict of ``total`` comparisons: ``wins`` for the claim, ``ties`` within the uncertainty, the rest
+    against it."""
     if total == 0:
         return "not measured"
-    return "supported" if wins == total else ("partly supported" if wins else "not supported")
+    if wins == total:
+        return "supported"
+    if wins:
+        return "partly supported"
+    return "tie" if ties == total else "not supported"
+
+
+def _seeded_tally(outcomes: list[str], win: str) -> str:
+    """The verdict of comparisons by :func:`linlm.reproduce.seeds.compare` (``win``: the outcome the claim
+    predicts); with too few seeds for any to count, that is the verdict."""
+    from linlm.reproduce.seeds import ONE_SEED
+
+    if outcomes and all(o in (ONE_SEED, "too few seeds") for o in outcomes):
+        return ONE_SEED if ONE_SEED in outcomes else "not supported at this scale"
+    wins = sum(o == win for o in outcomes)
+    ties = sum(o in ("tie", ONE_SEED, "too few seeds") for o in outcomes)
+    return _tally(wins, len(outcomes), ties)
+
+
+def _ci(law: dict, key: str) -> Optional[tuple[float, float]]:
+    """A fitted law's 95 % bootstrap interval ``key`` (``alpha_ci``, ``beta_ci``), or None when it has none."""
+    import math
+
+    ci = law.get(key)
+    if not ci or len(ci) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in ci):
+        return None
+    return float(min(ci)), float(max(ci))
 
 
 def scale_like_transformers(fits: Optional[dict]) -> Claim:
     text, rule = "Linear models scale like transformers", (
-        f"each linear model's L(C) exponent within {EXPONENT_REL_TOL:.0%} of LLaMA's, with R² >= {MIN_R2} for both")
+        "95 % bootstrap intervals of the L(C) exponents: disjoint from LLaMA's = scales otherwise; overlapping, "
+        f"with both half-widths at most {EXPONENT_REL_TOL:.0%} of the size of LLaMA's exponent = scales alike; "
+        f"overlapping but wider = cannot tell (left out of the tally); R² >= {MIN_R2} for both")
     if not fits:
         return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
     laws = {a: (f.get("envelope") or {}).get("L(C)") for a, f in fits.get("archs", {}).items()}
     base = baseline()
     ref = laws.get(base)
-    if not ref or ref["r2"] < MIN_R2:
-        why = f"no L(C) fit for {base}" if not ref else f"{base}'s L(C) fit has R² {ref['r2']:.2f}"
+    ref_ci = ref and _ci(ref, "alpha_ci")
+    if not ref or ref["r2"] < MIN_R2 or ref_ci is None:
+        why = (f"no L(C) fit for {base}" if not ref else f"{base}'s L(C) fit has R² {ref['r2']:.2f}"
+               if ref["r2"] < MIN_R2 else f"{base}'s L(C) exponent has no bootstrap interval")
         return Claim(text, SCALING, "not supported at this scale", why, rule)
-    parts, wins, total = [f"{base} alpha {ref['alpha']:.4f} (R² {ref['r2']:.2f})"], 0, 0
+    tol = EXPONENT_REL_TOL * abs(ref["alpha"])
+    parts = [f"{base} alpha {ref['alpha']:.4f} [{ref_ci[0]:.4f}, {ref_ci[1]:.4f}] (R² {ref['r2']:.2f})"]
+    wins = total = 0
     for arch in linear_archs():
         law = laws.get(arch)
         if not law:
             parts.append(f"{arch}: no fit")
             continue
-        if law["r2"] < MIN_R2:
-            parts.append(f"{arch} alpha {law['alpha']:.4f} but R² {law['r2']:.2f}")
+        ci = _ci(law, "alpha_ci")
+        if law["r2"] < MIN_R2 or ci is None:
+            parts.append(f"{arch} alpha {law['alpha']:.4f} but " + (f"R² {law['r2']:.2f}" if law["r2"] < MIN_R2
+                                                                    else "no bootstrap interval"))
             continue
-        rel = abs(law["alpha"] / ref["alpha"] - 1)
-        total += 1
-        wins += rel <= EXPONENT_REL_TOL
-        parts.append(f"{arch} alpha {law['alpha']:.4f} ({rel:.0%} from {base})")
-    verdict = _tally(wins, total) if total else "not supported at this scale"
-    return Claim(text, SCALING, verdict, "; ".join(parts), rule)
+        shown = f"{arch} alpha {law['alpha']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
+        if ci[1] < ref_ci[0] or ref_ci[1] < ci[0]:
+            total += 1
+            parts.append(f"{shown}: disjoint from {base}'s")
+        elif max(ci[1] - ci[0], ref_ci[1] - ref_ci[0]) / 2 <= tol:
+            total += 1
+            wins += 1
+            parts.append(f"{shown}: overlaps {base}'s")
+        else:  # cannot tell: left out of the tally
+            parts.append(f"{shown}: overlaps, but an interval is wider than ±{tol:.4f}: cannot tell")
+    if not total:
+        return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
+    return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
+
+
+def _loss_interval(law: dict, c: float) -> Optional[tuple[float, float]]:
+    """Bounds on the fitted L(c) from the bootstrap intervals of beta and alpha: the lowest and highest of
+    beta c^alpha over the four corners. The fits JSON keeps the two marginal intervals, not the joint replicates;
+    beta and alpha of a log-log fit move against each other, so the box is usually much wider than an interval of
+    the replicates' L(c) would be: conservative (it finds fewer differences)."""
+    beta, alpha = _ci(law, "beta_ci"), _ci(law, "alpha_ci")
+    if beta is None or alpha is None:
+        return None
+    corners = [b * c ** a for b in beta for a in alpha]
+    return min(corners), max(corners)
 
 
 def lower_loss_at_equal_compute(fits: Optional[dict]) -> Claim:
     text = "At equal compute, linear models reach lower loss"
-    rule = (f"fitted L(C) of each linear model below LLaMA's by more than {LOSS_MARGIN} nats at the largest compute "
-            "every architecture's envelope reaches")
+    rule = ("fitted L(C) at the largest compute every architecture's envelope reaches, with its bounds from the 95 % "
+            "bootstrap intervals of beta and alpha (the box of both: conservative): a linear model counts as lower "
+            f"when its upper bound is below LLaMA's lower bound and the fitted losses differ by more than "
+            f"{LOSS_MARGIN} nats, as higher in the mirror case; otherwise a tie")
     if not fits:
         return Claim(text, SCALING, "not measured", "the scaling fits did not run", rule)
     envs = {a: f.get("envelope") for a, f in fits.get("archs", {}).items() if f.get("envelope")}
@@ -104,19 +169,30 @@ def lower_loss_at_equal_compute(fits: Optional[dict]) -> Claim:
 
     def at(arch):
         law = envs[arch]["L(C)"]
-        return law["beta"] * c ** law["alpha"]
+        return law["beta"] * c ** law["alpha"], _loss_interval(law, c)
 
-    ref = at(base)
-    parts, wins, total = [f"at C = {c:.3e} PFLOP/s-days: {base} {ref:.4f}"], 0, 0
+    ref, ref_box = at(base)
+    if ref_box is None:
+        return Claim(text, SCALING, "not supported at this scale",
+                     f"{base}'s L(C) has no bootstrap interval (fits.bootstrap 0?)", rule)
+    parts = [f"at C = {c:.3e} PFLOP/s-days: {base} {ref:.4f} [{ref_box[0]:.4f}, {ref_box[1]:.4f}]"]
+    wins = ties = total = 0
     for arch in linear_archs():
         if arch not in envs:
             parts.append(f"{arch}: no fit")
             continue
-        v = at(arch)
+        v, box = at(arch)
+        if box is None:
+            parts.append(f"{arch} {v:.4f}: no bootstrap interval")
+            continue
         total += 1
-        wins += v < ref - LOSS_MARGIN
-        parts.append(f"{arch} {v:.4f} ({v - ref:+.4f})")
-    return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
+        apart = abs(v - ref) > LOSS_MARGIN and (box[1] < ref_box[0] or ref_box[1] < box[0])
+        wins += apart and v < ref
+        ties += not apart
+        parts.append(f"{arch} {v:.4f} [{box[0]:.4f}, {box[1]:.4f}] ({v - ref:+.4f}" + (")" if apart else ": a tie)"))
+    if not total:
+        return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
+    return Claim(text, SCALING, _tally(wins, total, ties), "; ".join(parts), rule)
 
 
 def _mqar_best(mqar: Optional[dict]) -> tuple[dict, Optional[int]]:
@@ -127,14 +203,57 @@ def _mqar_best(mqar: Optional[dict]) -> tuple[dict, Optional[int]]:
     return {r["name"].rsplit("-d", 1)[0]: r["accuracy"] for r in mqar["rows"] if r["d_model"] == width}, width
 
 
+def _niah_retrieval(niah: Optional[dict]) -> tuple[Optional[str], str]:
+    """The NIAH half of :func:`weaker_at_retrieval`: its verdict (None: NIAH did not run) and its numbers. Only
+    the scaling sweep's models are compared (equal training, one seed each); every model at chance makes it "not
+    supported at this scale", said with the chance level."""
+    from linlm.reproduce.seeds import ONE_SEED, Spread, compare
+
+    models = (niah or {}).get("models") or {}
+    if not models:
+        return None, "NIAH did not run"
+    if "chance" not in niah:  # a result of before the chance level was kept
+        return None, "NIAH mean: " + ", ".join(f"{k} {v['mean']:.2f}" for k, v in models.items())
+    chance = niah["chance"]
+    compared = {k: m for k, m in models.items() if m.get("group", m["arch"]) == m["arch"]}  # the scaling sweep's
+    if compared and not any(m["above_chance"] for m in compared.values()):
+        band = max(m["chance_band"] for m in compared.values())
+        return "not supported at this scale", (
+            f"NIAH not measurable at this scale: every model compared at chance (chance {chance:.3f}, band "
+            f"{band:.3f}: " + ", ".join(f"{k} {v['mean']:.3f}" for k, v in compared.items()) + ")")
+    accs = _by_group(compared, "mean")
+    base = baseline()
+    if base not in accs:
+        return None, f"NIAH: no {base} of the scaling sweep"
+    if not any(m["above_chance"] for m in compared.values() if m["arch"] == base):
+        return "not supported at this scale", (f"NIAH: {base} at chance ({Spread(accs[base]).text('.3f')}, chance "
+                                                f"{chance:.3f}): it cannot be the stronger one")
+    parts, outcomes = [f"NIAH (chance {chance:.3f}): {base} {Spread(accs[base]).text('.3f')}"], []
+    for arch in linear_archs():
+        if arch in accs:
+            outcomes.append(compare(accs[base], accs[arch], ACC_MARGIN))
+            parts.append(f"{arch} {Spread(accs[arch]).text('.3f')}"
+                         + ("" if outcomes[-1] == ONE_SEED else f": {base} {outcomes[-1]}"))
+    verdict = _seeded_tally(outcomes, "higher") if outcomes else None
+    return verdict, "; ".join(parts) + (f" (NIAH alone: {verdict})" if verdict else "")
+
+
 def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
+    from linlm.reproduce.seeds import rule_text
+
     text = "Linear models are weaker at retrieval"
     rule = (f"MQAR accuracy at the largest width: LLaMA above each linear model by more than {ACC_MARGIN:.2f}; "
-            f"LLaMA must be more than {ABOVE_CHANCE:.2f} above chance")
+            f"LLaMA must be more than {ABOVE_CHANCE:.2f} above chance. NIAH (mean accuracy of the scaling sweep's "
+            "largest models against the chance level the result carries; a model counts as above chance beyond "
+            "chance + 2 binomial standard errors, and LLaMA must be) decides only without MQAR: "
+            + rule_text(ACC_MARGIN, "in accuracy"))
+    niah_verdict, niah_text = _niah_retrieval(niah)
     acc, width = _mqar_best(mqar)
     base = baseline()
     if base not in acc:
-        return Claim(text, SCALING, "not measured", f"no MQAR result for {base}", rule)
+        if niah_verdict is None:
+            return Claim(text, SCALING, "not measured", f"no MQAR result for {base}; {niah_text}", rule)
+        return Claim(text, SCALING, niah_verdict, f"no MQAR result for {base}; {niah_text}", rule)
     chance = mqar["chance"]
     parts = [f"MQAR d={width}: {base} {acc[base]:.3f} (chance {chance:.3f})"]
     wins = total = 0
@@ -143,8 +262,7 @@ def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
             total += 1
             wins += acc[base] - acc[arch] > ACC_MARGIN
             parts.append(f"{arch} {acc[arch]:.3f}")
-    if niah and niah.get("models"):
-        parts.append("NIAH mean: " + ", ".join(f"{k} {v['mean']:.2f}" for k, v in niah["models"].items()))
+    parts.append(niah_text)
     if acc[base] - chance <= ABOVE_CHANCE:
         return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
     return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
@@ -168,27 +286,40 @@ def decay_helps_retrieval(mqar: Optional[dict]) -> Claim:
     return Claim(text, SCALING, _tally(wins, len(fixed)), "; ".join(parts), rule)
 
 
+def _by_group(models: dict, key: str, group=None) -> dict[str, list[float]]:
+    """{group: [value of each seed]} of ``key`` (a model's group: its ``group``, else its architecture)."""
+    out: dict[str, list[float]] = {}
+    for m in models.values():
+        if isinstance(m.get(key), (int, float)):
+            out.setdefault(group(m) if group else m.get("group") or m["arch"], []).append(float(m[key]))
+    return out
+
+
 def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
     from linlm.models.archs.base import SSM
     from linlm.models.registry import arch_names
+    from linlm.reproduce.seeds import ONE_SEED, Spread, compare, rule_text
 
     text = "MossNet beats transformer and SSM baselines"
-    rule = (f"validation loss of MossNet below LLaMA's and Mamba's (equal active parameters, equal tokens) by more "
-            f"than {LOSS_MARGIN} nats/token")
+    rule = ("validation loss (nats/token) of MossNet against LLaMA's and Mamba's (equal active parameters, equal "
+            "tokens), each the mean over the comparison's seeds with its sample std and min-max: "
+            + rule_text(LOSS_MARGIN, "nats/token"))
     models = (compare_quality or {}).get("models", {})
-    by_arch = {m["arch"]: m for m in models.values()}
-    if "mossnet" not in by_arch:
+    losses = _by_group(models, "val_loss", group=lambda m: m["arch"])
+    if "mossnet" not in losses:
         return Claim(text, MOSSNET, "not measured", "no trained MossNet in the comparison", rule)
-    ref = by_arch["mossnet"]
-    parts = [f"mossnet {ref['val_loss']:.4f} ({ref['bits_per_byte']:.4f} bpb, {ref['params']:,} active)"]
-    wins = total = 0
+    params = {m["arch"]: m["params"] for m in models.values()}
+    ref = losses["mossnet"]
+    parts = [f"mossnet {Spread(ref).text()} ({params['mossnet']:,} active)"]
+    outcomes = []
     for arch in (baseline(), *arch_names(SSM)):  # the paper's baselines: the transformer and the SSMs
-        if arch in by_arch:
-            m = by_arch[arch]
-            total += 1
-            wins += ref["val_loss"] < m["val_loss"] - LOSS_MARGIN
-            parts.append(f"{arch} {m['val_loss']:.4f} ({m['bits_per_byte']:.4f} bpb, {m['params']:,} active)")
-    return Claim(text, MOSSNET, _tally(wins, total), "; ".join(parts), rule)
+        if arch in losses:
+            outcome = compare(ref, losses[arch], LOSS_MARGIN)
+            outcomes.append(outcome)
+            parts.append(f"{arch} {Spread(losses[arch]).text()} ({params[arch]:,} active)"
+                         + ("" if outcome == ONE_SEED else f": mossnet {outcome}"))
+    return Claim(text, MOSSNET, _seeded_tally(outcomes, "lower") if outcomes else "not measured",
+                 "; ".join(parts), rule)
 
 
 def constant_memory_decode(decode: Optional[dict]) -> Claim:

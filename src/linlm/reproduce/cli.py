@@ -14,8 +14,9 @@ def register(subparsers) -> None:
         description="Run both studies at the sizes of a recipe (--recipe) into --out and write OUT/report.md and "
                     "OUT/report.html. Run the same command again to continue an interrupted job. Everything given "
                     "is checked before any work; a refused command changes nothing. A job that has not finished "
-                    "takes a corrected --set, --scaling-dir or --data-dir (given again, it replaces the job's) as "
-                    "long as none of the sections it changes has finished; otherwise it is refused, naming them. "
+                    "takes a corrected --set, --scaling-dir, --data-dir or --seeds (given again, it replaces the "
+                    "job's) as long as none of the sections it changes has finished; otherwise it is refused, naming "
+                    "them. "
                     "Not given, each keeps the job's. See docs/reproduce.md.")
     p.add_argument("--recipe", "--preset", dest="recipe", default="smoke",
                    help=f"what the job runs and at which size: {', '.join(recipe_names())} (default: smoke; "
@@ -40,6 +41,10 @@ def register(subparsers) -> None:
     p.add_argument("--train-here", action="store_true",
                    help="torchrun recipes (paper): also train MQAR's models in this process, on a GPU node; "
                         "without it MQAR waits and the report says how to run it")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="train each architecture of the MossNet comparison N times, with train config seeds 0..N-1 "
+                        "past the recipe's own (default: the recipe's compare.seeds; cpu: 3, smoke: 1); the "
+                        "comparison's verdicts count a difference only beyond the spread over seeds")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, compute in PFLOP/s-days, GPU-hours for cluster recipes) and run nothing")
     p.set_defaults(func=cmd_reproduce)
@@ -51,8 +56,12 @@ def cmd_reproduce(args) -> int:
     from linlm.schema import parse_overrides
 
     overrides = parse_overrides(args.overrides)
+    if args.seeds is not None:
+        from linlm.reproduce.seeds import seed_count
+
+        seed_count({"seeds": args.seeds}, "--seeds")
     if args.dry_run:
-        print_plan(args.recipe, args.out, overrides=overrides)
+        print_plan(args.recipe, args.out, overrides=overrides, seeds=args.seeds)
         return 0
     from linlm.reproduce.job import run
     from linlm.train.cli import setup_logging
@@ -63,7 +72,7 @@ def cmd_reproduce(args) -> int:
     try:
         result = run(args.recipe, args.out, data_dir=args.data_dir, resume=args.resume, overwrite=args.overwrite,
                      overrides=overrides, scaling_dir=args.scaling_dir, train_here=args.train_here,
-                     live=live_display(), say=say)
+                     live=live_display(), say=say, seeds=args.seeds)
     except KeyboardInterrupt:
         print("linlm reproduce: interrupted; run the same command again to continue from where it stopped",
               file=sys.stderr)

@@ -11,8 +11,8 @@ sweep of the recipe's ladder, or an empty directory), --data-dir (a directory ho
 already started in the sweeps (same settings), the live processes holding a directory --overwrite would clear.
 The checks run again once the lock is taken (another process may have written in between).
 
-**Settings of a job that has not finished** (--set, --scaling-dir, --data-dir) can be corrected by giving them
-again, as long as none of the sections they change has finished (:mod:`linlm.reproduce.settings`).
+**Settings of a job that has not finished** (--set, --scaling-dir, --data-dir, --seeds) can be corrected by
+giving them again, as long as none of the sections they change has finished (:mod:`linlm.reproduce.settings`).
 
 **Outcomes** are honest: a section is saved only when it finished; one that failed is logged in errors.log and
 reported, and the job goes on (exit 2 once the report is written); a stop (Ctrl-C, SIGTERM) ends the job with
@@ -129,6 +129,7 @@ class Job:
     overrides: dict = field(default_factory=dict)  # TrainConfig keys for every training run (--set)
     scaling_dir: Optional[Path] = None  # an existing `linlm scaling run` sweep of the recipe's ladder
     train_here: bool = False  # torchrun recipes: train MQAR's models in this process too
+    seeds: Optional[int] = None  # --seeds: the comparison's seeds instead of the recipe's
     results: dict = field(default_factory=dict)
     failures: dict = field(default_factory=dict)
     waiting: dict = field(default_factory=dict)  # section -> why it has not run yet (beyond its training)
@@ -152,10 +153,18 @@ class Job:
 
         return load_ladder(self.recipe.scaling["ladder"])
 
+    @property
+    def seed_count(self) -> int:
+        """How many times the comparison trains each architecture: --seeds, else the recipe's ``compare.seeds``."""
+        return self.seeds or self.recipe.seeds
+
     def compare_ladder(self):
+        """The comparison's ladder, one rung per seed when there are several (:mod:`linlm.reproduce.seeds`)."""
+        from linlm.reproduce.seeds import seeded_ladder
         from linlm.scaling.ladder import ladder_from_dict
 
-        return ladder_from_dict(self.recipe.compare, "compare", f"recipe {self.recipe.name}: compare")
+        return ladder_from_dict(seeded_ladder(self.recipe.compare, self.seed_count), "compare",
+                                f"recipe {self.recipe.name}: compare")
 
     def ladder(self, name: str):
         return self.scaling_ladder() if name == "scaling" else self.compare_ladder()
@@ -167,7 +176,8 @@ class Job:
 
 def run(recipe_name: str, out: str | Path, *, data_dir: Optional[str] = None, resume: bool = False,
         overwrite: bool = False, overrides: Optional[dict] = None, scaling_dir: Optional[str | Path] = None,
-        train_here: bool = False, live: bool = False, say: Callable[[str], None] = print) -> dict:
+        train_here: bool = False, live: bool = False, say: Callable[[str], None] = print,
+        seeds: Optional[int] = None) -> dict:
     """Run (or continue) the job; returns {"report", "claims", "pending", "failed", "waiting"}.
 
     ``overrides`` (a nested dict of TrainConfig keys, e.g. {"data": {"source": PATH}}) apply to every training
@@ -176,7 +186,7 @@ def run(recipe_name: str, out: str | Path, *, data_dir: Optional[str] = None, re
     continued job keeps the settings it runs with unless new ones are given for sections that have not finished
     (see the module doc). ``train_here``: a torchrun recipe trains MQAR's models in this process too."""
     out = Path(out).expanduser()
-    given = given_settings(out, data_dir, overrides, scaling_dir)
+    given = given_settings(out, data_dir, overrides, scaling_dir, seeds)
 
     def check(held: tuple = ()) -> Setup:
         return prepare(recipe_name, out, resume=resume, overwrite=overwrite, given=given, train_here=train_here,

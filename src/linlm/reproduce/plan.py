@@ -18,7 +18,8 @@ def training_flops(rows) -> float:
     return sum(r.run.training_flops for r in rows)
 
 
-def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional[dict] = None) -> dict:
+def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional[dict] = None,
+               seeds: Optional[int] = None) -> dict:
     from linlm.reproduce.job import Job
     from linlm.scaling.ladder import plan_runs
     from linlm.scaling.estimate import estimate
@@ -28,7 +29,7 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
 
     file = file or sys.stdout
     recipe = load_recipe(recipe_name)
-    job = Job(recipe, Path(out), overrides=overrides or {})
+    job = Job(recipe, Path(out), overrides=overrides or {}, seeds=seeds)
     say = lambda text: print(text, file=sys.stderr)  # noqa: E731
     local = recipe.mode == "local"
     totals = {"runs": 0, "compute_flops": 0.0, "training_flops": 0.0, "seconds": 0.0}
@@ -38,7 +39,8 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
         rows = plan_rows(ladder, runs, say, prepare=local, strict_epochs=False)
         if local:
             estimate(rows, None, measure=True, say=say)
-        print(f"\n[{name}]", file=file)
+        print(f"\n[{name}]" + (f" {job.seed_count} seed(s) per architecture" if name == "compare" else ""),
+              file=file)
         timed = (f"from training steps timed now on this machine, load average {os.getloadavg()[0]:.1f}" if local
                  else "n/a: cluster jobs")
         print_ladder(rows, ladder, timed=timed, out=file)

@@ -2,9 +2,10 @@
 
 A recipe names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
 holds the MossNet comparison as a one-rung ladder of its own (``compare``: LLaMA, Mamba and MossNet at equal
-active parameters and equal tokens), and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``,
-``mqar``, ``decode``). ``mode: local`` trains here; ``mode: torchrun`` writes one torchrun command per run and
-evaluates whatever has finished when the command is run again.
+active parameters and equal tokens, trained once per seed of ``compare.seeds``: :mod:`linlm.reproduce.seeds`),
+and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``, ``mqar``, ``decode``). ``mode: local``
+trains here; ``mode: torchrun`` writes one torchrun command per run and evaluates whatever has finished when the
+command is run again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from linlm.schema import from_dict, load_yaml
 from linlm.errors import ConfigError, choices_text
+from linlm.reproduce.seeds import seed_count
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 MODES = ("local", "torchrun")
@@ -25,7 +27,7 @@ class Recipe:
     name: str
     description: str
     scaling: dict  # {ladder: NAME, archs: [...] (optional)}
-    compare: dict  # a ladder mapping (linlm.scaling.ladder.ladder_from_dict)
+    compare: dict  # a ladder mapping (linlm.scaling.ladder.ladder_from_dict), plus seeds (linlm.reproduce.seeds)
     mode: str = "local"
     fits: dict = field(default_factory=dict)  # linlm.scaling.analysis.FitOptions fields
     quality: dict = field(default_factory=dict)  # {max_tokens: N}: validation tokens scored per model
@@ -35,6 +37,11 @@ class Recipe:
     decode: dict = field(default_factory=dict)  # {contexts, decode_tokens, archs, model, per_arch, device, dtype}
     # For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours.
     gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})
+
+    @property
+    def seeds(self) -> int:
+        """How many times the comparison trains each architecture (``compare.seeds``)."""
+        return seed_count(self.compare, f"recipe {self.name}: compare.seeds")
 
     def source(self) -> dict[str, Any]:
         """The recipe as written (for the report and the directory's marker)."""
@@ -58,4 +65,5 @@ def load_recipe(name: str) -> Recipe:
         raise ConfigError(f"{path}: mode: {recipe.mode!r} is not one of {choices_text(MODES)}")
     if not isinstance(recipe.scaling.get("ladder"), str):
         raise ConfigError(f"{path}: scaling.ladder: name a built-in ladder")
+    seed_count(recipe.compare, f"{path}: compare.seeds")
     return recipe

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from linlm import outputs
 from linlm.reproduce.claims import Claim, judge
+from linlm.reproduce.seeds import seed_values
 from linlm.reproduce.sections import SECTIONS
 
 
@@ -26,13 +27,37 @@ class Written:
         return str(self.md)
 
 
-def claims_blocks(claims: list[Claim]) -> list[tuple]:
+def thresholds() -> list[list[str]]:
+    """Every threshold the verdicts use, with its value and meaning."""
+    from linlm.reproduce import claims as C
+    from linlm.reproduce.seeds import SIGNIFICANCE
+
+    return [["LOSS_MARGIN", f"{C.LOSS_MARGIN:g} nats/token", "a smaller difference in loss is a tie"],
+            ["ACC_MARGIN", f"{C.ACC_MARGIN:g}", "a smaller difference in retrieval accuracy is a tie"],
+            ["SIGNIFICANCE", f"{SIGNIFICANCE:g}", "the largest chance that seed noise alone separates two "
+                                                  "architectures' ranges for the separation to count"],
+            ["EXPONENT_REL_TOL", f"{C.EXPONENT_REL_TOL:.0%}", "the widest bootstrap half-width, relative to "
+                                                              "LLaMA's exponent, at which overlapping intervals "
+                                                              "mean 'alike'"],
+            ["MIN_R2", f"{C.MIN_R2:g}", "an L(C) fit below this R² cannot decide"],
+            ["ABOVE_CHANCE", f"{C.ABOVE_CHANCE:g}", "MQAR: a model within this of chance has not learned the task"],
+            ["CONSTANT_STATE", f"{C.CONSTANT_STATE:g}x", "decoding state growth that still counts as constant"]]
+
+
+def claims_blocks(claims: list[Claim], seeds: list[int]) -> list[tuple]:
     rows = [[c.claim, c.paper, c.verdict, c.evidence, c.rule] for c in claims]
+    seeded = (f"The comparison trained each architecture with {len(seeds)} seeds (train config seeds "
+              f"{', '.join(map(str, seeds))})" if len(seeds) > 1 else "The comparison trained each architecture "
+              f"with one seed ({seeds[0]}): its verdicts say 'one seed: no spread' instead of claiming a difference")
     return [("h2", "Claims"),
-            ("p", "Each verdict is computed from this run's numbers by the rule beside it (linlm/reproduce/claims.py). "
-                  "'not supported at this scale' means the measurement cannot decide (no fit, or every model at "
-                  "chance), not that the claim is false."),
-            ("table", ["claim", "paper", "verdict", "numbers", "rule (threshold)"], rows)]
+            ("p", "Each verdict is computed from this run's numbers by the rule beside it (linlm/reproduce/claims.py): "
+                  "a difference counts only beyond its uncertainty (the spread over seeds, or the fits' 95 % "
+                  "bootstrap intervals); 'tie' means it did not exceed it. 'not supported at this scale' means the "
+                  "measurement cannot decide (no fit, intervals too wide, or every model at chance), not that the "
+                  f"claim is false. {seeded}; the scaling sweep has one run per size and architecture."),
+            ("table", ["claim", "paper", "verdict", "numbers", "rule (threshold)"], rows),
+            ("p", "Thresholds:"),
+            ("table", ["threshold", "value", "meaning"], thresholds())]
 
 
 def _data_dir_used(job, marker: dict) -> str:
@@ -72,7 +97,7 @@ def write(job, pending: list[str], marker: dict) -> Written:
     if pending:
         intro += f" Incomplete: {', '.join(pending)} not finished; run the same command again."
     shown = sorted((s for s in SECTIONS if s.render is not None), key=lambda s: s.report_rank)
-    blocks = [("h1", title), ("p", intro), *claims_blocks(claims),
+    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.seed_count)),
               *(b for s in shown for b in s.render(job, pending)), *provenance_blocks(job, marker)]
     for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/
         target = job.out / blk[1] if blk[0] == "img" else None
@@ -84,6 +109,6 @@ def write(job, pending: list[str], marker: dict) -> Written:
     # "preset": the key's first name, kept for tools that read results.json.
     results = {"preset": job.recipe.name, "sections": job.results, "failed": job.failures, "pending": pending,
                "waiting": job.waiting, "claims": [c.to_dict() for c in claims], "environment": marker["environment"],
-               "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir")}}
+               "settings": {k: marker.get(k) for k in ("overrides", "scaling_dir", "data_dir", "seeds")}}
     outputs.write_json(job.out / "results.json", results, "--out")
     return Written(md, html, claims)

@@ -69,8 +69,9 @@ def _summary(run_dir: Path) -> Optional[dict]:
 
 
 def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
-    """{label: {run, arch, params, checkpoint, data_dir, seq_len}} for each finished run of a sweep directory
-    (``largest_only``: the run with the most parameters of each architecture)."""
+    """{label: {run, arch, seed, params, checkpoint, data_dir, seq_len, ...}} for each finished run of a sweep
+    directory, labelled by run (``largest_only``: the run with the most parameters of each architecture, labelled
+    by architecture)."""
     from linlm.schema import load_yaml
     from linlm.scaling.runs import META_FILE, run_finished
 
@@ -87,6 +88,7 @@ def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
         row = {"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
                "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
                "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"]),
+               "seed": int(cfg.get("seed") or 0),
                "train_loss": summary.get("loss"), "val_loss_trainer": summary.get("val_loss")}
         key = meta["arch"] if largest_only else run_dir.name
         if key not in found or row["params"] > found[key]["params"]:
@@ -102,6 +104,25 @@ def largest_models(job, *sweeps: str) -> dict[str, dict]:
         models = trained_models(job.sweep(name), largest_only=True)
         found.update(models if i == 0 else {f"{name}-{k}": v for k, v in models.items()})
     return found
+
+
+def seeded_models(job, sweep: str, prefix: str = "") -> dict[str, dict]:
+    """Every finished run of the training section ``sweep``, each seed of an architecture its own model: labelled
+    by run (``prefix`` first), each with its ``group``, the label its seeds share (``prefix`` + architecture)."""
+    return {f"{prefix}{label}": {**m, "group": f"{prefix}{m['arch']}"}
+            for label, m in trained_models(job.sweep(sweep), largest_only=False).items()}
+
+
+def group_spreads(models: dict[str, dict], key: str) -> dict[str, dict]:
+    """{group: Spread.to_dict()} of ``key`` over the seeds of each group of ``models`` (a model without a group is
+    its own)."""
+    from linlm.reproduce.seeds import Spread
+
+    values: dict[str, list[float]] = {}
+    for label, m in models.items():
+        if isinstance(m.get(key), (int, float)):
+            values.setdefault(m.get("group") or label, []).append(float(m[key]))
+    return {g: Spread(v).to_dict() for g, v in values.items()}
 
 
 def validation_text(data_dir: str | Path, tokenizer, max_tokens: int) -> str:
@@ -148,3 +169,15 @@ def missing(job, name: str, pending: list[str]) -> Optional[str]:
     if name in pending or name not in job.results:
         return "Not run yet: its training runs have not finished (run the same command again)."
     return None
+
+
+def spread_blocks(spreads: dict, what: str, spec: str = ".4f") -> Blocks:
+    """The table of a number's mean and spread over seeds per group (architecture), when some group has seeds."""
+    if not spreads or max(s["n"] for s in spreads.values()) < 2:
+        return [("p", f"One seed per model: no spread over seeds of the {what} (one seed: no spread), so no "
+                      "difference between these models can count as beyond seed noise.")]
+    rows = [[g, str(s["n"]), fmt(s["mean"], spec), fmt(s["std"], spec), fmt(s["min"], spec), fmt(s["max"], spec)]
+            for g, s in spreads.items()]
+    return [("p", f"The {what} over seeds: the mean, the sample standard deviation (n - 1) and the range (min-max); "
+                  "the claims count a difference only beyond it (the rule in the claims table)."),
+            ("table", ["model", "seeds", "mean", "std", "min", "max"], rows)]

@@ -1,5 +1,5 @@
-"""The settings of a ``linlm reproduce`` job (--set, --scaling-dir, --data-dir): as a command gives them, as the job
-runs with them, and their checks before any work.
+"""The settings of a ``linlm reproduce`` job (--set, --scaling-dir, --data-dir, --seeds): as a command gives
+them, as the job runs with them, and their checks before any work.
 
 A job that has not finished can be corrected by giving a setting again: a new value is taken when no section it
 changes has finished (the sections that name it in their ``settings``), and refused, naming those sections, when
@@ -16,7 +16,7 @@ from linlm.errors import ConfigError
 from linlm.reproduce.sections import SECTIONS, affected_by
 
 # The job's settings and their flags.
-FLAGS = {"overrides": "--set", "scaling_dir": "--scaling-dir", "data_dir": "--data-dir"}
+FLAGS = {"overrides": "--set", "scaling_dir": "--scaling-dir", "data_dir": "--data-dir", "seeds": "--seeds"}
 # The sections whose numbers each setting changes.
 AFFECTS = {key: affected_by(key) for key in FLAGS}
 
@@ -26,6 +26,8 @@ def _shown_setting(key: str, value: Any) -> str:
         return " ".join(f"--set {k}={v}" for k, v in _flat(value or {})) or "no --set"
     if key == "scaling_dir":
         return value or "the job's own sweep (DIR/scaling)"
+    if key == "seeds":
+        return f"--seeds {value}" if value else "the recipe's seeds"
     return value or "no --data-dir"
 
 
@@ -37,14 +39,18 @@ def _flat(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def given_settings(out: Path, data_dir: Optional[str | Path], overrides: Optional[dict],
-                   scaling_dir: Optional[str | Path]) -> dict:
+                   scaling_dir: Optional[str | Path], seeds: Optional[int] = None) -> dict:
     """The settings a command gives, as the marker stores them (None: not given). Paths are made absolute, and
-    --scaling-dir DIR/scaling is the job's own sweep, as if not given."""
+    --scaling-dir DIR/scaling is the job's own sweep, as if not given; --seeds below 1 is refused."""
+    from linlm.reproduce.seeds import seed_count
+
+    if seeds is not None:
+        seed_count({"seeds": seeds}, "--seeds")
     sweep = str(Path(scaling_dir).expanduser().resolve()) if scaling_dir else None
     if sweep == str((out / "scaling").resolve()):
         sweep = None
     return {"overrides": overrides or None, "scaling_dir": sweep,
-            "data_dir": str(Path(data_dir).expanduser().resolve()) if data_dir else None}
+            "data_dir": str(Path(data_dir).expanduser().resolve()) if data_dir else None, "seeds": seeds}
 
 
 def resolve_settings(out: Path, marker: Optional[dict], given: dict, finished: list[str]) -> tuple[dict, list[str]]:
@@ -99,4 +105,5 @@ def check_settings(job, finished: list[str], *, replace: bool, from_marker: dict
 def job_settings(settings: dict) -> dict:
     """The Job fields of the settings a job runs with."""
     return {"data_dir": settings["data_dir"], "overrides": settings["overrides"] or {},
-            "scaling_dir": Path(settings["scaling_dir"]) if settings["scaling_dir"] else None}
+            "scaling_dir": Path(settings["scaling_dir"]) if settings["scaling_dir"] else None,
+            "seeds": settings.get("seeds")}

@@ -1,11 +1,13 @@
 """The ``quality`` and ``compare_quality`` sections: validation loss and bits per byte of the largest model of each
-architecture, of the scaling sweep and of the comparison respectively."""
+architecture of the scaling sweep, and of every run of the comparison (each seed), with the mean and spread over
+seeds of each architecture."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, largest_models, validation_text
+from linlm.reproduce.section import (Blocks, Section, Tick, fmt, group_spreads, heading, largest_models,
+                                    seeded_models, spread_blocks, validation_text)
 
 
 def measure(models: dict[str, dict], max_tokens: int, tick: Tick) -> dict:
@@ -22,15 +24,17 @@ def measure(models: dict[str, dict], max_tokens: int, tick: Tick) -> dict:
         rows[label] = {**m, "val_loss": res.nll_per_token, "bits_per_byte": res.bits_per_byte,
                        "token_perplexity": res.token_perplexity, "scored_tokens": res.tokens, "bytes": res.bytes}
         tick((i + 1) / len(models))
-    return {"models": rows, "max_tokens": max_tokens}
+    return {"models": rows, "max_tokens": max_tokens, "spread": group_spreads(rows, "val_loss")}
+
 
 
 def quality_section(name: str, sweep: str, title: str, weight: float, settings: tuple[str, ...],
-                    report_rank: int, plan=None) -> Section:
-    """The section ``name``: the models of the training section ``sweep``, shown under ``title``."""
+                    report_rank: int, plan=None, every_seed: bool = False) -> Section:
+    """The section ``name``: the models of the training section ``sweep`` (its largest per architecture, or, with
+    ``every_seed``, every run), shown under ``title``."""
 
     def run(job, tick: Tick) -> Optional[dict]:
-        models = largest_models(job, sweep)
+        models = seeded_models(job, sweep) if every_seed else largest_models(job, sweep)
         if not models:
             return None
         return measure(models, int(job.recipe.quality.get("max_tokens", 40_000)), tick)
@@ -47,6 +51,8 @@ def quality_section(name: str, sweep: str, title: str, weight: float, settings: 
                        "with a half-window stride."))
         b.append(("table", ["model", "arch", "active N", "training tokens", "final train loss", "val loss",
                             "bits/byte", "perplexity", "tokens scored"], rows))
+        if every_seed:
+            b += spread_blocks(q.get("spread") or {}, "validation loss (nats/token)")
         return b
 
     return Section(name, run, weight, needs=(sweep,), settings=settings, render=render, report_rank=report_rank,
@@ -58,5 +64,6 @@ QUALITY = quality_section(
     ("overrides", "scaling_dir"), report_rank=3,
     plan=lambda p: f"validation loss and bits/byte: up to {p.quality.get('max_tokens', 40_000):,} tokens per model")
 COMPARE_QUALITY = quality_section(
-    "compare_quality", "compare", "MossNet against Mamba and LLaMA (equal active parameters, equal tokens)", 0.01,
-    ("overrides",), report_rank=2)
+    "compare_quality", "compare", "MossNet against Mamba and LLaMA (equal active parameters, equal tokens)", 0.02,
+    ("overrides", "seeds"), report_rank=2, every_seed=True,
+    plan=lambda p: "MossNet vs Mamba vs LLaMA: validation loss of every seed of each architecture")

@@ -71,6 +71,10 @@ def check(job, name: str, kept: Callable[[str], str], replace: bool) -> None:
     from linlm.scaling.sweepdir import check_started_runs, check_sweep_dir
 
     ladder = job.ladder(name)
+    if name == "compare" and job.seed_count > 1 and "seed" in job.overrides:
+        raise ConfigError(f"--set seed{kept('overrides')}: the comparison trains each architecture once per seed "
+                          f"({job.seed_count} seeds); a --set seed would give every run the same one. Drop it, or "
+                          "give --seeds 1 (nothing was changed)")
     try:
         runs = plan_runs(ladder, None, job.sweep(name), job.overrides)
     except ConfigError as e:
@@ -91,4 +95,4 @@ def training_section(name: str, weight: float, settings: tuple[str, ...]) -> Sec
 
 
 SCALING = training_section("scaling", 0.55, ("overrides", "scaling_dir"))
-COMPARE = training_section("compare", 0.14, ("overrides",))
+COMPARE = training_section("compare", 0.21, ("overrides", "seeds"))

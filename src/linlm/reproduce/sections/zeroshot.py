@@ -114,5 +114,5 @@ def render(job, pending: list[str]) -> Blocks:
 
 
 SECTION = Section("zeroshot", run, 0.05, needs=("scaling", "compare"),
-                  settings=("overrides", "scaling_dir", "data_dir"), check=check, render=render, report_rank=4,
+                  settings=("overrides", "scaling_dir", "data_dir", "seeds"), check=check, render=render, report_rank=4,
                   plan=lambda p: f"zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task")

@@ -1,0 +1,158 @@
+"""linlm reproduce with seeds: the comparison trained once per seed, the spread over seeds, the rule that counts a
+difference only beyond it, a bad seed count refused before any work, and NIAH verdicts that carry the chance level."""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from linlm.cli import main
+from linlm.errors import ConfigError
+from linlm.reproduce import claims as C
+from linlm.reproduce import seeds as S
+from linlm.reproduce.recipes import load_recipe
+
+
+def test_the_rule_counts_a_difference_only_beyond_the_seed_spread():
+    assert S.chance_of_separation(3, 3) == pytest.approx(1 / 20)
+    assert S.chance_of_separation(2, 2) == pytest.approx(1 / 6)
+    assert S.compare([3.0, 3.01, 3.02], [3.2, 3.21, 3.22], 0.01) == "lower"
+    assert S.compare([3.2, 3.21, 3.22], [3.0, 3.01, 3.02], 0.01) == "higher"
+    assert S.compare([3.0, 3.1, 3.3], [3.2, 3.21, 3.22], 0.01) == "tie"  # ranges overlap
+    assert S.compare([3.0, 3.001, 3.002], [3.006, 3.007, 3.008], 0.01) == "tie"  # apart, but within the margin
+    assert S.compare([3.0], [3.5], 0.01) == S.ONE_SEED
+    assert S.compare([3.0, 3.01], [3.5, 3.51], 0.01) == "too few seeds"  # 1/6 > SIGNIFICANCE
+    spread = S.Spread([1.0, 2.0, 4.0])
+    assert (spread.mean, spread.lo, spread.hi) == (pytest.approx(7 / 3), 1.0, 4.0)
+    assert spread.std == pytest.approx(((4 / 3) ** 2 + (1 / 3) ** 2 + (5 / 3) ** 2) ** 0.5 / 2 ** 0.5)
+    assert S.Spread([2.0]).std is None and "one seed" in S.Spread([2.0]).text()
+
+
+def test_each_architecture_trains_once_per_seed():
+    from linlm.reproduce.job import Job
+    from linlm.scaling.ladder import plan_runs
+
+    cpu = load_recipe("cpu")
+    runs = plan_runs(Job(cpu, None).compare_ladder(), None, "/nonexistent")
+    assert cpu.seeds == 3 and len(runs) == 3 * 3
+    by_seed = {}
+    for r in runs:
+        by_seed.setdefault(r.arch, []).append((r.name, r.config.seed))
+    assert by_seed["mossnet"] == [("mossnet-0.8m-s0", 0), ("mossnet-0.8m-s1", 1), ("mossnet-0.8m-s2", 2)]
+    assert len({(r.params, r.tokens) for r in runs if r.arch == "llama"}) == 1  # seeds differ in the seed only
+    smoke = plan_runs(Job(load_recipe("smoke"), None).compare_ladder(), None, "/nonexistent")
+    assert sorted(r.name for r in smoke) == ["llama-s", "mamba-s", "mossnet-s"]  # one seed: the names it had
+    # A ladder seed of its own is where the seeds start.
+    ladder = S.seeded_ladder({"train": {"seed": 7}, "rungs": [{"name": "r", "model": {}, "tokens": 1}]}, 2)
+    assert [(r["name"], r["train"]["seed"]) for r in ladder["rungs"]] == [("r-s0", 7), ("r-s1", 8)]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "three", True])
+def test_a_seed_count_below_one_is_refused_before_any_work(bad, tmp_path, monkeypatch, capsys):
+    import linlm.reproduce.recipes as recipes
+
+    from linlm.schema import load_yaml
+
+    folder = tmp_path / "recipes"
+    shutil.copytree(recipes.RECIPE_DIR, folder)
+    data = load_yaml(folder / "smoke.yaml")
+    data["compare"]["seeds"] = bad
+    import yaml
+
+    (folder / "smoke.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(recipes, "RECIPE_DIR", folder)
+    with pytest.raises(ConfigError, match="compare.seeds: give a whole number of training seeds, 1 or more"):
+        load_recipe("smoke")
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "compare.seeds" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])
+def test_seeds_below_one_on_the_command_line_are_one_line_and_exit_2(dry, tmp_path, capsys):
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(out), "--seeds", "0", *dry]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "--seeds: give a whole number of training seeds, 1 or more, got 0" in err
+    assert not out.exists()
+
+
+def test_seeds_given_train_the_comparison_per_seed_and_are_kept_by_the_job(fakes, tmp_path):
+    import json
+
+    from linlm.reproduce import run
+
+    out = tmp_path / "job"
+    result = run("smoke", out, seeds=2, say=lambda text: None)
+    assert not result["failed"]
+    plan = json.loads((out / "compare" / "plan.json").read_text())
+    assert sorted(plan["runs"]) == ["llama-s-s0", "llama-s-s1", "mamba-s-s0", "mamba-s-s1", "mossnet-s-s0",
+                                    "mossnet-s-s1"]
+    assert json.loads((out / "reproduce.json").read_text())["seeds"] == 2
+    assert "with 2 seeds (train config seeds 0, 1)" in (out / "report.md").read_text()
+    # The comparison has finished with 2 seeds: another count is refused, naming what it would change.
+    with pytest.raises(ConfigError, match="--seeds: the job .* runs with --seeds 2.*compare"):
+        run("smoke", out, seeds=3, say=lambda text: None)
+
+
+def test_a_set_seed_is_refused_where_the_comparison_has_seeds(tmp_path, capsys):
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "cpu", "--out", str(out), "--set", "seed=3"]) == 2
+    err = capsys.readouterr().err
+    assert "--set seed" in err and "3 seeds" in err and not out.exists()
+
+
+def _niah(groups: dict, chance: float = 0.25, band: float = 0.29) -> dict:
+    """A niah result: {label: (arch, group, mean)}."""
+    return {"chance": chance, "scoring": "choice", "settings": {"mode": "easy", "scoring": "choice"},
+            "models": {label: {"arch": a, "group": g, "mean": m, "weighted": m, "lengths": [80], "chance": chance,
+                               "chance_band": band, "items": 400, "above_chance": m > band, "plot": "none.png",
+                               "params": 1}
+                       for label, (a, g, m) in groups.items()}}
+
+
+def test_niah_at_chance_is_not_measurable_and_says_its_chance_level(tmp_path):
+    from linlm.reproduce.sections.niah import render
+
+    at_chance = _niah({"llama": ("llama", "llama", 0.26), "tnl": ("tnl", "tnl", 0.24),
+                       "compare-llama-r-s0": ("llama", "compare-llama", 0.25)})
+    claim = C.weaker_at_retrieval(None, at_chance)
+    assert claim.verdict == "not supported at this scale"
+    assert "not measurable at this scale" in claim.evidence and "chance 0.250" in claim.evidence
+    job = SimpleNamespace(results={"niah": at_chance}, failures={}, waiting={}, plots=tmp_path)
+    text = " ".join(str(b[1]) for b in render(job, []) if b[0] == "p")
+    assert "Not measurable at this scale: every model is at chance (chance 0.250" in text
+    # Above chance, one seed each: no difference can count.
+    one = _niah({"llama": ("llama", "llama", 0.9), "tnl": ("tnl", "tnl", 0.3)})
+    assert C.weaker_at_retrieval(None, one).verdict == "one seed: no spread"
+    text = " ".join(str(b[1]) for b in render(SimpleNamespace(results={"niah": one}, failures={}, waiting={},
+                                                              plots=tmp_path), []) if b[0] == "p")
+    assert "Not measurable" not in text
+    # A linear model above chance while LLaMA is not: LLaMA cannot be the stronger one.
+    lucky = _niah({"llama": ("llama", "llama", 0.26), "tnl": ("tnl", "tnl", 0.35)})
+    claim = C.weaker_at_retrieval(None, lucky)
+    assert claim.verdict == "not supported at this scale" and "llama at chance" in claim.evidence
+    # Three seeds each, LLaMA's all above every linear model's: supported by NIAH alone (no MQAR).
+    three = _niah({f"{a}-s{i}": (a, a, m + 0.01 * i) for a, m in (("llama", 0.8), ("tnl", 0.4), ("hgrn2", 0.5),
+                                                                   ("cosformer2", 0.45)) for i in range(3)})
+    claim = C.weaker_at_retrieval(None, three)
+    assert claim.verdict == "supported" and "llama 0.810 ± 0.010" in claim.evidence
+
+
+def test_compare_quality_shows_the_spread_over_seeds():
+    from linlm.reproduce.section import group_spreads
+    from linlm.reproduce.sections.quality import COMPARE_QUALITY
+
+    models = {f"{a}-r-s{i}": {"arch": a, "group": a, "params": 1000, "tokens": 10, "train_loss": 3.0,
+                              "val_loss": v + 0.01 * i, "bits_per_byte": 1.0, "token_perplexity": 20.0,
+                              "scored_tokens": 100} for a, v in (("llama", 3.2), ("mossnet", 3.0)) for i in range(3)}
+    result = {"models": models, "max_tokens": 100, "spread": group_spreads(models, "val_loss")}
+    assert result["spread"]["llama"]["n"] == 3 and result["spread"]["llama"]["mean"] == pytest.approx(3.21)
+    blocks = COMPARE_QUALITY.render(SimpleNamespace(results={"compare_quality": result}, failures={}, waiting={}), [])
+    spread = [b for b in blocks if b[0] == "table" and b[1][:2] == ["model", "seeds"]]
+    assert spread and spread[0][2][0][:3] == ["llama", "3", "3.2100"]
+    assert "sample standard deviation" in " ".join(str(b[1]) for b in blocks if b[0] == "p")
