@@ -93,6 +93,9 @@ def cmd_mqar(args) -> int:
                         n_layers=args.layers, head_dim=args.head_dim, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
     out = outputs.check_dir(args.out_dir, "--out", names=["results.json", "mqar.png"])
     command = _mqar_command(args)
+    # Before any training: the record of the source and the machine the runs start from.
+    meta = {"command": command, **environment(),
+            "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:
         rows = run_experiment(runs, cfg, out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                               n_layers=args.layers, head_dim=args.head_dim, test_sequences=args.test_sequences,
@@ -117,8 +120,6 @@ def cmd_mqar(args) -> int:
                 title="Comparison groups")
     plot = plot_experiment(configs, out / "mqar.png", "--out")
     task = {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv, "num_queries": cfg.queries, "seq_len": cfg.seq_len}
-    meta = {"command": command, **environment(),
-            "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     path = outputs.write_json(out / "results.json", {
         "meta": meta, "mqar": task, "settings": {k: v for k, v in vars(args).items() if k != "func"},
         "seeds": list(seeds), "runs": rows, "configs": configs, "groups": groups, "format": "linlm-mqar"}, "--out")
