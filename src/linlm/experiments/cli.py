@@ -68,7 +68,7 @@ def cmd_mqar(args) -> int:
     from linlm.eval.mqar import MQARConfig
     from linlm.experiments.mqar import default_runs, plot_experiment, run_experiment
     from linlm.experiments.mqar_grid import DEFAULT_POLICIES
-    from linlm.experiments.mqar_summary import comparison_groups, summarize
+    from linlm.experiments.mqar_summary import comparison_groups, config_table, group_table, summarize
     from linlm.render import print_table
     from linlm.train.cli import setup_logging
 
@@ -106,18 +106,10 @@ def cmd_mqar(args) -> int:
               f"To continue, run the same command again: {command}", file=sys.stderr)
         return getattr(e, "exit_code", 130)
     configs = summarize(rows)
-    print_table(["model", "d", "active params", "state/layer", "seeds", "accuracy (mean)", "min-max", "train loss",
-                 "still falling"],
-                [[c["name"], c["d_model"], f"{c['active_params']:,}", f"{c['state_per_layer']:,.0f}", len(c["seeds"]),
-                  f"{c['accuracy']:.3f}", f"{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}",
-                  "" if c["loss_last_window"] is None else f"{c['loss_last_window']:.3f}",
-                  "" if c["still_falling"] is None else f"{c['still_falling']}/{len(c['seeds'])}"] for c in configs],
-                title=f"MQAR: {cfg.num_kv} pairs, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
     groups = comparison_groups(configs)
-    print_table(["group", "d", "reference", "model", "ratio", "accuracy (mean)"],
-                [[g["kind"] + (f" E={g['experts']}" if "experts" in g else ""), g["d_model"], g["reference"],
-                  m["name"], f"{m['ratio']:.3f}", f"{m['accuracy']:.3f}"] for g in groups for m in g["members"]],
-                title="Comparison groups")
+    print_table(*config_table(configs),
+                title=f"MQAR: {cfg.num_kv} pairs, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
+    print_table(*group_table(groups), title="Comparison groups")
     plot = plot_experiment(configs, out / "mqar.png", "--out")
     task = {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv, "num_queries": cfg.queries, "seq_len": cfg.seq_len}
     path = outputs.write_json(out / "results.json", {

@@ -185,6 +185,8 @@ def default_runs(widths=(32, 64), experts: Sequence[int] = DEFAULT_EXPERTS, arch
     experiment's, since the matched baselines are sized from it."""
     if not seeds:
         raise ConfigError("mqar seeds: give at least one seed (a count >= 1)")
+    for p in policies:  # every policy is checked, also where no MossNet runs
+        parse_policy(p)
     archs = default_archs() if archs is None else list(archs)
     shape = {"n_layers": n_layers, "head_dim": head_dim, "vocab_size": vocab_size, "seq_len": seq_len}
     configs: list[MQARRun] = []

@@ -97,3 +97,28 @@ def comparison_groups(configs: list[dict]) -> list[dict]:
             ref = next(c for c in moss if c["experts"] == e)
             groups.append(_group("equal state size", "state_per_layer", STATE_TOL, ref, pool, experts=e))
     return groups
+
+
+def _num(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def config_table(configs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the configurations: sizes, seeds, the accuracy's mean and min-max, and convergence (the
+    last window's training loss, and on how many seeds it was still falling)."""
+    headers = ["model", "d", "layers", "active params", "state/layer", "seeds", "accuracy (mean)", "min-max",
+               "train loss (last window)", "still falling"]
+    rows = [[c["name"], str(c["d_model"]), str(c["n_layers"]), f"{c['active_params']:,}",
+             f"{c['state_per_layer']:,.0f}", str(len(c["seeds"])), f"{c['accuracy']:.3f}",
+             f"{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}", _num(c["loss_last_window"], ".3f"),
+             "-" if c["still_falling"] is None else f"{c['still_falling']} of {len(c['seeds'])}"] for c in configs]
+    return headers, rows
+
+
+def group_table(groups: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the comparison groups, one row per member: its measure over the reference's."""
+    headers = ["group", "d", "reference", "model", "ratio to reference", "accuracy (mean)", "min-max"]
+    rows = [[g["kind"] + (f", E={g['experts']}" if "experts" in g else ""), str(g["d_model"]), g["reference"],
+             m["name"], f"{m['ratio']:.3f}", f"{m['accuracy']:.3f}", f"{m['accuracy_min']:.3f}-{m['accuracy_max']:.3f}"]
+            for g in groups for m in g["members"]]
+    return headers, rows
