@@ -12,8 +12,8 @@ MLP), trained once as ``mossnet-E1``; a k above E is left out.
 The matched baselines (:func:`matched_runs`), at each width where MossNet runs:
 
 - equal active parameters: the registry's baseline and each SSM without an MLP, sized to the one-expert MossNet's
-  active parameters (an architecture with an MLP through its GLU width, one without through its layer count and
-  then ``dt_rank``), counted on the meta device;
+  active parameters (an architecture with an MLP through its GLU width, one without through as many layers as fit
+  and then ``dt_rank``), counted on the meta device;
 - equal state size: each SSM with ``d_state`` E times MossNet's, so that its state per layer is MossNet-E's.
 
 Which runs are compared with which is decided from the measured numbers (:mod:`linlm.experiments.mqar_summary`).
@@ -136,16 +136,18 @@ def _solve(run: MQARRun, key: str, shape: dict, target: int, at: int, step: int)
 
 
 def equal_params_run(arch: str, d: int, shape: dict, target: int) -> MQARRun:
-    """``arch`` at width d sized to ``target`` active parameters: its GLU width where it has an MLP, else its layer
-    count and then its ``dt_rank``."""
+    """``arch`` at width d sized to ``target`` active parameters: its GLU width where it has an MLP, else as many
+    layers as fit at dt_rank 1 and then its ``dt_rank``."""
     from linlm.models.registry import get_arch
 
     run = MQARRun(arch, d, f"{arch}-eqparams-d{d}", {})
     if get_arch(arch).mlp is not None:
         run.overrides["glu_dim"] = _solve(run, "glu_dim", shape, target, 2 * d, 8)
         return run
-    per_layer = active_params(run, {**shape, "n_layers": 1})
-    run.overrides["n_layers"] = layers = max(1, round(target / per_layer))
+    # As many layers as fit at the smallest dt_rank, then the rank (which only adds) closes the gap: a layer is a
+    # coarse step at these widths, a unit of rank a fine one.
+    run.overrides["dt_rank"] = 1
+    run.overrides["n_layers"] = layers = max(1, int(target // active_params(run, {**shape, "n_layers": 1})))
     run.overrides["dt_rank"] = _solve(run, "dt_rank", {**shape, "n_layers": layers}, target, 1, 1)
     return run
 
