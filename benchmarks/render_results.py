@@ -275,6 +275,15 @@ def render_decode(data: dict, path: Path) -> list[str]:
     return out
 
 
+def acc3(v) -> str:
+    """An accuracy to three decimals ("" for none: a run that diverged)."""
+    return "" if v is None else f"{v:.3f}"
+
+
+def spread(r: dict) -> str:
+    return "" if r.get("accuracy_min") is None else f"{r['accuracy_min']:.3f}-{r['accuracy_max']:.3f}"
+
+
 def render_mqar(data: dict, path: Path) -> list[str]:
     out = header("MQAR: associative recall against width and state size", path.name, data.get("meta", {}))
     task = data.get("mqar", {})
@@ -292,12 +301,13 @@ def render_mqar(data: dict, path: Path) -> list[str]:
                 "the seeds' mean, spread their min-max (std: sample standard deviation). Convergence: the mean "
                 "training loss of the last tenth of the steps against the tenth before it; \"still falling\" "
                 "counts the seeds whose loss fell by more than 2 % between the two.", ""]
-        out += table(["model", "arch", "E", "policy", "d", "layers", "active params", "state/layer", "accuracy",
-                      "min-max", "std", "all right", "loss, last window", "previous window", "still falling"], [
+        out += table(["model", "arch", "E", "policy", "d", "layers", "active params", "state/layer", "diverged",
+                      "accuracy", "min-max", "std", "all right", "loss, last window", "previous window",
+                      "still falling"], [
             [c["name"], c["arch"], num(c.get("experts")), c.get("policy") or "", num(c["d_model"]),
-             num(c["n_layers"]), num(c["active_params"]), num(c["state_per_layer"]), f"{c['accuracy']:.3f}",
-             f"{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}", f"{c['accuracy_std']:.3f}",
-             f"{c['sequence_accuracy']:.3f}", num(c.get("loss_last_window")), num(c.get("loss_prev_window")),
+             num(c["n_layers"]), num(c["active_params"]), num(c["state_per_layer"]),
+             f"{c.get('diverged', 0)} of {len(c['seeds'])}", acc3(c["accuracy"]), spread(c), acc3(c["accuracy_std"]),
+             acc3(c["sequence_accuracy"]), num(c.get("loss_last_window")), num(c.get("loss_prev_window")),
              "" if c.get("still_falling") is None else f"{c['still_falling']} of {len(c['seeds'])}"]
             for c in configs]) + [""]
         out += ["## Comparison groups", "",
@@ -309,15 +319,15 @@ def render_mqar(data: dict, path: Path) -> list[str]:
                     f"Reference {g['reference']}; {g['measure']} within {100 * g['tolerance']:.0f} %.", ""]
             out += table(["model", "active params", "state/layer", "ratio", "accuracy", "min-max", "still falling"], [
                 [m["name"], num(m["active_params"]), num(m["state_per_layer"]), f"{m['ratio']:.3f}",
-                 f"{m['accuracy']:.3f}", f"{m['accuracy_min']:.3f}-{m['accuracy_max']:.3f}",
+                 acc3(m["accuracy"]), spread(m),
                  "" if m.get("still_falling") is None else f"{m['still_falling']} of {m['seeds']}"]
                 for m in g["members"]]) + [""]
     out += ["## Runs", ""]
     out += table(["run", "arch", "seed", "d", "layers", "active params", "state (floats)", "accuracy", "all right",
-                  "final train loss", "seconds"], [
+                  "final train loss", "seconds", "diverged"], [
         [r.get("run", r["name"]), r["arch"], num(r.get("seed")), num(r["d_model"]), num(r["n_layers"]),
-         num(r["active_params"]), num(r["state_floats"]), f"{r['accuracy']:.3f}", f"{r['sequence_accuracy']:.3f}",
-         num(r["final_loss"]), num(r["seconds"], 0)]
+         num(r["active_params"]), num(r["state_floats"]), acc3(r["accuracy"]), acc3(r["sequence_accuracy"]),
+         num(r["final_loss"]), num(r["seconds"], 0), r.get("diverged") or ""]
         for r in data.get("runs", [])]) + [""]
     out += image(path, "MQAR accuracy against state size and width")
     return out

@@ -181,6 +181,25 @@ def test_summary_joins_seeds_and_groups_by_measured_size():
     assert [m["name"] for m in groups[2]["members"]] == ["mossnet-E2-routed-k1-d32", "mamba-N32-d32"]
 
 
+def test_a_run_that_diverges_is_recorded_without_an_accuracy_and_the_rest_train(tmp_path):
+    """The divergence guard stopping one run (here lr 1e3 blows the weights up) does not end the experiment: the run
+    is recorded with why it stopped and no accuracy, read back by a rerun, and left out of the mean."""
+    from linlm.experiments.mqar import MQARRun, run_experiment
+    from linlm.experiments.mqar_summary import summarize
+
+    cfg, kw = MQARConfig(vocab_size=32, num_kv=3), {"batch_size": 4, "head_dim": 8, "test_sequences": 64, "steps": 3}
+    runs = [MQARRun("tnl", 16, seed=s) for s in (0, 1)]
+    rows = run_experiment(runs, cfg, tmp_path, lr=1e3, **kw)
+    assert [r["run"] for r in rows] == ["tnl-d16-s0", "tnl-d16-s1"]
+    assert all(r["diverged"] and r["accuracy"] is None and r["state_floats"] > 0 for r in rows), rows
+    assert run_experiment(runs, cfg, tmp_path, lr=1e3, **kw) == rows  # read back, not trained again
+    [config] = summarize(rows)
+    assert config["diverged"] == 2 and config["accuracy"] is None and config["accuracy_min"] is None
+    fine = run_experiment([MQARRun("tnl", 16, seed=2)], cfg, tmp_path / "fine", lr=1e-2, **kw)
+    [mixed] = summarize(rows + fine)
+    assert mixed["diverged"] == 2 and mixed["accuracy"] == fine[0]["accuracy"] and mixed["seeds"] == [0, 1, 2]
+
+
 def test_a_stop_is_a_keyboard_interrupt_with_the_shell_code_of_its_signal():
     from linlm.signals import Stopped
 

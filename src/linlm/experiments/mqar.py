@@ -161,14 +161,18 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
                 outputs.write_json(p.dir / RECORD_FILE, p.record(), what)
         for i, p in enumerate(plans, 1):
             if p.row is not None:
-                log.info("[%d/%d] %s: finished earlier (%d steps, accuracy %.3f); read back", i, len(plans),
-                         p.run.dir_name(), p.row["steps"], p.row["accuracy"])
+                log.info("[%d/%d] %s: finished earlier (%d steps, accuracy %s); read back", i, len(plans),
+                         p.run.dir_name(), p.row["steps"], _shown(p.row.get("accuracy")))
                 rows.append(p.row)
             else:
                 rows.append(_train_and_measure(p, cfg, tests[p.run.seed], what, f"[{i}/{len(plans)}]"))
             if on_fraction is not None:
                 on_fraction(i / len(plans))
     return rows
+
+
+def _shown(accuracy: Optional[float]) -> str:
+    return "none: diverged" if accuracy is None else f"{accuracy:.3f}"
 
 
 def _hooks(plan: _Planned, prefix: str, what: str):
@@ -191,35 +195,51 @@ def _hooks(plan: _Planned, prefix: str, what: str):
 
 
 def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, prefix: str) -> dict:
-    """Train (or resume) one run to its end, measure it and record its row; a stopped run raises Stopped."""
+    """Train (or resume) one run to its end, measure it and record its row; a stopped run raises Stopped.
+
+    A run the divergence guard stopped is a result too: its row says why (``diverged``), its accuracy is None and
+    it is recorded, so that the experiment goes on and a rerun reads it back instead of diverging again."""
     from linlm import load
+    from linlm.errors import TrainingDiverged
     from linlm.models.counting import count
+    from linlm.models.lm import CausalLM
     from linlm.models.presets import preset_config
     from linlm.signals import Stopped
     from linlm.train import Trainer
     from linlm.train.metrics import METRICS_FILE, read_metrics
 
     name, steps, seed = plan.run.dir_name(), plan.train_cfg.steps, plan.run.seed
-    result = Trainer(plan.train_cfg, resume=plan.has_run and not plan.replace, overwrite=plan.replace,
-                     hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed)).run()
-    if result.interrupted:
+    trainer = Trainer(plan.train_cfg, resume=plan.has_run and not plan.replace, overwrite=plan.replace,
+                      hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed))
+    try:
+        result, diverged = trainer.run(), None
+    except TrainingDiverged as e:
+        result, diverged = None, str(e)
+    if result is not None and result.interrupted:
         raise Stopped(result.interrupted, f"stopped by {result.interrupted}: {name} at step {result.step} of "
                                           f"{steps} (checkpoint {result.checkpoint})")
-    if not result.finished or result.step != steps:
+    if result is not None and (not result.finished or result.step != steps):
         raise RuntimeError(f"{name}: the Trainer returned at step {result.step} of {steps} without a stop signal")
-    model = load(result.checkpoint)
-    counts = count(preset_config(plan.run.arch, None, **plan.model_over), batch=1, seq_len=cfg.seq_len)
+    config = preset_config(plan.run.arch, None, **plan.model_over)
+    counts = count(config, batch=1, seq_len=cfg.seq_len)
     # The steps' own time, from the metrics log: a resumed run counts each step once, whichever call trained it.
     metrics = read_metrics(plan.dir / METRICS_FILE)
     seconds = sum(r.get("step_s") or 0.0 for r in metrics)
+    model = CausalLM(config) if result is None else load(result.checkpoint)  # the state's size: any weights
     layers, state = plan.model_over["n_layers"], state_floats(model, cfg.seq_len)
+    measured = ({"accuracy": None, "sequence_accuracy": None, "answers": 0} if result is None
+                else mqar_accuracy(model, test))
     row = {"name": plan.run.name(), "run": name, "seed": seed, "arch": plan.run.arch, "d_model": plan.run.d_model,
            "n_layers": layers, "overrides": plan.run.overrides or {}, "params": counts["non_embedding_params"],
            "active_params": counts["active_non_embedding_params"], "state_floats": state,
-           "state_per_layer": state / layers, "steps": result.step, "final_loss": result.loss,
-           **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, **mqar_accuracy(model, test)}
+           "state_per_layer": state / layers, "steps": result.step if result else (metrics or [{}])[-1].get("step", 0),
+           "final_loss": result.loss if result else (metrics or [{}])[-1].get("loss"), "diverged": diverged,
+           **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, **measured}
     outputs.write_json(plan.dir / RECORD_FILE, plan.record(row, replace=False), what)
-    log.info("%s %s: accuracy %.3f after %d steps", prefix, name, row["accuracy"], row["steps"])
+    if diverged:
+        log.warning("%s %s: diverged (%s); recorded without an accuracy", prefix, name, diverged)
+    else:
+        log.info("%s %s: accuracy %.3f after %d steps", prefix, name, row["accuracy"], row["steps"])
     return row
 
 
@@ -232,6 +252,7 @@ def plot_experiment(configs: list[dict], path, what: Optional[str] = None) -> Pa
 
     fig = Figure(figsize=(10, 4))
     axes = fig.subplots(1, 2)
+    configs = [r for r in configs if r["accuracy"] is not None]  # a configuration whose every seed diverged
     labels = list(dict.fromkeys(r["name"].rsplit("-d", 1)[0] for r in configs))
     for label in labels:
         pts = sorted((r for r in configs if r["name"].rsplit("-d", 1)[0] == label), key=lambda r: r["d_model"])

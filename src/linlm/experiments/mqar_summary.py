@@ -46,14 +46,15 @@ def _mean(rows: list[dict], key: str) -> Optional[float]:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per configuration (the runs' ``name``), in the order of its first run: the sizes, the seeds, the
-    accuracy's mean, min, max and standard deviation, and the means of the other measures."""
+    """One row per configuration (the runs' ``name``), in the order of its first run: the sizes, the seeds, how many
+    of them diverged, the accuracy's mean, min, max and standard deviation over the seeds that did not (None where
+    none is left), and the means of the other measures."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         by.setdefault(r["name"], []).append(r)
     out = []
     for name, runs in by.items():
-        first, acc = runs[0], [r["accuracy"] for r in runs]
+        first, acc = runs[0], [r["accuracy"] for r in runs if r.get("accuracy") is not None]
         experts, policy = mossnet_setting(first)
         falling = [r.get("still_falling") for r in runs]
         out.append({
@@ -61,8 +62,10 @@ def summarize(rows: list[dict]) -> list[dict]:
             "experts": experts, "policy": policy, "params": first["params"], "active_params": first["active_params"],
             "state_floats": first["state_floats"],
             "state_per_layer": first.get("state_per_layer", first["state_floats"] / first["n_layers"]),
-            "seeds": [r.get("seed", 0) for r in runs], "accuracy": statistics.fmean(acc), "accuracy_min": min(acc),
-            "accuracy_max": max(acc), "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+            "seeds": [r.get("seed", 0) for r in runs], "diverged": sum(bool(r.get("diverged")) for r in runs),
+            "accuracy": statistics.fmean(acc) if acc else None, "accuracy_min": min(acc, default=None),
+            "accuracy_max": max(acc, default=None),
+            "accuracy_std": (statistics.stdev(acc) if len(acc) > 1 else 0.0) if acc else None,
             "sequence_accuracy": _mean(runs, "sequence_accuracy"), "final_loss": _mean(runs, "final_loss"),
             "loss_last_window": _mean(runs, "loss_last_window"), "loss_prev_window": _mean(runs, "loss_prev_window"),
             "still_falling": sum(bool(f) for f in falling) if any(f is not None for f in falling) else None,
@@ -74,7 +77,7 @@ def _member(c: dict, ref: float, key: str) -> dict:
     return {"name": c["name"], "arch": c["arch"], "experts": c["experts"], "policy": c["policy"],
             "active_params": c["active_params"], "state_per_layer": c["state_per_layer"], "ratio": c[key] / ref,
             "accuracy": c["accuracy"], "accuracy_min": c["accuracy_min"], "accuracy_max": c["accuracy_max"],
-            "seeds": len(c["seeds"]), "still_falling": c["still_falling"]}
+            "seeds": len(c["seeds"]), "diverged": c["diverged"], "still_falling": c["still_falling"]}
 
 
 def _group(kind: str, key: str, tol: float, ref: dict, pool: list[dict], **extra) -> dict:
@@ -103,14 +106,18 @@ def _num(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _spread(c: dict) -> str:
+    return "-" if c["accuracy_min"] is None else f"{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}"
+
+
 def config_table(configs: list[dict]) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the configurations: sizes, seeds, the accuracy's mean and min-max, and convergence (the
     last window's training loss, and on how many seeds it was still falling)."""
-    headers = ["model", "d", "layers", "active params", "state/layer", "seeds", "accuracy (mean)", "min-max",
-               "train loss (last window)", "still falling"]
+    headers = ["model", "d", "layers", "active params", "state/layer", "seeds", "diverged", "accuracy (mean)",
+               "min-max", "train loss (last window)", "still falling"]
     rows = [[c["name"], str(c["d_model"]), str(c["n_layers"]), f"{c['active_params']:,}",
-             f"{c['state_per_layer']:,.0f}", str(len(c["seeds"])), f"{c['accuracy']:.3f}",
-             f"{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}", _num(c["loss_last_window"], ".3f"),
+             f"{c['state_per_layer']:,.0f}", str(len(c["seeds"])), str(c.get("diverged", 0)),
+             _num(c["accuracy"], ".3f"), _spread(c), _num(c["loss_last_window"], ".3f"),
              "-" if c["still_falling"] is None else f"{c['still_falling']} of {len(c['seeds'])}"] for c in configs]
     return headers, rows
 
@@ -119,6 +126,6 @@ def group_table(groups: list[dict]) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the comparison groups, one row per member: its measure over the reference's."""
     headers = ["group", "d", "reference", "model", "ratio to reference", "accuracy (mean)", "min-max"]
     rows = [[g["kind"] + (f", E={g['experts']}" if "experts" in g else ""), str(g["d_model"]), g["reference"],
-             m["name"], f"{m['ratio']:.3f}", f"{m['accuracy']:.3f}", f"{m['accuracy_min']:.3f}-{m['accuracy_max']:.3f}"]
+             m["name"], f"{m['ratio']:.3f}", _num(m["accuracy"], ".3f"), _spread(m)]
             for g in groups for m in g["members"]]
     return headers, rows

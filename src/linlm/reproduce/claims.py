@@ -226,7 +226,7 @@ def ssm_experts_act_as_heads(mqar: Optional[dict]) -> Claim:
             f"at equal active parameters (within {ACTIVE_TOL:.0%}); some model more than {ABOVE_CHANCE:.2f} above "
             "chance. The paper's k = 2 is judged, not the best policy, so that picking among policies after the "
             "fact cannot make the verdict")
-    rows = [r for r in (mqar or {}).get("rows") or [] if r.get("experts")]
+    rows = [r for r in (mqar or {}).get("rows") or [] if r.get("experts") and r.get("accuracy") is not None]
     parts, wins, compared, above = [], 0, 0, False
     for d in sorted({r["d_model"] for r in rows}):
         at = [r for r in rows if r["d_model"] == d]
