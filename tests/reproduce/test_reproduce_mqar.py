@@ -121,26 +121,28 @@ def _heads(acc: dict, width: int = 64, active: dict = None) -> dict:
     return {"chance": 0.03, "rows": rows}
 
 
-def test_ssm_experts_act_as_heads_follows_the_paper_s_k2_against_the_seed_spread():
+def test_ssm_experts_act_as_heads_follows_equal_active_parameters_against_the_seed_spread():
     from linlm.reproduce import claims as C
 
     judge = C.ssm_experts_act_as_heads
-    # E4 routed-k2 above E1 by more than either spread: supported.
-    assert judge(_heads({(1, "dense"): (0.30, 0.34), (4, "routed-k2"): (0.50, 0.56)})).verdict == "supported"
-    # Above, but by less than the spread: not supported; the best policy (dense) does not decide it.
-    close = judge(_heads({(1, "dense"): (0.30, 0.40), (4, "routed-k2"): (0.38, 0.44), (4, "dense"): (0.9, 0.95)}))
-    assert close.verdict == "not supported" and "best of every E >= 2 and policy: E4 dense 0.925" in close.evidence
-    # At E = 2 the paper's k = 2 is the dense model.
-    assert judge(_heads({(1, "dense"): (0.30, 0.32), (2, "dense"): (0.5, 0.52)})).verdict == "supported"
-    # Unequal active parameters, or one seed: the measurement cannot tell.
-    wide = _heads({(1, "dense"): (0.30, 0.32), (4, "routed-k2"): (0.5, 0.52)}, active={(4, "routed-k2"): 1200})
-    assert judge(wide).verdict == "not supported at this scale"
-    one = _heads({(1, "dense"): (0.30, 0.30), (4, "routed-k2"): (0.5, 0.5)})
+    # E4 routed-k1 (E1's active size) above E1 by more than either spread: supported.
+    assert judge(_heads({(1, "dense"): (0.30, 0.34), (4, "routed-k1"): (0.50, 0.56)})).verdict == "supported"
+    # Above, but by less than the spread: not supported; a k = 2 model of more active parameters does not decide.
+    big = {(4, "routed-k2"): 1130}
+    close = judge(_heads({(1, "dense"): (0.30, 0.40), (4, "routed-k1"): (0.38, 0.44), (4, "routed-k2"): (0.9, 0.95)},
+                         active=big))
+    assert close.verdict == "not supported"
+    assert "E4 routed-k2 0.925 [0.900-0.950, 2 seeds] (+0.575 against a spread of 0.100; active x1.130, not judged)" \
+        in close.evidence
+    # Only models of other active sizes, or one seed: the measurement cannot tell.
+    only_big = _heads({(1, "dense"): (0.30, 0.32), (4, "routed-k2"): (0.5, 0.52)}, active=big)
+    assert judge(only_big).verdict == "not supported at this scale"
+    one = _heads({(1, "dense"): (0.30, 0.30), (4, "routed-k1"): (0.5, 0.5)})
     for r in one["rows"]:
         r["seeds"] = [0]
     assert judge(one).verdict == "not supported at this scale"
-    near_chance = _heads({(1, "dense"): (0.03, 0.031), (4, "routed-k2"): (0.05, 0.051)})
+    near_chance = _heads({(1, "dense"): (0.03, 0.031), (4, "routed-k1"): (0.05, 0.051)})
     assert judge(near_chance).verdict == "not supported at this scale"
     assert judge(None).verdict == "not measured"
-    assert judge(_heads({(1, "dense"): (0.3, 0.3), (4, "routed-k1"): (0.9, 0.9)})).verdict == "not measured"
+    assert judge(_heads({(1, "dense"): (0.3, 0.3)})).verdict == "not measured"
     assert "SSM experts act as heads" in [c.claim for c in C.judge({})][-1]
