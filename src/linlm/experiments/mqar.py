@@ -244,29 +244,32 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
 
 
 def plot_experiment(configs: list[dict], path, what: Optional[str] = None) -> Path:
-    """Accuracy against the state per layer (left) and against width (right), one line per configuration family
-    (the name without its width), the seeds' mean with their min-max as error bars where a row has them
+    """Accuracy against the state per layer (left) and against the active non-embedding parameters (right): the
+    two sizes the comparison groups hold equal. One line per configuration family (the name without its width)
+    through its widths, the seeds' mean with their min-max as error bars where a row has them
     (:func:`linlm.experiments.mqar_summary.summarize`'s rows, or single runs), written to the PNG ``path`` through
     linlm.outputs (a Figure of its own: pyplot's global state is not used)."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 4))
     axes = fig.subplots(1, 2)
     configs = [r for r in configs if r["accuracy"] is not None]  # a configuration whose every seed diverged
     labels = list(dict.fromkeys(r["name"].rsplit("-d", 1)[0] for r in configs))
-    for label in labels:
+    colours = colormaps["tab20"]
+    for i, label in enumerate(labels):
         pts = sorted((r for r in configs if r["name"].rsplit("-d", 1)[0] == label), key=lambda r: r["d_model"])
         acc = [r["accuracy"] for r in pts]
         err = [[a - r.get("accuracy_min", a) for a, r in zip(acc, pts)],
                [r.get("accuracy_max", a) - a for a, r in zip(acc, pts)]]
         state = [r.get("state_per_layer", r["state_floats"] / r["n_layers"]) for r in pts]
-        axes[0].errorbar(state, acc, yerr=err, fmt="o-", capsize=2, label=label)
-        axes[1].errorbar([r["d_model"] for r in pts], acc, yerr=err, fmt="o-", capsize=2, label=label)
-    axes[0].set_xscale("log")
+        style = {"yerr": err, "fmt": "o-", "capsize": 2, "label": label, "color": colours(i % 20)}
+        axes[0].errorbar(state, acc, **style)
+        axes[1].errorbar([r["active_params"] for r in pts], acc, **style)
     axes[0].set_xlabel("decoding state per layer (floats per sequence)")
-    axes[1].set_xscale("log", base=2)
-    axes[1].set_xlabel("model width d")
+    axes[1].set_xlabel("active non-embedding parameters")
     for ax in axes:
+        ax.set_xscale("log")
         ax.set_ylabel("MQAR accuracy (mean, min-max over seeds)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
