@@ -272,6 +272,15 @@ def render_decode(data: dict, path: Path) -> list[str]:
     return out
 
 
+def acc3(v) -> str:
+    """An accuracy to three decimals ("" for none: a run that diverged)."""
+    return "" if v is None else f"{v:.3f}"
+
+
+def spread(r: dict) -> str:
+    return "" if r.get("accuracy_min") is None else f"{r['accuracy_min']:.3f}-{r['accuracy_max']:.3f}"
+
+
 def render_mqar(data: dict, path: Path) -> list[str]:
     out = header("MQAR: associative recall against width and state size", path.name, data.get("meta", {}))
     task = data.get("mqar", {})
@@ -279,13 +288,43 @@ def render_mqar(data: dict, path: Path) -> list[str]:
             f"{task.get('num_queries')} queries per sequence of {task.get('seq_len')} tokens, vocabulary "
             f"{task.get('vocab_size')}; accuracy over the held-out answers, and the fraction of sequences with every "
             "answer right. State: the decoding state's floats per sequence (LLaMA: its KV cache after the "
-            "sequence).", ""]
+            "sequence), and per layer.", ""]
     out += ["## Settings", ""] + settings_table(data.get("settings", {}))
+    configs = data.get("configs")
+    if configs:
+        seeds = data.get("seeds") or []
+        out += ["## Configurations", "",
+                f"Each configuration over {plural(len(seeds), 'seed')} ({', '.join(map(str, seeds))}): accuracy is "
+                "the seeds' mean, spread their min-max (std: sample standard deviation). Convergence: the mean "
+                "training loss of the last tenth of the steps against the tenth before it; \"still falling\" "
+                "counts the seeds whose loss fell by more than 2 % between the two.", ""]
+        out += table(["model", "arch", "E", "policy", "d", "layers", "active params", "state/layer", "diverged",
+                      "accuracy", "min-max", "std", "all right", "loss, last window", "previous window",
+                      "still falling"], [
+            [c["name"], c["arch"], num(c.get("experts")), c.get("policy") or "", num(c["d_model"]),
+             num(c["n_layers"]), num(c["active_params"]), num(c["state_per_layer"]),
+             f"{c.get('diverged', 0)} of {len(c['seeds'])}", acc3(c["accuracy"]), spread(c), acc3(c["accuracy_std"]),
+             acc3(c["sequence_accuracy"]), num(c.get("loss_last_window")), num(c.get("loss_prev_window")),
+             "" if c.get("still_falling") is None else f"{c['still_falling']} of {len(c['seeds'])}"]
+            for c in configs]) + [""]
+        out += ["## Comparison groups", "",
+                "Per width: the models within the tolerance of the reference's active parameters, and of its "
+                "state per layer (one group per E); ratio is the member's measure over the reference's.", ""]
+        for g in data.get("groups", []):
+            what = g["kind"] + (f", E = {g['experts']}" if "experts" in g else "")
+            out += [f"### {what}, d = {g['d_model']}", "",
+                    f"Reference {g['reference']}; {g['measure']} within {100 * g['tolerance']:.0f} %.", ""]
+            out += table(["model", "active params", "state/layer", "ratio", "accuracy", "min-max", "still falling"], [
+                [m["name"], num(m["active_params"]), num(m["state_per_layer"]), f"{m['ratio']:.3f}",
+                 acc3(m["accuracy"]), spread(m),
+                 "" if m.get("still_falling") is None else f"{m['still_falling']} of {m['seeds']}"]
+                for m in g["members"]]) + [""]
     out += ["## Runs", ""]
-    out += table(["run", "arch", "d", "layers", "active params", "state (floats)", "accuracy", "all right",
-                  "final train loss", "seconds"], [
-        [r["name"], r["arch"], num(r["d_model"]), num(r["n_layers"]), num(r["active_params"]), num(r["state_floats"]),
-         f"{r['accuracy']:.3f}", f"{r['sequence_accuracy']:.3f}", num(r["final_loss"]), num(r["seconds"], 0)]
+    out += table(["run", "arch", "seed", "d", "layers", "active params", "state (floats)", "accuracy", "all right",
+                  "final train loss", "seconds", "diverged"], [
+        [r.get("run", r["name"]), r["arch"], num(r.get("seed")), num(r["d_model"]), num(r["n_layers"]),
+         num(r["active_params"]), num(r["state_floats"]), acc3(r["accuracy"]), acc3(r["sequence_accuracy"]),
+         num(r["final_loss"]), num(r["seconds"], 0), r.get("diverged") or ""]
         for r in data.get("runs", [])]) + [""]
     out += image(path, "MQAR accuracy against state size and width")
     return out

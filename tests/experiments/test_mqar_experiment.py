@@ -42,10 +42,12 @@ def test_trainer_trains_on_mqar_and_the_experiment_reports(tmp_path, caplog):
     assert [r["name"] for r in rows] == ["mossnet-E1-d16", "mossnet-E2-d16"]
     for r in rows:
         assert 0.0 <= r["accuracy"] <= 1.0 and r["answers"] == 64 * 3 and r["steps"] == 3
-        model = load(list_checkpoints(tmp_path / r["name"] / "checkpoints")[-1][1])
+        assert r["run"] == r["name"] + "-s0" and r["seed"] == 0
+        model = load(list_checkpoints(tmp_path / r["run"] / "checkpoints")[-1][1])
         assert model.config.vocab_size == 32 and model.config.d_model == 16
         assert r["state_floats"] == state_floats(model, cfg.seq_len)
-        assert json.loads((tmp_path / r["name"] / RECORD_FILE).read_text())["result"] == r
+        assert json.loads((tmp_path / r["run"] / RECORD_FILE).read_text())["result"] == r
+        assert r["state_per_layer"] == r["state_floats"] / r["n_layers"]
     # Two SSM experts hold more state than one at (nearly) the same active size: only the router differs.
     assert rows[1]["state_floats"] > rows[0]["state_floats"]
     assert abs(rows[1]["active_params"] - rows[0]["active_params"]) < 0.05 * rows[0]["active_params"]
@@ -64,15 +66,15 @@ def test_trainer_trains_on_mqar_and_the_experiment_reports(tmp_path, caplog):
     # overwrite trains both again, to the new length, and drops their old results at once. Here it stops at the
     # first run (held by another process's lock); continued without overwrite, a run still replaces its old one,
     # from step 0, instead of resuming the old run's checkpoint.
-    with DirLock(tmp_path / runs[0].name(), "out_dir"), pytest.raises(LockedError):
+    with DirLock(tmp_path / runs[0].dir_name(), "out_dir"), pytest.raises(LockedError):
         run_experiment(runs, cfg, tmp_path, steps=4, overwrite=True, **kw)
-    second = tmp_path / runs[1].name()
+    second = tmp_path / runs[1].dir_name()
     record = json.loads((second / RECORD_FILE).read_text())
     assert record["result"] is None and record["settings"]["train"]["steps"] == 4
     assert [p.name for _, p in list_checkpoints(second / "checkpoints")] == ["step_00000003"]  # the old run, still
     caplog.set_level(logging.INFO, logger="linlm")
     [again] = run_experiment(runs[1:], cfg, tmp_path, steps=4, **kw)
-    assert again["steps"] == 4 and f"{runs[1].name()}: training 4 steps" in caplog.text
+    assert again["steps"] == 4 and f"{runs[1].dir_name()}: training 4 steps" in caplog.text
     assert json.loads((second / RECORD_FILE).read_text())["result"] == again
     assert [p.name for _, p in list_checkpoints(second / "checkpoints")] == ["step_00000004"]
 
@@ -83,7 +85,7 @@ def snapshot(root: Path) -> dict:
             for p in sorted(root.rglob("*"))}
 
 
-def test_default_runs_are_the_registry_s_architectures_and_the_mossnet_pair():
+def test_default_runs_are_the_registry_s_architectures_the_mossnet_grid_and_matched_baselines():
     import argparse
 
     from linlm.experiments.cli import register
@@ -95,16 +97,107 @@ def test_default_runs_are_the_registry_s_architectures_and_the_mossnet_pair():
     archs = default_archs()
     assert archs == [a for a, spec in ARCHITECTURES.items() if spec.family != MIXTURE]
     assert {"llama", "tnl", "hgrn2", "cosformer2", "mamba"} <= set(archs) and "mossnet" not in archs
-    assert [r.name() for r in default_runs((16,), 2)] == [*(f"{a}-d16" for a in archs), "mossnet-E1-d16",
-                                                          "mossnet-E2-d16"]
     defaults = register(argparse.ArgumentParser().add_subparsers()).parse_args(["--out", "x"])
     assert defaults.archs == ",".join(archs)  # `linlm mqar` trains the same set
-    with pytest.raises(ConfigError, match="experts"):
-        default_runs((16,), -1)
-    # experts 1 is the one-expert MossNet once, 0 none.
-    names = [r.name() for r in default_runs((16,), 1, ("tnl",))]
-    assert names == ["tnl-d16", "mossnet-E1-d16"]
-    assert [r.name() for r in default_runs((16,), 0, ("tnl",))] == ["tnl-d16"]
+    assert (defaults.experts, defaults.policies, defaults.seeds) == ("1,2,4", "routed-k1,routed-k2,dense", 1)
+    # E x policy: E = 1 once; routed with k = E is the dense model, trained once; k > E left out.
+    names = [r.name() for r in default_runs((16,), (1, 2, 4), ("tnl",), matched=False)]
+    assert names == ["tnl-d16", "mossnet-E1-d16", "mossnet-E2-routed-k1-d16", "mossnet-E2-dense-d16",
+                     "mossnet-E4-routed-k1-d16", "mossnet-E4-routed-k2-d16", "mossnet-E4-dense-d16"]
+    e4k2 = next(r for r in default_runs((16,), (4,), (), ("routed-k2",), matched=False))
+    assert e4k2.overrides == {"ssm_experts": 4, "ssm_top_k": 2, "ssm_policy": "routed", "mlp_experts": 1,
+                              "mlp_top_k": 1}
+    dense = default_runs((16,), (4,), (), ("dense", "dense-k2"), matched=False)
+    assert [(r.name(), r.overrides["ssm_policy"], r.overrides["ssm_top_k"]) for r in dense] == [
+        ("mossnet-E4-dense-d16", "dense", 4), ("mossnet-E4-dense-k2-d16", "dense", 2)]
+    # Seeds: every configuration once per seed, seed-major, each in a directory of its own.
+    seeded = default_runs((16,), (1,), ("tnl",), seeds=(3, 4), matched=False)
+    assert [r.dir_name() for r in seeded] == ["tnl-d16-s3", "mossnet-E1-d16-s3", "tnl-d16-s4", "mossnet-E1-d16-s4"]
+    for bad, match in (({"experts": (0,)}, "experts"), ({"policies": ("routed",)}, "routed-kN"),
+                       ({"seeds": ()}, "seeds")):
+        with pytest.raises(ConfigError, match=match):
+            default_runs((16,), **{"experts": (1,), "archs": (), **bad})
+    assert [r.name() for r in default_runs((16,), (), ("tnl",))] == ["tnl-d16"]  # no MossNet: no matched runs
+
+
+def test_matched_baselines_have_mossnet_s_active_parameters_or_its_state():
+    """LLaMA and Mamba sized to the one-expert MossNet's active parameters (counted), and Mamba with E times the
+    SSM state: its state per layer is MossNet-E's, measured from the models' decoding states."""
+    from linlm import create_model
+    from linlm.experiments.mqar_grid import active_params, default_runs, model_overrides
+    from linlm.experiments.mqar_summary import ACTIVE_TOL
+
+    shape = {"n_layers": 2, "head_dim": 16, "vocab_size": 32, "seq_len": 12}
+    runs = {r.name(): r for r in default_runs((32,), (1, 2), ("llama", "mamba"), ("routed-k1",), **shape)}
+    assert list(runs) == ["llama-d32", "mamba-d32", "mossnet-E1-d32", "mossnet-E2-routed-k1-d32",
+                          "llama-eqparams-d32", "mamba-eqparams-d32", "mamba-N32-d32"]
+    target = active_params(runs["mossnet-E1-d32"], shape)
+    for name in ("llama-eqparams-d32", "mamba-eqparams-d32"):
+        assert abs(active_params(runs[name], shape) / target - 1) < 0.01, name
+    assert abs(active_params(runs["mamba-d32"], shape) / target - 1) > ACTIVE_TOL  # what the matching is for
+
+    def state_per_layer(run) -> float:
+        over = model_overrides(run, **shape)
+        model = create_model(run.arch, preset=None, **over)
+        return state_floats(model, shape["seq_len"]) / over["n_layers"]
+
+    assert state_per_layer(runs["mamba-N32-d32"]) == state_per_layer(runs["mossnet-E2-routed-k1-d32"])
+    assert state_per_layer(runs["mamba-d32"]) == state_per_layer(runs["mossnet-E1-d32"])
+
+
+def test_summary_joins_seeds_and_groups_by_measured_size():
+    from linlm.experiments.mqar_summary import FALLING, comparison_groups, loss_trend, summarize
+
+    assert loss_trend([None] * 3) == {"loss_last_window": None, "loss_prev_window": None, "still_falling": None}
+    flat = loss_trend([2.0] * 20)
+    assert flat == {"loss_last_window": 2.0, "loss_prev_window": 2.0, "still_falling": False}
+    falling = loss_trend([3.0] * 18 + [2.0, 2.0])  # windows of 2: the last fell from 3.0 to 2.0
+    assert falling["still_falling"] and falling["loss_prev_window"] == 3.0
+    assert not loss_trend([1.0] * 18 + [1.0 - FALLING / 2] * 2)["still_falling"]
+
+    def row(name, arch, seed, acc, active, state, over=None):
+        return {"name": name, "arch": arch, "seed": seed, "d_model": 32, "n_layers": 2, "overrides": over or {},
+                "params": active, "active_params": active, "state_floats": 2 * state, "state_per_layer": state,
+                "steps": 10, "final_loss": 1.0, "loss_last_window": 1.0, "loss_prev_window": 1.5,
+                "still_falling": seed == 0, "seconds": 1.0, "accuracy": acc, "sequence_accuracy": acc / 2}
+
+    e2 = {"ssm_experts": 2, "ssm_top_k": 1, "ssm_policy": "routed"}
+    rows = [row("mossnet-E1-d32", "mossnet", s, a, 1000, 100, {"ssm_experts": 1, "ssm_policy": "dense"}) for s, a in ((0, 0.2), (1, 0.4))]
+    rows += [row("mossnet-E2-routed-k1-d32", "mossnet", s, a, 1010, 200, e2) for s, a in ((0, 0.5), (1, 0.9))]
+    rows += [row("mamba-N32-d32", "mamba", 0, 0.1, 700, 200), row("llama-eqparams-d32", "llama", 0, 0.3, 1090, 50)]
+    configs = {c["name"]: c for c in summarize(rows)}
+    e1 = configs["mossnet-E1-d32"]
+    assert (e1["experts"], e1["policy"], e1["seeds"]) == (1, "dense", [0, 1])
+    assert (e1["accuracy"], e1["accuracy_min"], e1["accuracy_max"]) == (pytest.approx(0.3), 0.2, 0.4)
+    assert e1["accuracy_std"] == pytest.approx(0.1414, abs=1e-4) and e1["still_falling"] == 1
+    assert configs["mossnet-E2-routed-k1-d32"]["policy"] == "routed-k1"
+    assert configs["mamba-N32-d32"]["accuracy_std"] == 0.0 and configs["mamba-N32-d32"]["experts"] is None
+    groups = comparison_groups(list(configs.values()))
+    assert [(g["kind"], g.get("experts")) for g in groups] == [
+        ("equal active params", None), ("equal state size", 1), ("equal state size", 2)]
+    assert [m["name"] for m in groups[0]["members"]] == ["mossnet-E1-d32", "mossnet-E2-routed-k1-d32",
+                                                          "llama-eqparams-d32"]
+    assert groups[0]["members"][2]["ratio"] == pytest.approx(1.09)
+    assert [m["name"] for m in groups[2]["members"]] == ["mossnet-E2-routed-k1-d32", "mamba-N32-d32"]
+
+
+def test_a_run_that_diverges_is_recorded_without_an_accuracy_and_the_rest_train(tmp_path):
+    """The divergence guard stopping one run (here lr 1e3 blows the weights up) does not end the experiment: the run
+    is recorded with why it stopped and no accuracy, read back by a rerun, and left out of the mean."""
+    from linlm.experiments.mqar import MQARRun, run_experiment
+    from linlm.experiments.mqar_summary import summarize
+
+    cfg, kw = MQARConfig(vocab_size=32, num_kv=3), {"batch_size": 4, "head_dim": 8, "test_sequences": 64, "steps": 3}
+    runs = [MQARRun("tnl", 16, seed=s) for s in (0, 1)]
+    rows = run_experiment(runs, cfg, tmp_path, lr=1e3, **kw)
+    assert [r["run"] for r in rows] == ["tnl-d16-s0", "tnl-d16-s1"]
+    assert all(r["diverged"] and r["accuracy"] is None and r["state_floats"] > 0 for r in rows), rows
+    assert run_experiment(runs, cfg, tmp_path, lr=1e3, **kw) == rows  # read back, not trained again
+    [config] = summarize(rows)
+    assert config["diverged"] == 2 and config["accuracy"] is None and config["accuracy_min"] is None
+    fine = run_experiment([MQARRun("tnl", 16, seed=2)], cfg, tmp_path / "fine", lr=1e-2, **kw)
+    [mixed] = summarize(rows + fine)
+    assert mixed["diverged"] == 2 and mixed["accuracy"] == fine[0]["accuracy"] and mixed["seeds"] == [0, 1, 2]
 
 
 def test_a_stop_is_a_keyboard_interrupt_with_the_shell_code_of_its_signal():
@@ -155,28 +248,28 @@ def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, c
     proc = subprocess.Popen([sys.executable, "-m", "linlm", "mqar", "--out", str(out), *TINY, "--steps",
                              str(steps)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline and not read_metrics(out / "tnl-d16" / "metrics.jsonl"):
+    while proc.poll() is None and time.monotonic() < deadline and not read_metrics(out / "tnl-d16-s0" / "metrics.jsonl"):
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "--resume" not in err
-    stopped = len(read_metrics(out / "tnl-d16" / "metrics.jsonl"))
+    stopped = len(read_metrics(out / "tnl-d16-s0" / "metrics.jsonl"))
     assert stopped < steps, "the run finished before the signal came; the test tested nothing"
-    assert (out / "tnl-d16" / "checkpoints" / f"step_{stopped:08d}").is_dir()
+    assert (out / "tnl-d16-s0" / "checkpoints" / f"step_{stopped:08d}").is_dir()
     from linlm.experiments.mqar import RECORD_FILE, MQARRun, run_experiment
 
-    assert json.loads((out / "tnl-d16" / RECORD_FILE).read_text())["result"] is None  # nothing recorded
-    assert json.loads((out / "hgrn2-d16" / RECORD_FILE).read_text())["result"] is None
-    assert sorted(p.name for p in (out / "hgrn2-d16").iterdir()) == sorted([".linlm-files.json", RECORD_FILE])
+    assert json.loads((out / "tnl-d16-s0" / RECORD_FILE).read_text())["result"] is None  # nothing recorded
+    assert json.loads((out / "hgrn2-d16-s0" / RECORD_FILE).read_text())["result"] is None
+    assert sorted(p.name for p in (out / "hgrn2-d16-s0").iterdir()) == sorted([".linlm-files.json", RECORD_FILE])
     assert not (out / "results.json").exists()  # nothing further trained, no table
-    assert f"stopped by SIGINT: tnl-d16 at step {stopped} of {steps}" in err
+    assert f"stopped by SIGINT: tnl-d16-s0 at step {stopped} of {steps}" in err
     words = shlex.split(err.split("run the same command again: ")[1].strip())
     assert words[:2] == ["linlm", "mqar"]
 
     caplog.set_level(logging.INFO, logger="linlm")  # the log, whichever stream linlm's handler writes to
     assert main(words[1:]) == 0
-    assert f"tnl-d16: resuming at step {stopped} of {steps}" in caplog.text
+    assert f"tnl-d16-s0: resuming at step {stopped} of {steps}" in caplog.text
     rows = json.loads((out / "results.json").read_text())["runs"]
     assert [(r["name"], r["steps"]) for r in rows] == [("tnl-d16", steps), ("hgrn2-d16", steps)]
     # The resumed run ends where an uninterrupted one does (the same weights: the same loss and accuracy).
@@ -186,11 +279,11 @@ def test_ctrl_c_stops_the_experiment_and_the_same_command_resumes_it(tmp_path, c
     assert {**rows[0], "seconds": None} == {**uninterrupted, "seconds": None}
 
     # Once more: both results are read back, nothing in the run directories changes.
-    before = snapshot(out / "tnl-d16")
+    before = snapshot(out / "tnl-d16-s0")
     caplog.clear()
     assert main(words[1:]) == 0
     assert caplog.text.count("finished earlier") == 2
-    assert snapshot(out / "tnl-d16") == before
+    assert snapshot(out / "tnl-d16-s0") == before
 
 
 def test_outputs_are_checked_before_any_training(tmp_path, capsys):
@@ -210,16 +303,21 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
     assert main(["mqar", "--out", str(out), "--archs", "hgrn2", *TINY[2:], "--steps", "2"]) == 0
     capsys.readouterr()
     assert outputs.owns_file(out / "results.json") and outputs.owns_file(out / "mqar.png")
+    results = json.loads((out / "results.json").read_text())
+    assert [c["name"] for c in results["configs"]] == ["hgrn2-d16"] and results["seeds"] == [0]
+    assert results["groups"] == [] and results["meta"]["command"].startswith("linlm mqar --out")
     # tnl-d16 would be new, hgrn2-d16 is of another experiment (2 steps, not 3): refused before tnl trains.
     assert main(["mqar", "--out", str(out), *TINY, "--steps", "3"]) == 2
-    one_error(capsys, "hgrn2-d16", "another experiment", "--overwrite")
-    assert not (out / "tnl-d16").exists()
+    one_error(capsys, "hgrn2-d16-s0", "another experiment", "--overwrite")
+    assert not (out / "tnl-d16-s0").exists()
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--threads", "0"], "--threads 0"), (["--num-queries", "0"], "--num-queries 0"),
     (["--head-dim", "0"], "--head-dim 0"), (["--test-sequences", "0"], "--test-sequences 0"),
-    (["--experts", "-1"], "--experts -1"), (["--lr", "nan"], "--lr nan"), (["--widths", "12"], "head_dim 8"),
+    (["--experts", "-1"], "--mossnet-experts"), (["--mossnet-experts", "0,2"], "0 means no MossNet runs"),
+    (["--seeds", "0"], "--seeds 0"), (["--mossnet-policies", "routed"], "routed-kN"),
+    (["--mossnet-policies", "dense-k0"], "dense-k0"), (["--lr", "nan"], "--lr nan"), (["--widths", "12"], "head_dim 8"),
     (["--widths", "16,16"], "given twice"), (["--archs", ""], "no runs"),
 ])
 def test_numbers_are_checked_and_zero_is_no_default(tmp_path, capsys, flags, expected):

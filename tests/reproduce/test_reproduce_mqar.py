@@ -60,7 +60,7 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), json.dumps(SETTINGS)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    metrics = out / "mqar" / "llama-d16" / "metrics.jsonl"
+    metrics = out / "mqar" / "llama-d16-s0" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not read_metrics(metrics):
         time.sleep(0.01)
@@ -70,9 +70,9 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
     assert "Traceback" not in err
     stopped = len(read_metrics(metrics))
     assert stopped < STEPS, "the run finished before the signal came; the test tested nothing"
-    assert f"interrupted: stopped by SIGINT: llama-d16 at step {stopped} of {STEPS}" in err
+    assert f"interrupted: stopped by SIGINT: llama-d16-s0 at step {stopped} of {STEPS}" in err
     assert recorded_rows(out) == {}  # the stopped run is saved nowhere, and no later run was trained
-    assert not (out / "mqar" / "tnl-d16" / "config.yaml").exists() and not (out / "plots" / "mqar.png").exists()
+    assert not (out / "mqar" / "tnl-d16-s0" / "config.yaml").exists() and not (out / "plots" / "mqar.png").exists()
 
     # The job runs the section again (here, in this process): the stopped run resumes from its checkpoint.
     job = Job(dataclasses.replace(load_recipe("smoke"), mqar=SETTINGS), out)
@@ -82,11 +82,67 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
         result = job.run_section("mqar", lambda fraction: None)
     finally:
         torch.set_num_threads(threads)
-    assert f"llama-d16: resuming at step {stopped} of {STEPS}" in caplog.text
+    assert f"llama-d16-s0: resuming at step {stopped} of {STEPS}" in caplog.text
     assert [(r["name"], r["steps"]) for r in result["rows"]] == [("llama-d16", STEPS), ("tnl-d16", STEPS)]
     first = read_metrics(metrics)
     assert [r["step"] for r in first] == list(range(1, STEPS + 1))
-    assert sorted(p.name for p in (out / "mqar" / "llama-d16" / "checkpoints").iterdir()
+    assert sorted(p.name for p in (out / "mqar" / "llama-d16-s0" / "checkpoints").iterdir()
                   if p.name.startswith("step_")) == [f"step_{STEPS:08d}"]
-    assert recorded_rows(out) == {r["name"]: r for r in result["rows"]}
+    assert recorded_rows(out) == {r["name"]: r for r in result["runs"]}  # one seed: a run per configuration
+    assert [(c["name"], c["seeds"], c["accuracy"]) for c in result["rows"]] == [
+        (r["name"], [0], r["accuracy"]) for r in result["runs"]]
     assert_png(out / "plots" / "mqar.png", (1200, 480))  # 10 x 4 inches at 120 dpi, drawn
+
+
+def test_the_section_refuses_a_seed_count_below_one_before_training(tmp_path):
+    import pytest
+
+    from linlm.errors import ConfigError
+    from linlm.reproduce.sections.mqar import measure, run_settings
+
+    for seeds in (0, -1, "3"):
+        with pytest.raises(ConfigError, match="seeds"):
+            measure({**SETTINGS, "seeds": seeds}, tmp_path / "mqar", tmp_path, lambda f: None)
+    assert not (tmp_path / "mqar").exists()
+    plan = run_settings({**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"], "seeds": 2, "seed": 5})
+    assert plan["seeds"] == [5, 6]
+    assert [r.dir_name() for r in plan["runs"]][:5] == ["llama-d16-s5", "tnl-d16-s5", "mossnet-E1-d16-s5",
+                                                        "mossnet-E2-routed-k1-d16-s5", "llama-eqparams-d16-s5"]
+    assert all(r.seed == 6 for r in plan["runs"][len(plan["runs"]) // 2:])
+
+
+def _heads(acc: dict, width: int = 64, active: dict = None) -> dict:
+    """An MQAR section result of MossNet configurations: {(E, policy): (accuracy min, max)}, two seeds each."""
+    rows = []
+    for (e, policy), (lo, hi) in acc.items():
+        rows.append({"name": f"mossnet-E{e}-{policy}-d{width}", "arch": "mossnet", "d_model": width, "experts": e,
+                     "policy": policy, "accuracy": (lo + hi) / 2, "accuracy_min": lo, "accuracy_max": hi,
+                     "seeds": [0, 1], "active_params": (active or {}).get((e, policy), 1000)})
+    return {"chance": 0.03, "rows": rows}
+
+
+def test_ssm_experts_act_as_heads_follows_equal_active_parameters_against_the_seed_spread():
+    from linlm.reproduce import claims as C
+
+    judge = C.ssm_experts_act_as_heads
+    # E4 routed-k1 (E1's active size) above E1 by more than either spread: supported.
+    assert judge(_heads({(1, "dense"): (0.30, 0.34), (4, "routed-k1"): (0.50, 0.56)})).verdict == "supported"
+    # Above, but by less than the spread: not supported; a k = 2 model of more active parameters does not decide.
+    big = {(4, "routed-k2"): 1130}
+    close = judge(_heads({(1, "dense"): (0.30, 0.40), (4, "routed-k1"): (0.38, 0.44), (4, "routed-k2"): (0.9, 0.95)},
+                         active=big))
+    assert close.verdict == "not supported"
+    assert "E4 routed-k2 0.925 [0.900-0.950, 2 seeds] (+0.575 against a spread of 0.100; active x1.130, not judged)" \
+        in close.evidence
+    # Only models of other active sizes, or one seed: the measurement cannot tell.
+    only_big = _heads({(1, "dense"): (0.30, 0.32), (4, "routed-k2"): (0.5, 0.52)}, active=big)
+    assert judge(only_big).verdict == "not supported at this scale"
+    one = _heads({(1, "dense"): (0.30, 0.30), (4, "routed-k1"): (0.5, 0.5)})
+    for r in one["rows"]:
+        r["seeds"] = [0]
+    assert judge(one).verdict == "not supported at this scale"
+    near_chance = _heads({(1, "dense"): (0.03, 0.031), (4, "routed-k1"): (0.05, 0.051)})
+    assert judge(near_chance).verdict == "not supported at this scale"
+    assert judge(None).verdict == "not measured"
+    assert judge(_heads({(1, "dense"): (0.3, 0.3)})).verdict == "not measured"
+    assert "SSM experts act as heads" in [c.claim for c in C.judge({})][-1]

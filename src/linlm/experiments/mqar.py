@@ -1,7 +1,10 @@
 """The MQAR experiment (``linlm mqar``): small models of every architecture trained on the same MQAR stream, each
 measured on held-out sequences, accuracy against the width and the decoding state's size (floats per sequence,
-``ModelState.nbytes``), e.g. MossNet with E SSM experts against a Mamba of equal active size, the direct test of
-MossNet's multi-head argument. The task itself (generator, stream, accuracy) is :mod:`linlm.eval.mqar`.
+``ModelState.tensors``), with several seeds per configuration. MossNet runs as a grid of E SSM experts x routing
+policies against Mamba and LLaMA sized to it at equal active parameters and at equal state size, the direct test
+of MossNet's multi-head argument. The runs are :mod:`linlm.experiments.mqar_grid`, their summary and comparison
+groups :mod:`linlm.experiments.mqar_summary`; the task itself (generator, stream, accuracy) is
+:mod:`linlm.eval.mqar`.
 
 It is resumable run by run, and a result is recorded only for a run that trained to its end: a stop (Ctrl-C)
 leaves the stopped run's checkpoint and no result, and the same call again resumes it.
@@ -13,58 +16,23 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional
 
 from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig, mqar_accuracy, mqar_data, mqar_test_set, state_floats
+from linlm.experiments.mqar_grid import MQARRun, default_archs, default_runs, model_overrides
+from linlm.experiments.mqar_summary import loss_trend
 from linlm.locking import DirLock
 
 if TYPE_CHECKING:
     from linlm.train import TrainConfig
 
+__all__ = ["MQARRun", "RECORD_FILE", "default_archs", "default_runs", "plot_experiment", "run_experiment"]
+
 log = logging.getLogger("linlm.experiments.mqar")
 
 RECORD_FILE = "mqar.json"  # in each run's directory: its settings, and its result once the run has finished
-
-
-@dataclass
-class MQARRun:
-    """One model of the experiment: an architecture, a width, and model config overrides."""
-
-    arch: str
-    d_model: int
-    label: str = ""
-    overrides: Optional[dict] = None
-
-    def name(self) -> str:
-        return self.label or f"{self.arch}-d{self.d_model}"
-
-
-def default_archs() -> list[str]:
-    """Every registered architecture but the mixtures of experts (MossNet joins through ``experts``), in registry
-    order: the architectures an MQAR experiment trains unless told otherwise."""
-    from linlm.models.archs.base import MIXTURE
-    from linlm.models.registry import arch_names, get_arch
-
-    return [name for name in arch_names() if get_arch(name).family != MIXTURE]
-
-
-def default_runs(widths=(32, 64), experts: int = 4, archs: Optional[Sequence[str]] = None) -> list[MQARRun]:
-    """Every architecture (``archs``, default :func:`default_archs`) at each width, plus the MossNet pair: ``experts``
-    SSM experts with k = 1 and one dense MLP expert, against the same model with a single SSM expert (a Mamba block
-    plus that MLP: a single-head SSM of the same active size, the router aside). ``experts`` 1 gives that
-    single-expert model alone, 0 no MossNet run."""
-    if experts < 0:
-        raise ConfigError(f"mqar experts: must be >= 0 (0: no MossNet runs), got {experts}")
-    archs = default_archs() if archs is None else archs
-    runs = []
-    for d in widths:
-        runs.extend(MQARRun(arch, d) for arch in archs)
-        for e in dict.fromkeys((1, experts)) if experts else ():
-            runs.append(MQARRun("mossnet", d, f"mossnet-E{e}-d{d}",
-                                {"ssm_experts": e, "ssm_top_k": 1, "mlp_experts": 1, "mlp_top_k": 1}))
-    return runs
 
 
 @dataclass
@@ -100,23 +68,17 @@ def _plan_run(run: MQARRun, cfg: MQARConfig, out_dir: Path, train: dict, test_se
     from linlm.train.train_config import config_diff
     from linlm.train.rundir import RunDir
 
-    head_dim, threads = train["head_dim"], train["threads"]
-    if head_dim < 1 or run.d_model % head_dim:
-        raise ConfigError(f"mqar {run.name()}: d_model {run.d_model} is not a multiple of head_dim {head_dim}; "
-                          "choose widths that are multiples of the head dimension (or another head dimension)")
     steps = train["steps"]
-    model_over = {"d_model": run.d_model, "n_layers": train["n_layers"], "n_heads": run.d_model // head_dim,
-                  "glu_dim": 2 * run.d_model, "max_seq_len": max(64, cfg.seq_len), "chunk_size": 16,
-                  "vocab_size": cfg.vocab_size, **(run.overrides or {})}
-    run_dir = out_dir / run.name()
+    model_over = model_overrides(run, train["n_layers"], train["head_dim"], cfg.vocab_size, cfg.seq_len)
+    run_dir = out_dir / run.dir_name()
     train_cfg = build_config(None, {
         "model": {"arch": run.arch, "preset": None, "overrides": model_over},
-        "out_dir": str(run_dir), "steps": steps, "batch_size": train["batch_size"], "seed": train["seed"],
+        "out_dir": str(run_dir), "steps": steps, "batch_size": train["batch_size"], "seed": run.seed,
         "optim": {"lr": train["lr"], "weight_decay": 0.1},
         "schedule": {"kind": "cosine", "warmup_steps": min(50, steps // 10)},
         "eval": {"every": steps, "batches": 2}, "checkpoint": {"every": steps, "keep": 1},
         "data": {"seq_len": cfg.seq_len}, "samples": {"prompts": []}, "log_every": max(1, steps // 5),
-        "threads": threads,
+        "threads": train["threads"],
     })
     # Where the run lives and how many threads train it do not change what it computes.
     trained = {k: v for k, v in train_cfg.to_dict().items() if k not in ("out_dir", "threads")}
@@ -156,14 +118,16 @@ def _read_record(path: Path, what: str) -> Optional[dict]:
 
 
 def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int = 300, batch_size: int = 32,
-                   lr: float = 3e-3, n_layers: int = 2, head_dim: int = 16, seed: int = 0, test_sequences: int = 512,
+                   lr: float = 3e-3, n_layers: int = 2, head_dim: int = 16, test_sequences: int = 512,
                    threads: int = 0, overwrite: bool = False, what: str = "out_dir",
                    on_fraction: Optional[Callable[[float], None]] = None) -> list[dict]:
-    """Train each run on MQAR with the Trainer (``out_dir/NAME``) and measure its test accuracy; one row per run.
+    """Train each run on MQAR with the Trainer (``out_dir/NAME-sSEED``) and measure its test accuracy; one row per
+    run (a configuration and a seed: :func:`linlm.experiments.mqar_summary.summarize` joins a configuration's
+    seeds). A run's seed sets its initialisation, its training stream and its held-out test set.
 
     Resumable, one run at a time. Every run's directory is checked before anything is trained or written (see
     :func:`_plan_run`; ``what`` names the directory in messages, e.g. ``--out``), then each run's settings are
-    recorded in ``out_dir/NAME/mqar.json``; ``out_dir`` is locked while the experiment runs. A run's result joins
+    recorded in ``out_dir/NAME-sSEED/mqar.json``; ``out_dir`` is locked while the experiment runs. A run's result joins
     its record only once its training has reached ``steps``, and a rerun with the same settings reads it back
     instead of measuring again; a stopped run resumes from its checkpoint. A run the Trainer stopped on SIGINT /
     SIGTERM is neither measured nor recorded, and no later run is trained: this raises
@@ -173,16 +137,16 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     torch's thread count as it is (TrainConfig.threads). ``on_fraction(f)`` hears the fraction of runs done."""
     cfg = cfg.validate()
     out_dir = Path(out_dir).expanduser()
-    names = [r.name() for r in runs]
+    names = [r.dir_name() for r in runs]
     if not names:
         raise ConfigError("mqar: no runs to train; give at least one architecture (or MossNet experts)")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ConfigError(f"mqar: runs {', '.join(twice)} are given twice (a width or architecture repeated?); "
-                          "give each once")
+        raise ConfigError(f"mqar: runs {', '.join(twice)} are given twice (a width, architecture or seed "
+                          "repeated?); give each once")
     train = {"steps": steps, "batch_size": batch_size, "lr": lr, "n_layers": n_layers, "head_dim": head_dim,
-             "seed": seed, "threads": threads}
-    test = mqar_test_set(cfg, test_sequences, seed)
+             "threads": threads}
+    tests = {s: mqar_test_set(cfg, test_sequences, s) for s in dict.fromkeys(r.seed for r in runs)}
 
     def plan() -> list[_Planned]:
         return [_plan_run(r, cfg, out_dir, train, test_sequences, overwrite, what) for r in runs]
@@ -197,14 +161,18 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
                 outputs.write_json(p.dir / RECORD_FILE, p.record(), what)
         for i, p in enumerate(plans, 1):
             if p.row is not None:
-                log.info("[%d/%d] %s: finished earlier (%d steps, accuracy %.3f); read back", i, len(plans),
-                         p.run.name(), p.row["steps"], p.row["accuracy"])
+                log.info("[%d/%d] %s: finished earlier (%d steps, accuracy %s); read back", i, len(plans),
+                         p.run.dir_name(), p.row["steps"], _shown(p.row.get("accuracy")))
                 rows.append(p.row)
             else:
-                rows.append(_train_and_measure(p, cfg, test, seed, what, f"[{i}/{len(plans)}]"))
+                rows.append(_train_and_measure(p, cfg, tests[p.run.seed], what, f"[{i}/{len(plans)}]"))
             if on_fraction is not None:
                 on_fraction(i / len(plans))
     return rows
+
+
+def _shown(accuracy: Optional[float]) -> str:
+    return "none: diverged" if accuracy is None else f"{accuracy:.3f}"
 
 
 def _hooks(plan: _Planned, prefix: str, what: str):
@@ -212,7 +180,7 @@ def _hooks(plan: _Planned, prefix: str, what: str):
     an older run in its directory, record that it did."""
     from linlm.train import TrainHooks
 
-    name = plan.run.name()
+    name = plan.run.dir_name()
 
     class Hooks(TrainHooks):
         def on_start(self, info: dict) -> None:
@@ -226,56 +194,85 @@ def _hooks(plan: _Planned, prefix: str, what: str):
     return Hooks()
 
 
-def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, seed: int, what: str, prefix: str) -> dict:
-    """Train (or resume) one run to its end, measure it and record its row; a stopped run raises Stopped."""
+def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, prefix: str) -> dict:
+    """Train (or resume) one run to its end, measure it and record its row; a stopped run raises Stopped.
+
+    A run the divergence guard stopped is a result too: its row says why (``diverged``), its accuracy is None and
+    it is recorded, so that the experiment goes on and a rerun reads it back instead of diverging again."""
     from linlm import load
+    from linlm.errors import TrainingDiverged
     from linlm.models.counting import count
+    from linlm.models.lm import CausalLM
     from linlm.models.presets import preset_config
     from linlm.signals import Stopped
     from linlm.train import Trainer
     from linlm.train.metrics import METRICS_FILE, read_metrics
 
-    name, steps = plan.run.name(), plan.train_cfg.steps
-    result = Trainer(plan.train_cfg, resume=plan.has_run and not plan.replace, overwrite=plan.replace,
-                     hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed)).run()
-    if result.interrupted:
+    name, steps, seed = plan.run.dir_name(), plan.train_cfg.steps, plan.run.seed
+    trainer = Trainer(plan.train_cfg, resume=plan.has_run and not plan.replace, overwrite=plan.replace,
+                      hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed))
+    try:
+        result, diverged = trainer.run(), None
+    except TrainingDiverged as e:
+        result, diverged = None, str(e)
+    if result is not None and result.interrupted:
         raise Stopped(result.interrupted, f"stopped by {result.interrupted}: {name} at step {result.step} of "
                                           f"{steps} (checkpoint {result.checkpoint})")
-    if not result.finished or result.step != steps:
+    if result is not None and (not result.finished or result.step != steps):
         raise RuntimeError(f"{name}: the Trainer returned at step {result.step} of {steps} without a stop signal")
-    model = load(result.checkpoint)
-    counts = count(preset_config(plan.run.arch, None, **plan.model_over), batch=1, seq_len=cfg.seq_len)
+    config = preset_config(plan.run.arch, None, **plan.model_over)
+    counts = count(config, batch=1, seq_len=cfg.seq_len)
     # The steps' own time, from the metrics log: a resumed run counts each step once, whichever call trained it.
-    seconds = sum(r.get("step_s") or 0.0 for r in read_metrics(plan.dir / METRICS_FILE))
-    row = {"name": name, "arch": plan.run.arch, "d_model": plan.run.d_model, "n_layers": plan.model_over["n_layers"],
-           "params": counts["non_embedding_params"], "active_params": counts["active_non_embedding_params"],
-           "state_floats": state_floats(model, cfg.seq_len), "steps": result.step, "final_loss": result.loss,
-           "seconds": seconds, **mqar_accuracy(model, test)}
+    metrics = read_metrics(plan.dir / METRICS_FILE)
+    seconds = sum(r.get("step_s") or 0.0 for r in metrics)
+    model = CausalLM(config) if result is None else load(result.checkpoint)  # the state's size: any weights
+    layers, state = plan.model_over["n_layers"], state_floats(model, cfg.seq_len)
+    measured = ({"accuracy": None, "sequence_accuracy": None, "answers": 0} if result is None
+                else mqar_accuracy(model, test))
+    row = {"name": plan.run.name(), "run": name, "seed": seed, "arch": plan.run.arch, "d_model": plan.run.d_model,
+           "n_layers": layers, "overrides": plan.run.overrides or {}, "params": counts["non_embedding_params"],
+           "active_params": counts["active_non_embedding_params"], "state_floats": state,
+           "state_per_layer": state / layers, "steps": result.step if result else (metrics or [{}])[-1].get("step", 0),
+           "final_loss": result.loss if result else (metrics or [{}])[-1].get("loss"), "diverged": diverged,
+           **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, **measured}
     outputs.write_json(plan.dir / RECORD_FILE, plan.record(row, replace=False), what)
-    log.info("%s %s: accuracy %.3f after %d steps", prefix, name, row["accuracy"], row["steps"])
+    if diverged:
+        log.warning("%s %s: diverged (%s); recorded without an accuracy", prefix, name, diverged)
+    else:
+        log.info("%s %s: accuracy %.3f after %d steps", prefix, name, row["accuracy"], row["steps"])
     return row
 
 
-def plot_experiment(rows: list[dict], path, what: Optional[str] = None) -> Path:
-    """Accuracy against state size (left) and against width (right), one line per architecture, written to the
-    PNG ``path`` through linlm.outputs (a Figure of its own: pyplot's global state is not used)."""
+def plot_experiment(configs: list[dict], path, what: Optional[str] = None) -> Path:
+    """Accuracy against the state per layer (left) and against the active non-embedding parameters (right): the
+    two sizes the comparison groups hold equal. One line per configuration family (the name without its width)
+    through its widths, the seeds' mean with their min-max as error bars where a row has them
+    (:func:`linlm.experiments.mqar_summary.summarize`'s rows, or single runs), written to the PNG ``path`` through
+    linlm.outputs (a Figure of its own: pyplot's global state is not used)."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 4))
     axes = fig.subplots(1, 2)
-    labels = sorted({r["name"].rsplit("-d", 1)[0] for r in rows})
-    for label in labels:
-        pts = sorted((r for r in rows if r["name"].rsplit("-d", 1)[0] == label), key=lambda r: r["d_model"])
-        axes[0].plot([r["state_floats"] for r in pts], [r["accuracy"] for r in pts], "o-", label=label)
-        axes[1].plot([r["d_model"] for r in pts], [r["accuracy"] for r in pts], "o-", label=label)
-    axes[0].set_xscale("log")
-    axes[0].set_xlabel("decoding state (floats per sequence)")
-    axes[1].set_xscale("log", base=2)
-    axes[1].set_xlabel("model width d")
+    configs = [r for r in configs if r["accuracy"] is not None]  # a configuration whose every seed diverged
+    labels = list(dict.fromkeys(r["name"].rsplit("-d", 1)[0] for r in configs))
+    colours = colormaps["tab20"]
+    for i, label in enumerate(labels):
+        pts = sorted((r for r in configs if r["name"].rsplit("-d", 1)[0] == label), key=lambda r: r["d_model"])
+        acc = [r["accuracy"] for r in pts]
+        err = [[a - r.get("accuracy_min", a) for a, r in zip(acc, pts)],
+               [r.get("accuracy_max", a) - a for a, r in zip(acc, pts)]]
+        state = [r.get("state_per_layer", r["state_floats"] / r["n_layers"]) for r in pts]
+        style = {"yerr": err, "fmt": "o-", "capsize": 2, "label": label, "color": colours(i % 20)}
+        axes[0].errorbar(state, acc, **style)
+        axes[1].errorbar([r["active_params"] for r in pts], acc, **style)
+    axes[0].set_xlabel("decoding state per layer (floats per sequence)")
+    axes[1].set_xlabel("active non-embedding parameters")
     for ax in axes:
-        ax.set_ylabel("MQAR accuracy")
+        ax.set_xscale("log")
+        ax.set_ylabel("MQAR accuracy (mean, min-max over seeds)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     return outputs.save_figure(fig, path, what)

@@ -341,9 +341,55 @@ def constant_memory_decode(decode: Optional[dict]) -> Claim:
     return Claim(text, MOSSNET, verdict, "; ".join(parts), rule)
 
 
+def ssm_experts_act_as_heads(mqar: Optional[dict]) -> Claim:
+    from linlm.experiments.mqar_summary import ACTIVE_TOL
+
+    text = "SSM experts act as heads (MossNet's E experts recall better than one)"
+    rule = (f"MQAR, at some width: a MossNet with E >= 2 SSM experts and active parameters within {ACTIVE_TOL:.0%} of "
+            "the one-expert MossNet's above that model by more than the larger of the two min-max spreads over >= 2 "
+            f"seeds; some model more than {ABOVE_CHANCE:.2f} above chance. Equal active parameters decide which "
+            "runs are judged (routed k = 1, one expert a token as with E = 1); the paper's k = 2 and dense run more "
+            "expert parameters per token, so they are shown with their ratio but do not decide")
+    rows = [r for r in (mqar or {}).get("rows") or [] if r.get("experts") and r.get("accuracy") is not None]
+    parts, wins, compared, above = [], 0, 0, False
+
+    def shown(r: dict) -> str:
+        lo, hi = r.get("accuracy_min", r["accuracy"]), r.get("accuracy_max", r["accuracy"])
+        return f"{r['accuracy']:.3f} [{lo:.3f}-{hi:.3f}, {len(r.get('seeds') or [0])} seeds]"
+
+    for d in sorted({r["d_model"] for r in rows}):
+        at = [r for r in rows if r["d_model"] == d]
+        one = next((r for r in at if r["experts"] == 1), None)
+        heads = [r for r in at if r["experts"] >= 2]
+        if one is None or not heads:
+            continue
+        part = [f"d={d}: E1 {shown(one)}"]
+        for r in heads:
+            above = above or max(r["accuracy"], one["accuracy"]) - mqar.get("chance", 0.0) > ABOVE_CHANCE
+            spread = max(r.get("accuracy_max", r["accuracy"]) - r.get("accuracy_min", r["accuracy"]),
+                         one.get("accuracy_max", one["accuracy"]) - one.get("accuracy_min", one["accuracy"]))
+            ratio = r["active_params"] / one["active_params"]
+            seeds = min(len(r.get("seeds") or [0]), len(one.get("seeds") or [0]))
+            judged = seeds >= 2 and abs(ratio - 1) <= ACTIVE_TOL
+            compared += judged
+            wins += judged and r["accuracy"] - one["accuracy"] > spread
+            part.append(f"E{r['experts']} {r['policy']} {shown(r)} ({r['accuracy'] - one['accuracy']:+.3f} against "
+                        f"a spread of {spread:.3f}; active x{ratio:.3f}{'' if judged else ', not judged'})")
+        parts.append(", ".join(part))
+    if not parts:
+        return Claim(text, MOSSNET, "not measured", "MQAR has no one-expert MossNet beside one with E >= 2", rule)
+    evidence = "; ".join(parts)
+    if not compared or not above:
+        return Claim(text, MOSSNET, "not supported at this scale", evidence + (
+            "; none at equal active parameters with >= 2 seeds" if not compared else "; every model near chance"),
+            rule)
+    return Claim(text, MOSSNET, "supported" if wins else "not supported", evidence, rule)
+
+
 def judge(results: dict) -> list[Claim]:
     """Every claim, from the saved sections (missing ones give "not measured")."""
     fits = results.get("fits")
     return [scale_like_transformers(fits), lower_loss_at_equal_compute(fits),
             weaker_at_retrieval(results.get("mqar"), results.get("niah")), decay_helps_retrieval(results.get("mqar")),
-            mossnet_beats_baselines(results.get("compare_quality")), constant_memory_decode(results.get("decode"))]
+            mossnet_beats_baselines(results.get("compare_quality")), constant_memory_decode(results.get("decode")),
+            ssm_experts_act_as_heads(results.get("mqar"))]

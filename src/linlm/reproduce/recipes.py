@@ -33,7 +33,7 @@ class Recipe:
     quality: dict = field(default_factory=dict)  # {max_tokens: N}: validation tokens scored per model
     zeroshot: dict = field(default_factory=dict)  # {tasks: [...], limit: N}
     niah: dict = field(default_factory=dict)  # NIAHConfig fields
-    mqar: dict = field(default_factory=dict)  # {task: MQARConfig fields, widths, experts, archs, steps, ...}
+    mqar: dict = field(default_factory=dict)  # {task, widths, experts, policies, seeds, archs, steps, ...}
     decode: dict = field(default_factory=dict)  # {contexts, decode_tokens, archs, model, per_arch, device, dtype}
     # For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours.
     gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})

@@ -1,0 +1,201 @@
+"""The runs of the MQAR experiment: every architecture at each width, MossNet's grid of SSM experts E x routing
+policies, and the baselines sized to MossNet two ways, at equal active parameters and at equal state size.
+
+MossNet's runs differ only in the token mixer: the MLP is one dense SwiGLU expert, so that E and the policy are the
+only variables. A policy is written ``routed-kN`` (each expert's state advances only on the tokens routed to it, N
+experts per token), ``dense`` (every expert's state sees every token and the router's softmax over all E gates the
+outputs: gated linear multi-head attention with E heads) or ``dense-kN`` (every state sees every token, the top N
+outputs are gated). Routed with k = E is the same model as dense (every state sees every token, every output is
+gated), so it is trained once, as dense; with E = 1 every policy is the one-expert model (a Mamba block plus the
+MLP), trained once as ``mossnet-E1``; a k above E is left out.
+
+The matched baselines (:func:`matched_runs`), at each width where MossNet runs:
+
+- equal active parameters: the registry's baseline and each SSM without an MLP, sized to the one-expert MossNet's
+  active parameters (an architecture with an MLP through its GLU width, one without through as many layers as fit
+  and then ``dt_rank``), counted on the meta device;
+- equal state size: each SSM with ``d_state`` E times MossNet's, so that its state per layer is MossNet-E's.
+
+Which runs are compared with which is decided from the measured numbers (:mod:`linlm.experiments.mqar_summary`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from linlm.errors import ConfigError
+
+DEFAULT_EXPERTS = (1, 2, 4)
+DEFAULT_POLICIES = ("routed-k1", "routed-k2", "dense")
+# MossNet's MLP in every run: one dense SwiGLU, so that the token mixer is the only thing that differs.
+MOSSNET_MLP = {"mlp_experts": 1, "mlp_top_k": 1}
+_POLICY = re.compile(r"(routed|dense)(?:-k(\d+))?")
+
+
+@dataclass
+class MQARRun:
+    """One model of the experiment: an architecture, a width, model config overrides and the seed it trains with
+    (its initialisation, its training stream and its test set)."""
+
+    arch: str
+    d_model: int
+    label: str = ""
+    overrides: Optional[dict] = None
+    seed: int = 0
+
+    def name(self) -> str:
+        """The configuration's name, shared by its seeds: ``LABEL-dWIDTH`` (the width last)."""
+        return self.label or f"{self.arch}-d{self.d_model}"
+
+    def dir_name(self) -> str:
+        """Its directory below the experiment's: one per (configuration, seed)."""
+        return f"{self.name()}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A routing policy as written (``routed-k2``, ``dense``, ``dense-k2``): the layer's ``ssm_policy`` and k
+    (None: every expert)."""
+
+    text: str
+    ssm_policy: str
+    k: Optional[int]
+
+
+def parse_policy(text: str) -> Policy:
+    m = _POLICY.fullmatch(text.strip())
+    if m is None or (m.group(1) == "routed" and m.group(2) is None) or (m.group(2) is not None and int(m.group(2)) < 1):
+        raise ConfigError(f"mqar policy {text!r}: expected routed-kN (N >= 1), dense or dense-kN, e.g. "
+                          f"{','.join(DEFAULT_POLICIES)}")
+    return Policy(text.strip(), m.group(1), None if m.group(2) is None else int(m.group(2)))
+
+
+def mossnet_run(d: int, experts: int, policy: Policy) -> Optional[MQARRun]:
+    """MossNet with ``experts`` SSM experts under ``policy`` at width d, named by the model it is (see the module
+    doc); None when the policy's k exceeds E."""
+    k = experts if policy.k is None else policy.k
+    if k > experts:
+        return None
+    kind = "routed" if policy.ssm_policy == "routed" and k < experts else "dense"
+    if experts == 1:
+        label = "mossnet-E1"
+    elif kind == "dense" and k == experts:
+        label = f"mossnet-E{experts}-dense"
+    else:
+        label = f"mossnet-E{experts}-{kind}-k{k}"
+    over = {"ssm_experts": experts, "ssm_top_k": k, "ssm_policy": kind, **MOSSNET_MLP}
+    return MQARRun("mossnet", d, f"{label}-d{d}", over)
+
+
+def mossnet_runs(d: int, experts: Sequence[int], policies: Sequence[str]) -> list[MQARRun]:
+    """Every distinct MossNet model of the E x policy grid at width d, in the order given."""
+    runs: dict[str, MQARRun] = {}
+    parsed = [parse_policy(p) for p in policies]
+    for e in experts:
+        if e < 1:
+            raise ConfigError(f"mqar experts: {e} SSM experts; give counts >= 1 (or none: no MossNet runs)")
+        for policy in parsed:
+            run = mossnet_run(d, e, policy)
+            if run is not None:
+                runs.setdefault(run.name(), run)
+    return list(runs.values())
+
+
+def model_overrides(run: MQARRun, n_layers: int, head_dim: int, vocab_size: int, seq_len: int) -> dict:
+    """The model config of a run: the experiment's shape at the run's width, then the run's own overrides."""
+    if head_dim < 1 or run.d_model % head_dim:
+        raise ConfigError(f"mqar {run.name()}: d_model {run.d_model} is not a multiple of head_dim {head_dim}; "
+                          "choose widths that are multiples of the head dimension (or another head dimension)")
+    return {"d_model": run.d_model, "n_layers": n_layers, "n_heads": run.d_model // head_dim,
+            "glu_dim": 2 * run.d_model, "max_seq_len": max(64, seq_len), "chunk_size": 16,
+            "vocab_size": vocab_size, **(run.overrides or {})}
+
+
+def active_params(run: MQARRun, shape: dict) -> int:
+    """Active non-embedding parameters of the run, counted on the meta device (``shape``: model_overrides' other
+    arguments)."""
+    from linlm.models.counting import count
+    from linlm.models.presets import preset_config
+
+    over = model_overrides(run, **shape)
+    return count(preset_config(run.arch, None, **over), batch=1, seq_len=shape["seq_len"])[
+        "active_non_embedding_params"]
+
+
+def _solve(run: MQARRun, key: str, shape: dict, target: int, at: int, step: int) -> int:
+    """The value of the integer option ``key`` that brings the run's active parameters nearest ``target`` (they grow
+    linearly with it): two counts and a line through them."""
+    def size(value: int) -> int:
+        return active_params(MQARRun(run.arch, run.d_model, run.label, {**(run.overrides or {}), key: value}), shape)
+
+    lo = size(at)
+    per = (size(at + step) - lo) / step
+    return max(1, round(at + (target - lo) / per)) if per > 0 else at
+
+
+def equal_params_run(arch: str, d: int, shape: dict, target: int) -> MQARRun:
+    """``arch`` at width d sized to ``target`` active parameters: its GLU width where it has an MLP, else as many
+    layers as fit at dt_rank 1 and then its ``dt_rank``."""
+    from linlm.models.registry import get_arch
+
+    run = MQARRun(arch, d, f"{arch}-eqparams-d{d}", {})
+    if get_arch(arch).mlp is not None:
+        run.overrides["glu_dim"] = _solve(run, "glu_dim", shape, target, 2 * d, 8)
+        return run
+    # As many layers as fit at the smallest dt_rank, then the rank (which only adds) closes the gap: a layer is a
+    # coarse step at these widths, a unit of rank a fine one.
+    run.overrides["dt_rank"] = 1
+    run.overrides["n_layers"] = layers = max(1, int(target // active_params(run, {**shape, "n_layers": 1})))
+    run.overrides["dt_rank"] = _solve(run, "dt_rank", {**shape, "n_layers": layers}, target, 1, 1)
+    return run
+
+
+def matched_runs(d: int, experts: Sequence[int], archs: Sequence[str], shape: dict) -> list[MQARRun]:
+    """The baselines of :func:`equal_params_run` (target: the one-expert MossNet at width d) and the SSMs with E
+    times MossNet's ``d_state`` for each E >= 2 of ``experts`` (E = 1: the SSM of the width itself)."""
+    from linlm.models.archs.base import SSM
+    from linlm.models.model_config import ModelConfig
+    from linlm.models.registry import arch_names, baseline_arch, get_arch
+
+    ssms = [a for a in arch_names(SSM) if a in archs and get_arch(a).mlp is None]
+    candidates = [a for a in dict.fromkeys([baseline_arch(), *ssms]) if a in archs]
+    target = active_params(mossnet_run(d, 1, parse_policy("dense")), shape)
+    runs = [equal_params_run(a, d, shape, target) for a in candidates]
+    n = ModelConfig(arch="mossnet").d_state
+    for e in (e for e in dict.fromkeys(experts) if e >= 2):
+        runs += [MQARRun(a, d, f"{a}-N{e * n}-d{d}", {"d_state": e * n}) for a in ssms]
+    return runs
+
+
+def default_archs() -> list[str]:
+    """Every registered architecture but the mixtures of experts (MossNet joins through ``experts``), in registry
+    order: the architectures an MQAR experiment trains unless told otherwise."""
+    from linlm.models.archs.base import MIXTURE
+    from linlm.models.registry import arch_names, get_arch
+
+    return [name for name in arch_names() if get_arch(name).family != MIXTURE]
+
+
+def default_runs(widths=(32, 64), experts: Sequence[int] = DEFAULT_EXPERTS, archs: Optional[Sequence[str]] = None,
+                 policies: Sequence[str] = DEFAULT_POLICIES, seeds: Sequence[int] = (0,), matched: bool = True, *,
+                 n_layers: int = 2, head_dim: int = 16, vocab_size: int = 64, seq_len: int = 16) -> list[MQARRun]:
+    """Every architecture (``archs``, default :func:`default_archs`) at each width, MossNet's E x policy grid
+    (:func:`mossnet_runs`; ``experts`` empty: no MossNet runs) and, where MossNet runs and ``matched``, the
+    baselines of :func:`matched_runs`; each configuration once per seed. The shape (``n_layers`` ...) must be the
+    experiment's, since the matched baselines are sized from it."""
+    if not seeds:
+        raise ConfigError("mqar seeds: give at least one seed (a count >= 1)")
+    for p in policies:  # every policy is checked, also where no MossNet runs
+        parse_policy(p)
+    archs = default_archs() if archs is None else list(archs)
+    shape = {"n_layers": n_layers, "head_dim": head_dim, "vocab_size": vocab_size, "seq_len": seq_len}
+    configs: list[MQARRun] = []
+    for d in widths:
+        configs.extend(MQARRun(arch, d) for arch in archs)
+        moss = mossnet_runs(d, experts, policies) if experts else []
+        configs.extend(moss)
+        if moss and matched:
+            configs.extend(matched_runs(d, experts, archs, shape))
+    return [MQARRun(c.arch, c.d_model, c.label, c.overrides, s) for s in seeds for c in configs]
