@@ -14,13 +14,19 @@ Each method turns the runs into points, fits, and bootstraps 95 % intervals (--b
 
 * ``before``: what `linlm scaling fit` did before: at most 20 log-spaced logged points per run (indices rounded,
   so a run of 10 points keeps 8), every point weighted alike, points resampled;
-* the methods of METHODS below (the current code's points, weights and resampling).
+* every logged point, weighted alike or with runs weighted alike, with points or whole runs resampled; the
+  default is what `linlm scaling fit` does now (linlm.scaling.fits_parametric.fit_runs_parametric).
 
 For each method, noise model and parameter the table gives the mean and the largest relative error over the seeds,
 and the coverage: the fraction of seeds whose interval holds the truth (nominal 95 %; with 20 seeds one miss is
-5 %). Prints the table and writes benchmarks/results/bench_fit_calibration.json.
+5 %).
 
-    python benchmarks/bench_fit_calibration.py [--seeds 20] [--bootstrap 100] [--noise 0.01]
+A second table measures the interval of the envelope's N_opt(C) exponent (linlm.scaling.fits_envelope) on
+ladders of 6 and 10 sizes: resampling the envelope's points, its width and coverage depend on the grid the
+envelope is read at (60 or 240 points); resampling runs, they do not. Prints both tables and writes
+benchmarks/results/bench_fit_calibration.json.
+
+    python benchmarks/bench_fit_calibration.py [--seeds 20] [--bootstrap 100] [--noise 0.01] [--envelope-bootstrap 200]
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import meta, print_table, write_json  # noqa: E402
 
-from linlm.scaling.fits import Curve, fit_parametric  # noqa: E402
+from linlm.scaling.fits import Curve, fit_envelope, fit_parametric, fit_runs_parametric, parametric_points  # noqa: E402
 
 TRUTH = {"E": 1.69, "A": 406.4, "B": 410.7, "a": 0.34, "b": 0.28}
 AR1 = 0.95
@@ -69,7 +75,55 @@ def before(curves: list[Curve], bootstrap: int, seed: int):
     return fit_parametric(np.concatenate(ns), np.concatenate(ds), np.concatenate(ls), bootstrap=bootstrap, seed=seed)
 
 
-METHODS = {"before": before}
+def all_points(weighting: str, groups: bool):
+    def method(curves: list[Curve], bootstrap: int, seed: int):
+        p = parametric_points(curves, weighting=weighting)
+        return fit_parametric(p.params, p.tokens, p.loss, weights=p.weight, groups=p.run if groups else None,
+                              bootstrap=bootstrap, seed=seed)
+    return method
+
+
+def default(curves: list[Curve], bootstrap: int, seed: int):
+    return fit_runs_parametric(curves, bootstrap=bootstrap, seed=seed)
+
+
+METHODS = {"before": before,
+           "all points, points weighted alike, points resampled": all_points("points", False),
+           "all points, runs weighted alike, points resampled": all_points("runs", False),
+           "all points, runs weighted alike, runs resampled": all_points("runs", True),
+           "default: all points, points weighted alike, runs resampled": default}
+
+
+def envelope_ladder(seed: int, sizes: int, noise: float) -> list[Curve]:
+    """Runs of L = A/N^a + B/D^b (E = 0, so the envelope's laws are exact power laws), 150 log-spaced points."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, n in enumerate(np.geomspace(1e5, 1e8, sizes)):
+        tokens = np.geomspace(1e5, 2000 * n, 150)
+        clean = TRUTH["A"] / n ** TRUTH["a"] + TRUTH["B"] / tokens ** TRUTH["b"]
+        out.append(Curve(f"s{i}", "x", float(n), 6.0 * n, tokens, clean * np.exp(rng.normal(0.0, noise, 150))))
+    return out
+
+
+def envelope_calibration(seeds: int, bootstrap: int, noise: float) -> list[dict]:
+    """Coverage of the N_opt(C) exponent's interval, envelope points or runs resampled, at two grid sizes."""
+    want = TRUTH["b"] / (TRUTH["a"] + TRUTH["b"])
+    rows = []
+    for sizes in (6, 10):
+        for points in (60, 240):
+            for resample in ("points", "runs"):
+                inside, widths, errors = [], [], []
+                for seed in range(seeds):
+                    fit = fit_envelope(envelope_ladder(seed, sizes, noise), points=points, smooth_window=5,
+                                       bootstrap=bootstrap, seed=seed, resample=resample)
+                    lo, hi = fit.params.alpha_ci
+                    inside.append(lo <= want <= hi)
+                    widths.append(hi - lo)
+                    errors.append(abs(fit.params.alpha / want - 1.0))
+                rows.append({"sizes": sizes, "grid_points": points, "resampled": resample, "truth": want,
+                             "max_abs_rel_error": float(max(errors)), "median_ci_width": float(np.median(widths)),
+                             "coverage": float(np.mean(inside))})
+    return rows
 
 
 def main() -> None:
@@ -80,10 +134,11 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, default=6)
     ap.add_argument("--interval", type=float, default=2e6)
     ap.add_argument("--noise-models", default="iid,ar1")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--envelope-bootstrap", type=int, default=200)
+    ap.add_argument("--methods", default=";".join(METHODS), help="';'-separated names of METHODS")
     args = ap.parse_args()
     models = args.noise_models.split(",")
-    methods = args.methods.split(",")
+    methods = args.methods.split(";")
     per_seed: dict[str, list] = {}
     summary = []
     for model in models:
@@ -110,10 +165,16 @@ def main() -> None:
                 [[r["method"], r["noise"], r["param"], f"{100 * r['mean_rel_error']:+.1f} %",
                   f"{100 * r['max_abs_rel_error']:.1f} %", r["seeds_over_5pct"],
                   "" if r["coverage"] is None else f"{100 * r['coverage']:.0f} %", r["n_points"]] for r in summary])
+    envelope_rows = envelope_calibration(args.seeds, args.envelope_bootstrap, args.noise)
+    print()
+    print_table(["sizes", "grid points", "resampled", "max |rel err|", "median CI width", "95 % coverage"],
+                [[r["sizes"], r["grid_points"], r["resampled"], f"{100 * r['max_abs_rel_error']:.1f} %",
+                  f"{r['median_ci_width']:.3f}", f"{100 * r['coverage']:.0f} %"] for r in envelope_rows])
     path = write_json("bench_fit_calibration", {"meta": meta(), "truth": TRUTH, "seeds": args.seeds,
                                                 "bootstrap": args.bootstrap, "noise": args.noise,
                                                 "sizes": args.sizes, "log_interval_tokens": args.interval,
-                                                "ar1_coefficient": AR1, "summary": summary, "per_seed": per_seed})
+                                                "ar1_coefficient": AR1, "summary": summary,
+                                                "envelope_n_opt": envelope_rows, "per_seed": per_seed})
     print(f"wrote {path}")
 
 

@@ -39,6 +39,15 @@ class PowerLaw:
         return d
 
 
+def set_samples(law: PowerLaw, samples: np.ndarray) -> PowerLaw:
+    """Give ``law`` its bootstrap replicates (rows of log beta, alpha; NaN rows are failed replicates) and the
+    95 % percentile intervals they imply."""
+    law.samples = samples
+    lo, hi = percentile_ci(samples[:, 0])
+    law.beta_ci = (math.exp(lo), math.exp(hi))
+    law.alpha_ci = percentile_ci(samples[:, 1])
+    return law
+
 
 def line(lx: np.ndarray, ly: np.ndarray) -> tuple[float, float, float]:
     """Least squares ly = a + b lx; returns (a, b, R^2)."""
@@ -71,11 +80,7 @@ def fit_power_law(x: Sequence[float], y: Sequence[float], *, bootstrap: int = 10
             bb, aa = np.polyfit(lx[idx], ly[idx], 1)
             reps.append((aa, bb))
         if reps:
-            s = np.asarray(reps)
-            law.samples = s
-            lo, hi = percentile_ci(s[:, 0])
-            law.beta_ci = (math.exp(lo), math.exp(hi))
-            law.alpha_ci = percentile_ci(s[:, 1])
+            set_samples(law, np.asarray(reps))
     return law
 
 
