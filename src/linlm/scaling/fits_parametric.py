@@ -130,6 +130,15 @@ def fit_parametric(params: Sequence[float], tokens: Sequence[float], loss: Seque
     together (one label per run): the bootstrap then resamples whole groups (:func:`resample_groups`); without
     it, single points (:func:`resample_points`), which is right only for independent points. Each bootstrap
     replicate starts from the full-data optimum."""
+    import scipy.optimize  # noqa: F401 - load its BLAS first: threadpool_limits acts on the libraries loaded
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # 5 parameters and small arrays: BLAS threads only contend with each other
+        return _fit_parametric(params, tokens, loss, weights, groups, bootstrap, seed, starts, delta, what)
+
+
+def _fit_parametric(params, tokens, loss, weights, groups, bootstrap: int, seed: int, starts: int, delta: float,
+                    what: str) -> ParametricFit:
     n = np.asarray(params, dtype=np.float64)
     d = np.asarray(tokens, dtype=np.float64)
     y = np.asarray(loss, dtype=np.float64)
