@@ -104,3 +104,16 @@ def test_compute_optimal_compares_architectures_at_one_compute():
     assert tnl["N_opt_ci"][0] > llama["N_opt_ci"][1]
     beta, alpha = PAPER_TABLE3["tnl"]["N_opt(C)"]
     assert tnl["paper_N_opt"] == pytest.approx(beta * c ** alpha)
+
+
+def test_a_long_ladder_starts_from_a_subsample_and_lands_on_the_same_optimum(monkeypatch):
+    import linlm.scaling.fits_parametric as fp
+
+    curves = ladder(0, sizes=4, interval=1e6)  # 20 to 2,000 points a run, 2,542 in all
+    monkeypatch.setattr(fp, "START_POINTS", 500)  # the starts run on every 5th point, then all are refined
+    quick = fp.fit_runs_parametric(curves, bootstrap=0)
+    monkeypatch.setattr(fp, "START_POINTS", 10 ** 6)  # every start on every point
+    full = fp.fit_runs_parametric(curves, bootstrap=0)
+    assert quick.n_points == full.n_points == sum(len(c.tokens) for c in curves)
+    for key in ("E", "A", "B", "a", "b"):
+        assert getattr(quick, key) == pytest.approx(getattr(full, key), rel=1e-4)
