@@ -9,7 +9,7 @@ import pytest
 
 from linlm.errors import DataError
 from linlm.scaling.fits import (PFLOPS_DAY, Curve, crossover, crossover_between, envelope, fit_envelope,
-                                fit_parametric, fit_power_law, isoflop, parametric_points)
+                                fit_parametric, fit_power_law, fit_runs_parametric, isoflop)
 from linlm.scaling.paper import PAPER_TABLE3, paper_law
 
 # Hoffmann et al.'s fitted law (their Table A3 / approach 3); with E = 0 the compute-optimal envelope of
@@ -61,8 +61,7 @@ def test_isoflop_recovers_exponents_within_2_percent(seed):
 
 def test_parametric_recovers_law_within_2_percent():
     curves = synthetic(e=1.69, noise=0.003, sizes=12)
-    n, d, l = parametric_points(curves, per_run=25)
-    fit = fit_parametric(n, d, l, bootstrap=8)
+    fit = fit_runs_parametric(curves, bootstrap=8)
     within(fit.a, ALPHA, 0.02)
     within(fit.b, BETA, 0.02)
     within(fit.E, 1.69, 0.05)

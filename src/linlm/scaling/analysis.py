@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from linlm.errors import DataError
 from linlm.scaling.fits import (PFLOPS_DAY, Crossover, Envelope, EnvelopeFit, IsoFlopFit, ParametricFit,
-                                crossover_between, envelope, fit_envelope, fit_parametric, isoflop, parametric_points)
+                                compute_optimal, crossover_between, envelope, fit_envelope, fit_runs_parametric,
+                                isoflop)
 from linlm.scaling.paper import PAPER_TABLE3
 from linlm.scaling.runs import META_FILE, METRICS, Loaded, flops_key, load_runs
 
@@ -67,6 +68,8 @@ class Analysis:
                                                  "params": "non-embedding parameters", "tokens": "training tokens"},
                 "runs": runs, "skipped": [{"run": n, "reason": w} for n, w in self.loaded.skipped],
                 "archs": archs, "crossovers": [c.to_dict() for c in self.crossovers],
+                "compute_optimal": compute_optimal({a: f.envelope for a, f in self.archs.items() if f.envelope},
+                                                   PAPER_TABLE3),
                 "options": self.options.__dict__}
 
 
@@ -99,9 +102,8 @@ def fit_arch(arch: str, curves: list, opt: FitOptions) -> ArchFits:
     except DataError as e:
         out.errors["isoflop"] = str(e)
     try:
-        n, d, l = parametric_points(curves)
-        out.parametric = fit_parametric(n, d, l, bootstrap=opt.parametric_bootstrap, seed=opt.seed,
-                                        what=f"{arch} L(N, D)")
+        out.parametric = fit_runs_parametric(curves, bootstrap=opt.parametric_bootstrap, seed=opt.seed,
+                                             what=f"{arch} L(N, D)")
     except DataError as e:
         out.errors["parametric"] = str(e)
     return out
