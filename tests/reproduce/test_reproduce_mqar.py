@@ -145,4 +145,4 @@ def test_ssm_experts_act_as_heads_follows_equal_active_parameters_against_the_se
     assert judge(near_chance).verdict == "not supported at this scale"
     assert judge(None).verdict == "not measured"
     assert judge(_heads({(1, "dense"): (0.3, 0.3)})).verdict == "not measured"
-    assert "SSM experts act as heads" in [c.claim for c in C.judge({})][-1]
+    assert any("SSM experts act as heads" in c.claim for c in C.judge({}))
