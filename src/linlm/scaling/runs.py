@@ -6,8 +6,8 @@ training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) 
 (:func:`run_meta`), written before training starts: the architecture, non-embedding parameters N, training FLOPs
 per token (``paper_flops_per_token``, paper convention: embeddings and LM head excluded; files written before
 that name say ``flops_per_token``, and are read too), the LM head's FLOPs per token, tokens per step, the
-planned steps, and the data it trains on (source, tokenizer, the prepared data's fingerprints, its token count
-and the run's epochs).
+planned steps, the data it trains on (source, tokenizer, the prepared data's fingerprints, its token count
+and the run's epochs) and, for a study's run, what its rung varies (``study``: the kind, shape, context, seed).
 
 Plain training run directories (no scaling.json) are read too: N and FLOPs per token come from their
 config.yaml (neither depends on the vocabulary), the data identity from data.source and data.tokenizer.
@@ -43,7 +43,9 @@ def run_meta(run: PlannedRun, ladder: Ladder, data: DataInfo) -> dict:
     """What ``run``'s scaling.json says: the plan of the run and the data it trains on."""
     cfg = run.config
     epochs = run.tokens / data.train_tokens if data.train_tokens else None
-    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params,
+    tags = next((r.tags for r in ladder.rungs if r.name == run.rung), {})
+    study = {"study": {"kind": ladder.study.get("kind"), **tags}} if ladder.study else {}
+    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params, **study,
             FLOPS_KEY: run.paper_flops_per_token, "head_flops_per_token": run.head_flops_per_token,
             "tokens_per_step": run.tokens_per_step, "log_interval_tokens": run.tokens_per_step,
             "steps": cfg.steps, "tokens": run.tokens, "compute_flops": run.compute,
