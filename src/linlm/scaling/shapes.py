@@ -152,3 +152,31 @@ def study_table(res: dict) -> tuple[list[str], list[list[str]]]:
                          f"{a['spread']:.4f}" if first else "",
                          (f"{a['seed_range']:.4f}" if a["seed_range"] is not None else "-") if first else ""])
     return head, rows
+
+
+def plot_study(res: dict, title: str) -> bytes:
+    """The loss per shape, one line per architecture (its seeds as faint points), as PNG bytes."""
+    from matplotlib.figure import Figure
+
+    from linlm import outputs
+    from linlm.models.registry import arch_color
+
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    for arch, a in res["archs"].items():
+        labels = list(a["shapes"])
+        xs = range(len(labels))
+        ax.plot(xs, [a["shapes"][s]["loss"] for s in labels], "o-", color=arch_color(arch),
+                label=f"{arch} (spread {a['spread']:.3f})")
+        for x, s in zip(xs, labels):
+            seeds = list(a["shapes"][s]["seeds"].values())
+            ax.plot([x] * len(seeds), seeds, ".", color=arch_color(arch), alpha=0.35)
+        ax.set_xticks(list(xs), labels)
+    ax.set_xlabel("context" if res["kind"] == "context" else "shape (d_model, n_layers)")
+    ax.set_ylabel("validation loss (nats/token)" + (f" at context {res['common_context']}"
+                                                     if res["kind"] == "context" else ""))
+    ax.set_title(title)
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return outputs.figure_png(fig, 110)
