@@ -140,3 +140,13 @@ def test_every_builtin_study_ladder_loads():
         assert lad.study["kind"] in ("aspect", "context") and all(r.tags for r in lad.rungs)
     with pytest.raises(ConfigError, match="either rungs or a study"):
         ladder_from_dict({**aspect(), "rungs": [{"name": "x", "model": {}, "tokens": 1}]}, "a", "a.yaml")
+
+
+@pytest.mark.parametrize("ladder, key, words", [("context-smoke", "data.seq_len=16", "drop the --set of data.seq_len"),
+                                                ("aspect-smoke", "model.overrides.d_model=64",
+                                                 "drop the --set of model.overrides.d_model")])
+def test_a_set_that_undoes_the_study_is_refused(tmp_path, capsys, ladder, key, words):
+    out = tmp_path / "sweep"
+    assert main(["scaling", "run", "--ladder", ladder, "--out", str(out), "--set", key, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and not out.exists()

@@ -33,7 +33,7 @@ from typing import Any, Optional
 from linlm.schema import deep_merge, from_dict, load_yaml
 from linlm.errors import ConfigError, LinlmError, choices_text
 from linlm.models.cost import plan_cost, training_flops
-from linlm.scaling.studies import expand_study
+from linlm.scaling.studies import check_study_run, expand_study
 
 LADDER_DIR = Path(__file__).resolve().parent / "ladders"
 
@@ -180,6 +180,7 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
                 tokens_per_step = seq_len * batch
                 cfg.steps = max(1, math.ceil(rung.tokens / tokens_per_step))
                 cost = plan_cost(cfg.model_config, batch, seq_len)
+                check_study_run(rung.tags, cfg, "--set")
             except LinlmError as e:
                 raise type(e)(f"{where}: {e}") from None
             runs.append(PlannedRun(

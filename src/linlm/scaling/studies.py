@@ -148,3 +148,16 @@ def expand_study(data: dict, where: str) -> dict:
         what = "shapes" if st.kind == "aspect" else "contexts"
         raise ConfigError(f"{where}: study.{what}: each must be given once, got {names}")
     return {**data, "study": {"kind": st.kind}, "rungs": rungs}
+
+
+def check_study_run(tags: dict, cfg, where: str) -> None:
+    """Refuse a study's run whose settings no longer vary what its rung varies (a --set of data.seq_len in a context
+    study, or of the width or depth in an aspect study, would train every rung alike)."""
+    if "context" in tags and cfg.data.seq_len != tags["context"]:
+        raise ConfigError(f"{where}: data.seq_len is {cfg.data.seq_len}, but this context study trains the rung at "
+                          f"context {tags['context']}; drop the --set of data.seq_len (the study sets each context)")
+    shape = {k: tags[k] for k in ("d_model", "n_layers") if k in tags}
+    got = {k: cfg.model.overrides.get(k) for k in shape}
+    if got != shape:
+        raise ConfigError(f"{where}: the model is {got}, but this aspect study trains the rung at {shape}; drop the "
+                          "--set of model.overrides.d_model / n_layers (the study sets each shape)")
