@@ -135,7 +135,7 @@ def test_the_mossnet_ladder_counts_active_parameters(tmp_path):
 
 
 def test_every_builtin_study_ladder_loads():
-    for name in ("aspect-cpu", "context-cpu", "aspect-smoke", "context-smoke"):
+    for name in ("aspect-cpu", "context-cpu", "aspect-smoke", "context-smoke", "aspect-paper", "context-paper"):
         lad = load_ladder(name)
         assert lad.study["kind"] in ("aspect", "context") and all(r.tags for r in lad.rungs)
     with pytest.raises(ConfigError, match="either rungs or a study"):
@@ -150,3 +150,11 @@ def test_a_set_that_undoes_the_study_is_refused(tmp_path, capsys, ladder, key, w
     assert main(["scaling", "run", "--ladder", ladder, "--out", str(out), "--set", key, "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_the_paper_aspect_study_holds_its_1b_size_at_every_shape(tmp_path):
+    runs = plan_runs(load_ladder("aspect-paper"), ["llama"], tmp_path, None)
+    assert [r.rung for r in runs] == ["d1536-l32", "d1792-l24", "d2048-l18", "d3072-l8"]
+    # The paper's 1B LLaMA: 906.2M non-embedding parameters; every shape within 3 % of it.
+    assert all(abs(r.params / 906.2e6 - 1) < 0.03 for r in runs)
+    assert [r.config.model.overrides["n_heads"] for r in runs] == [12, 14, 16, 24]
