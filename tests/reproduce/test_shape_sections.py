@@ -98,3 +98,24 @@ def test_mossnet_scaling_claim_without_intervals_compares_the_points():
     fits = {"archs": {"llama": law(-0.06, float("nan"), float("nan")), "mossnet": law(-0.05, None, None)}}
     claim = mossnet_scales_as_well(fits)
     assert claim.verdict == "not supported" and "worse" in claim.evidence
+
+
+def test_the_cpu_recipe_trains_the_three_studies_and_smoke_none(tmp_path):
+    cpu = [name for name, _ in Job(load_recipe("cpu"), tmp_path).training_ladders()]
+    assert cpu == ["scaling", "compare", "aspect", "context", "mossnet"]
+    assert [name for name, _ in Job(load_recipe("smoke"), tmp_path).training_ladders()] == ["scaling", "compare"]
+
+
+def test_a_recipe_whose_study_does_not_divide_into_heads_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import linlm.reproduce.job
+    from linlm.cli import main
+
+    bad = inline("aspect-smoke", ["llama"])
+    bad["ladder"]["study"]["shapes"][0] = {"d_model": 24, "n_layers": 2}  # 24 is no multiple of head_dim 16
+    recipe = dataclasses.replace(load_recipe("smoke"), aspect=bad)
+    monkeypatch.setattr(linlm.reproduce.job, "load_recipe", lambda name: recipe)
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "d_model 24 does not divide into heads of head_dim 16" in err and len(err.splitlines()) == 1
+    assert not out.exists()
