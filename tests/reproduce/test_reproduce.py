@@ -196,11 +196,11 @@ def test_comparison_is_at_equal_active_parameters(name):
 
 
 def test_every_preset_loads():
-    assert set(recipe_names()) == {"smoke", "cpu", "gpu", "paper"}
+    assert set(recipe_names()) == {"smoke", "cpu", "cpu-long", "gpu", "paper"}
     presets = {name: load_recipe(name) for name in recipe_names()}
     # Only the paper's preset is too big to train here: it writes torchrun commands for a cluster.
-    assert {n: p.mode for n, p in presets.items()} == {"smoke": "local", "cpu": "local", "gpu": "local",
-                                                       "paper": "torchrun"}
+    assert {n: p.mode for n, p in presets.items()} == {"smoke": "local", "cpu": "local", "cpu-long": "local",
+                                                       "gpu": "local", "paper": "torchrun"}
     assert all(p.scaling["ladder"] for p in presets.values())
 
 

@@ -116,6 +116,30 @@ def run_finished(path: Path, steps: int) -> bool:
             and int(summary.get("step") or 0) >= steps)
 
 
+def finished_runs(sweep: Path) -> list[dict]:
+    """Each finished run of the sweep directory ``sweep`` (its ``runs/``) that saved a checkpoint, in directory
+    order: {run, arch, params, tokens, checkpoint, data_dir, seq_len, train_loss, val_loss_trainer, study} (study:
+    what a study's rung varies, or None)."""
+    from linlm.schema import load_yaml
+
+    rows = []
+    for run_dir in sorted((sweep / "runs").glob("*")) if (sweep / "runs").is_dir() else []:
+        try:
+            meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
+            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
+            continue
+        cfg = load_yaml(run_dir / "config.yaml")
+        rows.append({"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
+                     "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
+                     "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"]),
+                     "train_loss": summary.get("loss"), "val_loss_trainer": summary.get("val_loss"),
+                     "study": meta.get("study")})
+    return rows
+
+
 def find_run_dirs(root: Path) -> list[Path]:
     """Directories under ``root`` (itself, children, grandchildren) that hold a metrics log or scaling.json."""
     out = []

@@ -14,7 +14,6 @@ those means; ``seed_range`` the largest (max - min over seeds) of any one shape,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -48,25 +47,10 @@ def window_loss(model, ids, window: int, batch: int = 16) -> float:
 
 
 def study_runs(root: Path) -> list[dict]:
-    """The finished runs of a study's sweep directory: {run, arch, params, tokens, study, checkpoint, data_dir,
-    seq_len}, in directory order."""
-    from linlm.schema import load_yaml
-    from linlm.scaling.runs import META_FILE, run_finished
+    """The finished runs of a study's sweep directory (:func:`linlm.scaling.runs.finished_runs` of a study)."""
+    from linlm.scaling.runs import finished_runs
 
-    runs = []
-    for run_dir in sorted((root / "runs").glob("*")) if (root / "runs").is_dir() else []:
-        try:
-            meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
-            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not meta.get("study") or not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
-            continue
-        cfg = load_yaml(run_dir / "config.yaml")
-        runs.append({"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
-                     "tokens": int(meta["tokens"]), "study": meta["study"], "checkpoint": summary["checkpoint"],
-                     "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"])})
-    return runs
+    return [r for r in finished_runs(root) if r["study"]]
 
 
 def shape_label(study: dict) -> str:
@@ -133,7 +117,8 @@ def study_losses(root: str | Path, *, max_tokens: int = DEFAULT_MAX_TOKENS,
         for label, cell in a["shapes"].items():
             cell["loss_own_context"] = own["archs"][arch]["shapes"][label]["loss"]
     out.update({"common_context": common, "max_tokens": max_tokens,
-                "runs": [{k: v for k, v in r.items() if k not in ("checkpoint", "data_dir")} for r in runs]})
+                "runs": [{k: r[k] for k in ("run", "arch", "params", "tokens", "study", "seq_len", "val_loss",
+                                            "val_loss_common")} for r in runs]})
     return out
 
 
