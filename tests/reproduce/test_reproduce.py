@@ -15,6 +15,7 @@ from linlm import outputs
 from linlm.reproduce import run
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory
 from linlm.reproduce.recipes import load_recipe, recipe_names
+from linlm.reproduce.sections import SECTIONS
 from output_asserts import assert_png
 
 VERDICTS = {"supported", "partly supported", "not supported", "tie", "one seed: no spread",
@@ -91,7 +92,12 @@ def test_smoke_recipe_end_to_end_then_resumed(tmp_path, text_file, monkeypatch):
     moss = [r["state_bytes"] for r in decode["rows"] if r["arch"] == "mossnet"]
     assert len(moss) == 2 and C.constant_memory_decode(decode).verdict == (
         "supported" if moss[1] <= C.CONSTANT_STATE * moss[0] else "not supported")
-    assert any("[1/9] scaling" in s for s in said) and any("[9/9] decode" in s for s in said)
+    names = [s.name for s in SECTIONS]
+    n = len(names)
+    assert any(f"[1/{n}] scaling" in s for s in said) and any(f"[{names.index('decode') + 1}/{n}] decode" in s
+                                                                for s in said)
+    # The smoke recipe names no study: those sections say so, and train nothing.
+    assert "Skipped: recipe smoke gives no aspect ladder" in md and not (out / "aspect").exists()
 
     # The same command again: every finished section is read back; no optimizer step is taken, and no section's
     # result or training file is written again.
@@ -191,11 +197,11 @@ def test_comparison_is_at_equal_active_parameters(name):
 
 
 def test_every_preset_loads():
-    assert set(recipe_names()) == {"smoke", "cpu", "gpu", "paper"}
+    assert set(recipe_names()) == {"smoke", "cpu", "cpu-long", "gpu", "paper"}
     presets = {name: load_recipe(name) for name in recipe_names()}
     # Only the paper's preset is too big to train here: it writes torchrun commands for a cluster.
-    assert {n: p.mode for n, p in presets.items()} == {"smoke": "local", "cpu": "local", "gpu": "local",
-                                                       "paper": "torchrun"}
+    assert {n: p.mode for n, p in presets.items()} == {"smoke": "local", "cpu": "local", "cpu-long": "local",
+                                                       "gpu": "local", "paper": "torchrun"}
     assert all(p.scaling["ladder"] for p in presets.values())
 
 

@@ -392,7 +392,10 @@ def judge(results: dict) -> list[Claim]:
     return [scale_like_transformers(fits), lower_loss_at_equal_compute(fits),
             weaker_at_retrieval(results.get("mqar"), results.get("niah")), decay_helps_retrieval(results.get("mqar")),
             mossnet_beats_baselines(results.get("compare_quality")), constant_memory_decode(results.get("decode")),
-            ssm_experts_act_as_heads(results.get("mqar")), more_params_and_tokens_at_optimum(fits)]
+            ssm_experts_act_as_heads(results.get("mqar")), more_params_and_tokens_at_optimum(fits),
+            shape_matters_more(results.get("aspect_loss"), "aspect ratio"),
+            shape_matters_more(results.get("context_loss"), "context length"),
+            mossnet_scales_as_well(results.get("mossnet_fits"))]
 
 
 def more_params_and_tokens_at_optimum(fits: Optional[dict]) -> Claim:
@@ -454,3 +457,94 @@ def more_params_and_tokens_at_optimum(fits: Optional[dict]) -> Claim:
     else:
         verdict = "not supported" if losses else "tie"  # every interval overlaps LLaMA's
     return Claim(text, SCALING, verdict, "; ".join(parts), rule)
+
+
+SHAPE_MARGIN = 0.01  # nats/token: spreads across shapes closer than this (or than the seed range) are a tie
+
+
+def shape_matters_more(study: Optional[dict], what: str) -> Claim:
+    """From a shape study's losses (:func:`linlm.scaling.shapes.study_losses`): is each linear model's spread of
+    loss across shapes larger than the baseline's, by more than the seeds' own spread or the stated margin?"""
+    text = f"Shape ({what}) matters more for linear models than for LLaMA"
+    rule = (f"spread of validation loss across the {what}s (max - min of each shape's mean over seeds): a linear "
+            f"model's counts as larger than LLaMA's only if it exceeds it by more than the margin, the larger of "
+            f"{SHAPE_MARGIN} nats/token and the largest seed range (max - min over the seeds of one shape) of the "
+            "two; smaller by more than the margin counts as smaller; otherwise a tie")
+    if not study or "not_run" in study or not study.get("archs"):
+        return Claim(text, SCALING, "not measured", f"the {what} study did not run", rule)
+    archs, base = study["archs"], baseline()
+    if base not in archs:
+        return Claim(text, SCALING, "not measured", f"the {what} study has no {base}", rule)
+    ref = archs[base]
+
+    def seeds(a: dict) -> str:
+        return f", seed range {a['seed_range']:.4f}" if a.get("seed_range") is not None else ", one seed"
+
+    parts = [f"{base} spread {ref['spread']:.4f}{seeds(ref)}"]
+    larger = smaller = ties = 0
+    for arch in linear_archs():
+        if arch not in archs:
+            continue
+        a = archs[arch]
+        margin = max([SHAPE_MARGIN, *(x["seed_range"] for x in (a, ref) if x.get("seed_range") is not None)])
+        diff = a["spread"] - ref["spread"]
+        if diff > margin:
+            larger, word = larger + 1, "larger"
+        elif diff < -margin:
+            smaller, word = smaller + 1, "smaller"
+        else:
+            ties, word = ties + 1, "tie"
+        parts.append(f"{arch} spread {a['spread']:.4f}{seeds(a)} ({diff:+.4f} against margin {margin:.4f}: {word})")
+    total = larger + smaller + ties
+    if total == 0:
+        return Claim(text, SCALING, "not measured", f"the {what} study has no linear model", rule)
+    if larger:
+        verdict = _tally(larger, total)
+    else:
+        verdict = "not supported" if smaller else "tie"
+    return Claim(text, SCALING, verdict, "; ".join(parts), rule)
+
+
+def mossnet_scales_as_well(fits: Optional[dict]) -> Claim:
+    """From the fits of MossNet's ladder: is MossNet's L(C) exponent at least as steep as each baseline's, by
+    the bootstrap intervals?"""
+    import math
+
+    from linlm.models.archs.base import SSM
+    from linlm.models.registry import arch_names
+
+    text = "MossNet scales at least as well as its baselines"
+    rule = (f"L(C) exponent alpha (more negative: loss falls faster with compute) of MossNet against LLaMA's and "
+            f"the SSMs' on MossNet's ladder (active parameters), by their 95 % bootstrap intervals: worse only if "
+            f"MossNet's interval lies wholly above a baseline's (without intervals, its point estimate above); "
+            f"R² >= {MIN_R2} for both")
+    if not fits or "not_run" in fits:
+        return Claim(text, MOSSNET, "not measured", "MossNet's ladder did not run", rule)
+    laws = {a: (f.get("envelope") or {}).get("L(C)") for a, f in fits.get("archs", {}).items()}
+
+    def interval(law: dict) -> tuple[float, float]:
+        lo, hi = (law.get("alpha_ci") or [math.nan, math.nan])[:2]
+        ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi))
+        return (lo, hi) if ok else (law["alpha"], law["alpha"])
+
+    ref = laws.get("mossnet")
+    if not ref or ref["r2"] < MIN_R2:
+        why = "no L(C) fit for mossnet" if not ref else f"mossnet's L(C) fit has R² {ref['r2']:.2f}"
+        return Claim(text, MOSSNET, "not supported at this scale", why, rule)
+    m_lo, m_hi = interval(ref)
+    parts = [f"mossnet alpha {ref['alpha']:.4f} [{m_lo:.4f}, {m_hi:.4f}] (R² {ref['r2']:.2f})"]
+    wins = total = 0
+    for arch in (baseline(), *arch_names(SSM)):
+        law = laws.get(arch)
+        if not law or law["r2"] < MIN_R2:
+            why = "not in the ladder" if arch not in laws else "no fit" if not law else f"R² {law['r2']:.2f}"
+            parts.append(f"{arch}: {why}")
+            continue
+        b_lo, b_hi = interval(law)
+        worse, better = m_lo > b_hi, m_hi < b_lo
+        total += 1
+        wins += not worse
+        word = "worse" if worse else "better" if better else "intervals overlap"
+        parts.append(f"{arch} alpha {law['alpha']:.4f} [{b_lo:.4f}, {b_hi:.4f}] ({word})")
+    verdict = _tally(wins, total) if total else "not supported at this scale"
+    return Claim(text, MOSSNET, verdict, "; ".join(parts), rule)

@@ -167,7 +167,30 @@ class Job:
                                 f"recipe {self.recipe.name}: compare")
 
     def ladder(self, name: str):
-        return self.scaling_ladder() if name == "scaling" else self.compare_ladder()
+        if name == "scaling":
+            return self.scaling_ladder()
+        if name == "compare":
+            return self.compare_ladder()
+        return self.study_ladder(name)
+
+    def study_ladder(self, name: str):
+        """The ladder of the training section ``name`` set in the recipe's key of that name: ``{ladder: NAME}``
+        (a built-in ladder) or ``{ladder: {...}}`` (a ladder mapping)."""
+        from linlm.scaling.ladder import ladder_from_dict, load_ladder
+
+        spec = (getattr(self.recipe, name, None) or {}).get("ladder")
+        if not spec:
+            raise ConfigError(f"recipe {self.recipe.name}: {name}: no ladder given")
+        return load_ladder(spec) if isinstance(spec, str) else ladder_from_dict(
+            spec, name, f"recipe {self.recipe.name}: {name}")
+
+    def has_ladder(self, name: str) -> bool:
+        """Whether the recipe trains the training section ``name`` (a study's section is optional)."""
+        return name in ("scaling", "compare") or bool((getattr(self.recipe, name, None) or {}).get("ladder"))
+
+    def training_ladders(self) -> list:
+        """(name, ladder) of every training section the recipe trains, in the order the job runs them."""
+        return [(s.name, self.ladder(s.name)) for s in SECTIONS if s.training and self.has_ladder(s.name)]
 
     def run_section(self, name: str, tick: Callable[[float], None]) -> Optional[dict]:
         """The section's results, or None when it cannot run yet (see :class:`linlm.reproduce.section.Section`)."""

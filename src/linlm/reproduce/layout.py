@@ -8,6 +8,9 @@ DIR layout (every file here is written through :mod:`linlm.outputs`, so its ledg
     scaling_report/       the sweep's own report (IsoFLOP profiles, L(N, D), intervals)
     compare/              MossNet, Mamba and LLaMA at equal active parameters and tokens (same layout)
     mqar/                 the MQAR runs and their results
+    aspect/, context/     the optional shape studies (linlm scaling run layout), where the recipe names them
+    mossnet/              MossNet's scaling ladder with Mamba and LLaMA (same layout), where the recipe names it
+    mossnet_report/       its own scaling report
     sections/NAME.json    each finished section's numbers (a rerun reads it back)
     plots/                every PNG of the report
     report.md, report.html, results.json (all sections and the claims), errors.log (a section that failed)

@@ -34,7 +34,7 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
     local = recipe.mode == "local"
     totals = {"runs": 0, "compute_flops": 0.0, "training_flops": 0.0, "seconds": 0.0}
     print(f"linlm reproduce --recipe {recipe.name}: {recipe.description}", file=file)
-    for name, ladder in (("scaling", job.scaling_ladder()), ("compare", job.compare_ladder())):
+    for name, ladder in job.training_ladders():
         runs = plan_runs(ladder, None, Path(out) / name, job.overrides)
         rows = plan_rows(ladder, runs, say, prepare=local, strict_epochs=False)
         if local:

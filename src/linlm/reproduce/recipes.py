@@ -3,9 +3,10 @@
 A recipe names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
 holds the MossNet comparison as a one-rung ladder of its own (``compare``: LLaMA, Mamba and MossNet at equal
 active parameters and equal tokens, trained once per seed of ``compare.seeds``: :mod:`linlm.reproduce.seeds`),
-and sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``, ``mqar``, ``decode``). ``mode: local``
-trains here; ``mode: torchrun`` writes one torchrun command per run and evaluates whatever has finished when the
-command is run again.
+sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``, ``mqar``, ``decode``), and names the optional
+studies (``aspect``, ``context``: shape studies; ``mossnet``: MossNet's own ladder). ``mode: local`` trains here;
+``mode: torchrun`` writes one torchrun command per run and evaluates whatever has finished when the command is run
+again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class Recipe:
     niah: dict = field(default_factory=dict)  # NIAHConfig fields
     mqar: dict = field(default_factory=dict)  # {task, widths, experts, policies, seeds, archs, steps, ...}
     decode: dict = field(default_factory=dict)  # {contexts, decode_tokens, archs, model, per_arch, device, dtype}
+    # The optional studies (linlm.reproduce.sections.shape), each {ladder: NAME or a ladder mapping, ...}; {}: not run.
+    aspect: dict = field(default_factory=dict)  # an aspect-ratio study ladder; max_tokens: validation tokens scored
+    context: dict = field(default_factory=dict)  # a context-length study ladder; max_tokens as for aspect
+    mossnet: dict = field(default_factory=dict)  # MossNet's scaling ladder (with its baselines), fitted like scaling
     # For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours.
     gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})
 

@@ -9,7 +9,6 @@ prepared data directory, and the pieces of the report (a number, a plot, why a s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -61,36 +60,16 @@ class Section:
 # ---- the models and the text sections evaluate ----------------------------------------------------------------
 
 
-def _summary(run_dir: Path) -> Optional[dict]:
-    try:
-        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def trained_models(sweep: Path, largest_only: bool) -> dict[str, dict]:
     """{label: {run, arch, seed, params, checkpoint, data_dir, seq_len, ...}} for each finished run of a sweep
     directory, labelled by run (``largest_only``: the run with the most parameters of each architecture, labelled
     by architecture)."""
-    from linlm.schema import load_yaml
-    from linlm.scaling.runs import META_FILE, run_finished
+    from linlm.scaling.runs import finished_runs
 
     found: dict[str, dict] = {}
-    for run_dir in sorted((sweep / "runs").glob("*")) if (sweep / "runs").is_dir() else []:
-        try:
-            meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        summary = _summary(run_dir)
-        if not summary or not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
-            continue
-        cfg = load_yaml(run_dir / "config.yaml")
-        row = {"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
-               "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
-               "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"]),
-               "seed": int(cfg.get("seed") or 0),
-               "train_loss": summary.get("loss"), "val_loss_trainer": summary.get("val_loss")}
-        key = meta["arch"] if largest_only else run_dir.name
+    for row in finished_runs(sweep):
+        row = {k: v for k, v in row.items() if k != "study"}
+        key = row["arch"] if largest_only else row["run"]
         if key not in found or row["params"] > found[key]["params"]:
             found[key] = row
     return found

@@ -45,6 +45,17 @@ def register(subparsers) -> None:
                         "linlm did not write is never replaced)")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("study", help="the loss per shape per architecture of a shape study's sweep",
+                       description="Score every finished run of an aspect-ratio or context-length study (a ladder "
+                                   "with a study: `linlm scaling run --ladder aspect-cpu --out DIR`) on its "
+                                   "validation text, and print the loss per shape per architecture and its spread "
+                                   "across shapes.")
+    p.add_argument("dir", help="the sweep directory of a study (linlm scaling run --out)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="validation tokens scored per run (default 32768)")
+    p.add_argument("--json", action="store_true", help="print the losses as JSON")
+    p.set_defaults(func=cmd_study)
+
     p = sub.add_parser("ladders", help="list the built-in ladders")
     p.set_defaults(func=cmd_ladders)
 
@@ -119,6 +130,32 @@ def cmd_report(args) -> int:
     _say_skipped(a)
     files = write_report(a, args.out, "--out")
     print(f"report: {files['report.md']} and {files['report.html']}")
+    return 0
+
+
+def cmd_study(args) -> int:
+    from pathlib import Path
+
+    from linlm.cli_args import check_numbers
+    from linlm.errors import DataError
+    from linlm.render import print_table
+    from linlm.scaling.shapes import DEFAULT_MAX_TOKENS, study_losses, study_table
+
+    check_numbers(("--max-tokens", args.max_tokens, 2, False))
+    root = Path(args.dir).expanduser()
+    if not root.is_dir():
+        raise DataError(f"{root}: no such directory; give the --out directory of `linlm scaling run` of a study")
+    res = study_losses(root, max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS)
+    if res is None:
+        raise DataError(f"{root}: holds no finished run of a study (a ladder with `study:`); train it with "
+                        f"`linlm scaling run --ladder LADDER --out {root}` first")
+    if args.json:
+        from linlm import outputs
+
+        print(outputs.dumps(res), end="")
+        return 0
+    head, rows = study_table(res)
+    print_table(head, rows, title=f"{res['kind']} study: {len(res['runs'])} runs, loss in nats/token")
     return 0
 
 

@@ -24,6 +24,7 @@ class DataInfo:
     train_tokens: Optional[int]
     source_fingerprint: Optional[str]
     tokenizer_fingerprint: Optional[str]
+    val_tokens: Optional[int] = None
 
 
 def unknown_data() -> DataInfo:
@@ -53,8 +54,22 @@ def resolve_run_data(cfg, prepare: bool) -> DataInfo:
                             "`linlm data prepare`")
         return unknown_data()
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    val = meta["splits"].get("val", {}).get("tokens")
     return DataInfo(directory, int(meta["splits"]["train"]["tokens"]), meta.get("source", {}).get("fingerprint"),
-                    meta.get("tokenizer", {}).get("fingerprint"))
+                    meta.get("tokenizer", {}).get("fingerprint"), int(val) if val is not None else None)
+
+
+def check_contexts(runs: list[PlannedRun], infos: dict[str, DataInfo], ladder: Ladder) -> None:
+    """Refuse a run whose context (data.seq_len) the prepared data cannot fill: the training split must hold one
+    sequence of it (plus the next token), and the validation split one too when it has any (a study scores every
+    run on validation text at its own context)."""
+    for r in runs:
+        info, n = infos[r.name], r.config.data.seq_len
+        for split, have in (("training", info.train_tokens), ("validation", info.val_tokens)):
+            if have is not None and (split == "training" or have > 0) and have < n + 1:
+                raise DataError(f"ladder {ladder.name}: run {r.name} has context {n}, longer than the {have:,} "
+                                f"tokens of the {split} split of its data; use a shorter context, a larger corpus "
+                                "(--set data.source=...) or a larger data.val_fraction")
 
 
 def check_epochs(runs: list[PlannedRun], infos: dict[str, DataInfo], ladder: Ladder) -> None:

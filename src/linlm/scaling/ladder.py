@@ -15,6 +15,10 @@ A ladder is a YAML file (the built-in ones live in ``linlm/scaling/ladders/``: `
         per_arch: {tnl: {n_layers: 25}}                  # optional: fields where an architecture departs
         train: {optim: {lr: 2.0e-3}}                     # optional: TrainConfig keys for this rung only
 
+A ladder may give a ``study`` (one size at several shapes or contexts) instead of ``rungs``: see
+:mod:`linlm.scaling.studies`. Its rungs carry ``tags`` (the shape, the context, the seed), which each run's
+scaling.json records.
+
 Every (architecture, rung) pair becomes a :class:`PlannedRun`: a validated TrainConfig whose ``steps`` is the
 rung's tokens over the tokens per step (rounded up), plus the parameter and FLOP counts of its model.
 """
@@ -29,6 +33,7 @@ from typing import Any, Optional
 from linlm.schema import deep_merge, from_dict, load_yaml
 from linlm.errors import ConfigError, LinlmError, choices_text
 from linlm.models.cost import plan_cost, training_flops
+from linlm.scaling.studies import check_study_run, expand_study
 
 LADDER_DIR = Path(__file__).resolve().parent / "ladders"
 
@@ -46,6 +51,7 @@ class Rung:
     tokens: int
     per_arch: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    tags: dict = field(default_factory=dict)  # what a study's rung varies: {shape, d_model, n_layers, seed}, ...
 
 
 @dataclass
@@ -61,6 +67,8 @@ class Ladder:
     torchrun: str = "--nproc_per_node=8"
     # Runs trained at the same time on this machine, each in a worker process (linlm.scaling.workers).
     jobs: int = 1
+    # A study's ladder: {kind: aspect | context} (linlm.scaling.studies); {} for a ladder of sizes.
+    study: dict = field(default_factory=dict)
 
     def rung(self, name: str) -> Rung:
         for r in self.rungs:
@@ -87,9 +95,10 @@ def load_ladder(spec: str) -> Ladder:
 def ladder_from_dict(data: dict, default_name: str, where: str) -> Ladder:
     """A ladder from its YAML mapping (``where`` names it in errors: a file, or the reproduce recipe that holds it)."""
     path = where
+    data = expand_study(data, where)
     rungs = data.get("rungs") if isinstance(data, dict) else None
     if not isinstance(rungs, list) or not rungs:
-        raise ConfigError(f"{path}: rungs: expected a non-empty list of rungs (name, model, tokens)")
+        raise ConfigError(f"{path}: rungs: expected a non-empty list of rungs (name, model, tokens), or a study")
     try:
         parsed = [from_dict(Rung, r, prefix=f"rungs[{i}].") for i, r in enumerate(rungs)]
         ladder = from_dict(Ladder, {**data, "rungs": parsed, "name": data.get("name", default_name)})
@@ -171,6 +180,7 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
                 tokens_per_step = seq_len * batch
                 cfg.steps = max(1, math.ceil(rung.tokens / tokens_per_step))
                 cost = plan_cost(cfg.model_config, batch, seq_len)
+                check_study_run(rung.tags, cfg, "--set")
             except LinlmError as e:
                 raise type(e)(f"{where}: {e}") from None
             runs.append(PlannedRun(

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from linlm import outputs
 from linlm.errors import DataError
-from linlm.scaling.data import DataInfo, check_epochs, resolve_run_data, unknown_data
+from linlm.scaling.data import DataInfo, check_contexts, check_epochs, resolve_run_data, unknown_data
 from linlm.scaling.fits import PFLOPS_DAY
 from linlm.scaling.ladder import Ladder, PlannedRun
 from linlm.scaling.progress import fmt_seconds, wall_seconds
@@ -58,8 +58,8 @@ def plan_table(rows: list[PlanRow]) -> tuple[list[str], list[list[str]]]:
 
 def prepare_rows(ladder: Ladder, runs: list[PlannedRun], prepare: bool,
                  say: Optional[Callable[[str], None]] = None) -> list[PlanRow]:
-    """The rows of a grid with their data resolved (prepared when ``prepare``). Too many epochs raise, or,
-    when ``say`` is given (a plan that trains nothing), are reported through it."""
+    """The rows of a grid with their data resolved (prepared when ``prepare``). A context the data cannot fill
+    raises; too many epochs raise, or, when ``say`` is given (a plan that trains nothing), are reported through it."""
     infos: dict[str, DataInfo] = {}
     cache: dict[str, DataInfo] = {}
     for r in runs:
@@ -70,6 +70,7 @@ def prepare_rows(ladder: Ladder, runs: list[PlannedRun], prepare: bool,
         infos[r.name] = cache[key]
         if infos[r.name].directory is not None and not r.config.data.dir:
             r.config.data.dir = str(infos[r.name].directory)
+    check_contexts(runs, infos, ladder)
     try:
         check_epochs(runs, infos, ladder)
     except DataError as e:

@@ -6,8 +6,8 @@ training run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/) 
 (:func:`run_meta`), written before training starts: the architecture, non-embedding parameters N, training FLOPs
 per token (``paper_flops_per_token``, paper convention: embeddings and LM head excluded; files written before
 that name say ``flops_per_token``, and are read too), the LM head's FLOPs per token, tokens per step, the
-planned steps, and the data it trains on (source, tokenizer, the prepared data's fingerprints, its token count
-and the run's epochs).
+planned steps, the data it trains on (source, tokenizer, the prepared data's fingerprints, its token count
+and the run's epochs) and, for a study's run, what its rung varies (``study``: the kind, shape, context, seed).
 
 Plain training run directories (no scaling.json) are read too: N and FLOPs per token come from their
 config.yaml (neither depends on the vocabulary), the data identity from data.source and data.tokenizer.
@@ -43,7 +43,9 @@ def run_meta(run: PlannedRun, ladder: Ladder, data: DataInfo) -> dict:
     """What ``run``'s scaling.json says: the plan of the run and the data it trains on."""
     cfg = run.config
     epochs = run.tokens / data.train_tokens if data.train_tokens else None
-    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params,
+    tags = next((r.tags for r in ladder.rungs if r.name == run.rung), {})
+    study = {"study": {"kind": ladder.study.get("kind"), **tags}} if ladder.study else {}
+    return {"ladder": ladder.name, "arch": run.arch, "rung": run.rung, "params": run.params, **study,
             FLOPS_KEY: run.paper_flops_per_token, "head_flops_per_token": run.head_flops_per_token,
             "tokens_per_step": run.tokens_per_step, "log_interval_tokens": run.tokens_per_step,
             "steps": cfg.steps, "tokens": run.tokens, "compute_flops": run.compute,
@@ -112,6 +114,30 @@ def run_finished(path: Path, steps: int) -> bool:
     # The planned steps, not the summary's own "finished": a run may have been trained to fewer steps.
     return (summary.get("interrupted") is None and summary.get("finished", True) is not False
             and int(summary.get("step") or 0) >= steps)
+
+
+def finished_runs(sweep: Path) -> list[dict]:
+    """Each finished run of the sweep directory ``sweep`` (its ``runs/``) that saved a checkpoint, in directory
+    order: {run, arch, params, tokens, checkpoint, data_dir, seq_len, seed, train_loss, val_loss_trainer, study}
+    (seed: the train config's; study: what a study's rung varies, or None)."""
+    from linlm.schema import load_yaml
+
+    rows = []
+    for run_dir in sorted((sweep / "runs").glob("*")) if (sweep / "runs").is_dir() else []:
+        try:
+            meta = json.loads((run_dir / META_FILE).read_text(encoding="utf-8"))
+            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not summary.get("checkpoint") or not run_finished(run_dir, int(meta["steps"])):
+            continue
+        cfg = load_yaml(run_dir / "config.yaml")
+        rows.append({"run": run_dir.name, "arch": meta["arch"], "params": int(meta["params"]),
+                     "tokens": int(meta["tokens"]), "checkpoint": summary["checkpoint"],
+                     "data_dir": cfg["data"]["dir"], "seq_len": int(cfg["data"]["seq_len"]),
+                     "seed": int(cfg.get("seed") or 0), "train_loss": summary.get("loss"), "val_loss_trainer": summary.get("val_loss"),
+                     "study": meta.get("study")})
+    return rows
 
 
 def find_run_dirs(root: Path) -> list[Path]:

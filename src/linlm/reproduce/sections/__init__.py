@@ -1,5 +1,6 @@
 """The sections of ``linlm reproduce``, in the order the job runs them: one module each (training holds both
-training sections, quality both quality sections), each defining its :class:`linlm.reproduce.section.Section`.
+training sections, quality both quality sections, shape the optional studies and the sections that read them),
+each defining its :class:`linlm.reproduce.section.Section`.
 
 Adding a section: write its module here (its ``measure``, its ``run`` from the job, its ``render``, the record),
 add the record to :data:`SECTIONS`, and its settings to the recipes (a field of
@@ -10,11 +11,12 @@ the plan and the report all read the list.
 from __future__ import annotations
 
 from linlm.reproduce.section import Section
-from linlm.reproduce.sections import decode, fits, mqar, niah, quality, training, zeroshot
+from linlm.reproduce.sections import decode, fits, mqar, niah, quality, shape, training, zeroshot
 
 SECTIONS: tuple[Section, ...] = (training.SCALING, training.COMPARE, fits.SECTION, quality.QUALITY,
                                  quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, mqar.SECTION,
-                                 decode.SECTION)
+                                 decode.SECTION, shape.ASPECT, shape.ASPECT_LOSS, shape.CONTEXT, shape.CONTEXT_LOSS,
+                                 shape.MOSSNET, shape.MOSSNET_FITS)
 
 
 def get(name: str) -> Section:

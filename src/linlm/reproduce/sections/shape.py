@@ -1,0 +1,156 @@
+"""The optional studies of a recipe, each a training section and the section that reads it:
+
+- ``aspect`` / ``aspect_loss``: one size at several (d_model, n_layers) shapes (a ladder with an aspect study,
+  :mod:`linlm.scaling.studies`), in DIR/aspect; the validation loss per shape per architecture
+  (:func:`linlm.scaling.shapes.study_losses`) and its spread across shapes;
+- ``context`` / ``context_loss``: one model at several training contexts on the same tokens, in DIR/context;
+  scored at each run's own context and at the shortest one (the spread is taken there);
+- ``mossnet`` / ``mossnet_fits``: MossNet's scaling ladder with Mamba and LLaMA beside it (compute from active
+  parameters), in DIR/mossnet; L(C) and the rest fitted as the scaling sweep is (:mod:`linlm.reproduce.sections.fits`),
+  its report in DIR/mossnet_report.
+
+A recipe runs a study when its key names a ladder (``aspect: {ladder: aspect-cpu}``); without one, each of these
+sections says so in the report and trains nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from linlm import outputs
+from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, image
+from linlm.reproduce.sections import fits, training
+
+
+def _skipped(job, name: str) -> dict:
+    return {"not_run": f"recipe {job.recipe.name} gives no {name} ladder (its key {name}: {{ladder: NAME}} runs it)"}
+
+
+def _ladder_line(name: str):
+    def plan(recipe) -> str:
+        spec = (getattr(recipe, name) or {}).get("ladder")
+        return f"{name}: ladder {spec!r} (its runs are listed above)" if spec else f"{name}: not in this recipe"
+    return plan
+
+
+def optional_training(name: str, weight: float) -> Section:
+    """A training section that runs only when the recipe gives its ladder (else it reports why not)."""
+    base = training.training_section(name, weight, ("overrides",))
+
+    def run(job, tick: Tick) -> Optional[dict]:
+        return base.run(job, tick) if job.has_ladder(name) else _skipped(job, name)
+
+    def check(job, kept, replace: bool) -> None:
+        if job.has_ladder(name):
+            base.check(job, kept, replace)
+
+    return dataclasses.replace(base, run=run, check=check, plan=_ladder_line(name))
+
+
+def _not_run_blocks(b: Blocks, res: dict) -> Optional[Blocks]:
+    return b + [("p", f"Skipped: {res['not_run']}.")] if "not_run" in res else None
+
+
+# ---- the studies ------------------------------------------------------------------------------------------------
+
+
+def measure_study(sweep: Path, settings: dict, plots: Path, name: str, tick: Tick) -> Optional[dict]:
+    from linlm.scaling.shapes import DEFAULT_MAX_TOKENS, plot_study, study_losses
+
+    res = study_losses(sweep, max_tokens=int(settings.get("max_tokens", DEFAULT_MAX_TOKENS)), on_fraction=tick)
+    if res is None:
+        return None
+    res["plot"] = f"{name}.png"
+    outputs.write_bytes(plots / res["plot"], plot_study(res, f"{name} study"), "--out")
+    return res
+
+
+def study_section(name: str, sweep: str, title: str, weight: float, rank: int, about: str) -> Section:
+    def run(job, tick: Tick) -> Optional[dict]:
+        if not job.has_ladder(sweep):
+            return _skipped(job, sweep)
+        return measure_study(job.sweep(sweep), getattr(job.recipe, sweep), job.plots, sweep, tick)
+
+    def render(job, pending: list[str]) -> Blocks:
+        from linlm.scaling.shapes import study_table
+
+        b, res = heading(job, title, pending, name, sweep)
+        if res is None:
+            return b
+        skipped = _not_run_blocks(b, res)
+        if skipped is not None:
+            return skipped
+        b.append(("p", f"Ladder {job.study_ladder(sweep).name!r}: {len(res['runs'])} runs. {about} Loss: validation "
+                       f"loss (nats/token) on the first {res['max_tokens']:,} validation tokens, in disjoint windows; "
+                       "each shape's loss is the mean over its seeds. Spread: the largest minus the smallest loss "
+                       "across shapes; seed range: the largest max - min across the seeds of one shape."))
+        head, rows = study_table(res)
+        b.append(("table", head, rows))
+        img = image(job, res["plot"])
+        if img:
+            b.append(img)
+        return b
+
+    return Section(name, run, weight, needs=(sweep,), settings=("overrides",), render=render, report_rank=rank,
+                   plots=(f"{sweep}.png",))
+
+
+ASPECT = optional_training("aspect", 0.10)
+ASPECT_LOSS = study_section(
+    "aspect_loss", "aspect", "Shape: aspect ratio (d_model / n_layers at one size)", 0.01, 8,
+    "Every shape has about the same non-embedding parameters and trains on the same tokens (the paper's 1B study: "
+    "d/l = 1536/32, 1792/24, 2048/18, 3072/8). Scored at the training context.")
+CONTEXT = optional_training("context", 0.06)
+CONTEXT_LOSS = study_section(
+    "context_loss", "context", "Shape: training context length", 0.01, 9,
+    "One model trained at each context on the same tokens with the same tokens per step (the paper's 1B model at "
+    "2K, 4K and 16K). Scored at the shortest context, which every run trained on (the spread is taken there), "
+    "and at each run's own context.")
+
+
+# ---- MossNet's ladder ---------------------------------------------------------------------------------------------
+
+MOSSNET = optional_training("mossnet", 0.08)
+MOSSNET_PLOT = "mossnet_loss_vs_compute.png"
+
+
+def run_mossnet_fits(job, tick: Tick) -> Optional[dict]:
+    if not job.has_ladder("mossnet"):
+        return _skipped(job, "mossnet")
+    return fits.measure(job.sweep("mossnet"), job.out / "mossnet_report", job.recipe.fits)
+
+
+def render_mossnet_fits(job, pending: list[str]) -> Blocks:
+    b, res = heading(job, "MossNet's scaling (with Mamba and LLaMA)", pending, "mossnet_fits", "mossnet")
+    if res is None:
+        return b
+    skipped = _not_run_blocks(b, res)
+    if skipped is not None:
+        return skipped
+    b.append(("p", f"Ladder {job.study_ladder('mossnet').name!r}: {len(res['runs'])} runs. N and C count active "
+                   "parameters and FLOPs (a mixture of experts counts the k routed experts a token uses, not all E). "
+                   "L(C) = beta C^alpha fitted on each architecture's envelope, C in PFLOP/s-days, with 95 % "
+                   "bootstrap intervals; the full report is mossnet_report/report.md."))
+    rows = []
+    for arch, f in res["archs"].items():
+        env = f.get("envelope") or {}
+        law, n_opt = env.get("L(C)"), env.get("N_opt(C)")
+        ci = (law or {}).get("alpha_ci") or [None, None]
+        rows.append([arch, str(f["runs"]), fmt(law and law["alpha"]),
+                     f"[{fmt(ci[0])}, {fmt(ci[1])}]" if law else "-", fmt(law and law["beta"]),
+                     fmt(law and law["r2"], ".3f"), fmt(n_opt and n_opt["alpha"])])
+    b.append(("table", ["arch", "runs", "L(C) alpha", "alpha 95% CI", "L(C) beta", "R²", "N_opt alpha"], rows))
+    errors = [m for f in res["archs"].values() for m in (f.get("errors") or {}).values()]
+    if errors:
+        b.append(("p", "Fits that could not be made: " + " ".join(f"({i}) {m}" for i, m in enumerate(errors, 1))))
+    png = Path(res.get("report", {}).get("loss_vs_compute.png", ""))
+    if png.is_file():  # the MossNet report's plot, copied into plots/ with the report
+        b.append(("img", f"plots/{MOSSNET_PLOT}", png.read_bytes()))
+    return b
+
+
+MOSSNET_FITS = Section("mossnet_fits", run_mossnet_fits, 0.01, needs=("mossnet",), settings=("overrides",),
+                       render=render_mossnet_fits, report_rank=10, trees=("mossnet_report",), plots=(MOSSNET_PLOT,),
+                       copies=(f"plots/{MOSSNET_PLOT}",))
