@@ -35,4 +35,4 @@ def test_the_verdict_follows_the_intervals():
     assert C.more_params_and_tokens_at_optimum(below).verdict == "not supported"
     assert C.more_params_and_tokens_at_optimum(_fits({"tnl": ABOVE})).verdict == "not supported at this scale"
     assert C.more_params_and_tokens_at_optimum(None).verdict == "not measured"
-    assert C.judge({})[-1].claim == claim.claim
+    assert claim.claim in [c.claim for c in C.judge({})]
