@@ -85,6 +85,22 @@ def test_niah_cli(model_dir, tmp_path):
     assert json.loads(out.read_text())["lengths"] == [120]
 
 
+def test_niah_cli_takes_the_choice_scoring_settings(model_dir, tmp_path, capsys):
+    from linlm.cli import main
+
+    hay = tmp_path / "hay.txt"
+    hay.write_text("\n\n".join(HAY))
+    out = tmp_path / "niah.json"
+    assert main(["niah", "--model", str(model_dir), "--haystack", str(hay), "--lengths", "120", "--depths", "0,100",
+                 "--mode", "easy", "--scoring", "choice", "--candidates", "5", "--alphabet", "letters",
+                 "--value-length", "1", "--trials", "2", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["chance"] == pytest.approx(1 / 5) and res["items"] == 4
+    assert "(chance 0.2000)" in capsys.readouterr().out
+    assert main(["niah", "--model", str(model_dir), "--haystack", str(hay), "--candidates", "1",
+                 "--scoring", "choice"]) == 2
+
+
 def test_a_length_at_the_window_leaves_no_room_for_the_answer_and_is_skipped(tokenizer):
     """Context length == max_seq_len: the answer's tokens would run past the window, so that length is skipped
     (with the others kept) instead of failing the whole grid."""

@@ -203,7 +203,7 @@ def cmd_perplexity(args) -> int:
 
 
 def register_niah(subparsers) -> None:
-    from linlm.eval.niah import MODES
+    from linlm.eval.niah import ALPHABETS, MODES, SCORINGS
 
     p = _text_command(
         subparsers, "niah", help="needle in a haystack: accuracy over a grid of context lengths x needle depths",
@@ -220,6 +220,12 @@ def register_niah(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
     p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
+    p.add_argument("--scoring", choices=SCORINGS, default="greedy",
+                   help="greedy: the answer must be the value exactly; choice: the value ranked first among "
+                        "--candidates by log-likelihood (chance 1/candidates: small models can be told apart)")
+    p.add_argument("--candidates", type=int, default=4, help="values ranked per needle with --scoring choice")
+    p.add_argument("--alphabet", choices=list(ALPHABETS), default="digits", help="the characters of the value")
+    p.add_argument("--value-length", type=int, default=7, help="characters of the needle's value")
     p.add_argument("--plot", default=None, metavar="PNG", help=f"a heatmap of the grid as a PNG file ({OUTPUT_RULE})")
 
 
@@ -229,14 +235,15 @@ def cmd_niah(args) -> int:
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
                      depths=parse_grid(args.depths, "depths"), mode=args.mode, trials=args.trials, seed=args.seed,
-                     length_ratio=args.length_ratio, depth_ratio=args.depth_ratio).validate()
+                     length_ratio=args.length_ratio, depth_ratio=args.depth_ratio, scoring=args.scoring,
+                     candidates=args.candidates, alphabet=args.alphabet, value_length=args.value_length).validate()
     check_numbers(("--batch-size", args.batch_size, 1, False))
     check_output_files(args, "--json", "--plot")
     source, model, tok = _source_and_model(args, "haystack")
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)
     print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "
-          f"{len(res['lengths'])} lengths x {len(res['depths'])} depths")
+          f"{len(res['lengths'])} lengths x {len(res['depths'])} depths (chance {res['chance']:.4f})")
     if res["skipped_lengths"]:
         print(f"skipped lengths beyond the model's limit: {res['skipped_lengths']}")
     if args.plot is not None:
