@@ -15,6 +15,20 @@ def _no_allocator_tuning(monkeypatch):
     monkeypatch.setattr(linlm.runtime, "tune_allocator", lambda: None)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_linlm_logging():
+    """The CLI's setup_logging adds a handler on the stderr of its call (under capsys: that test's capture, closed
+    after it) and sets the level. Each test starts and ends with the linlm logger as it found it, so that what one
+    test printed or set up never reaches another's stderr."""
+    import logging
+
+    logger = logging.getLogger("linlm")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def cache_env(tmp_path_factory):
     """A private linlm cache (prepared data lands here, never in the user's cache)."""
