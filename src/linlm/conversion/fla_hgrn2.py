@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from linlm.conversion.layout import Layout, build, conv_weight, fill, refuse_model_type
+from linlm.conversion.layout import Layout, build, conv_weight, fill, glu_from_hf, glu_to_hf, refuse_model_type
 from linlm.conversion.source import Tensors
 from linlm.errors import CheckpointError, ConfigError
 from linlm.layers.hgrn2 import CONV_STREAMS
@@ -95,8 +95,7 @@ def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
             o + "mixer.proj.weight": torch.cat([sd[a + f"{n}_proj.weight"] for n in "qfi"], dim=0),
             o + "mixer.out.weight": sd[a + "o_proj.weight"],
             o + "norm2.weight": sd[p + "mlp_norm.weight"],
-            o + "mlp.w_in.weight": torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]], dim=0),
-            o + "mlp.w_out.weight": sd[p + "mlp.down_proj.weight"],
+            **glu_from_hf(sd, p, o),
         })
         if opts.out_norm_weight:
             ours[o + "mixer.norm.weight"] = sd[a + "g_norm.weight"]
@@ -131,11 +130,9 @@ def _from_linlm(model: CausalLM):
         p, m = f"model.layers.{i}.", layer.mixer
         a = p + "attn."
         q, f, v = m.proj.weight.chunk(3, dim=0)
-        gate, up = layer.mlp.w_in.weight.chunk(2, dim=0)
         sd.update({p + "attn_norm.weight": layer.norm1.weight, a + "q_proj.weight": q, a + "f_proj.weight": f,
                    a + "i_proj.weight": v, a + "o_proj.weight": m.out.weight, p + "mlp_norm.weight": layer.norm2.weight,
-                   p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                   p + "mlp.down_proj.weight": layer.mlp.w_out.weight})
+                   **glu_to_hf(layer.mlp, p)})
         if opts.out_norm_weight:
             sd[a + "g_norm.weight"] = m.norm.weight
         for s in CONV_STREAMS if opts.short_conv else ():

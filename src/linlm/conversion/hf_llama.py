@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from linlm.conversion.layout import Layout, fill, load_into, refuse_model_type, require_transformers
+from linlm.conversion.layout import (Layout, fill, glu_from_hf, glu_to_hf, load_into, refuse_model_type,
+                                     require_transformers)
 from linlm.errors import CheckpointError, ConfigError
 from linlm.models.model_config import ModelConfig
 from linlm.models.lm import CausalLM
@@ -109,14 +110,12 @@ def to_hf_llama(model: CausalLM):
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         q, k, v = layer.mixer.qkv.weight.split([q_rows, kv_rows, kv_rows], dim=0)
-        gate, up = layer.mlp.w_in.weight.chunk(2, dim=0)
         sd.update({
             p + "input_layernorm.weight": layer.norm1.weight,
             p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
             p + "self_attn.o_proj.weight": layer.mixer.out.weight,
             p + "post_attention_layernorm.weight": layer.norm2.weight,
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.mlp.w_out.weight,
+            **glu_to_hf(layer.mlp, p),
         })
     return load_into(hf, {k: v.detach().clone() for k, v in sd.items()}, tied=model.head is None)
 
@@ -143,8 +142,7 @@ def from_state(cfg: ModelConfig, sd) -> CausalLM:
             o + "mixer.qkv.weight": torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0),
             o + "mixer.out.weight": sd[p + "self_attn.o_proj.weight"],
             o + "norm2.weight": sd[p + "post_attention_layernorm.weight"],
-            o + "mlp.w_in.weight": torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]], dim=0),
-            o + "mlp.w_out.weight": sd[p + "mlp.down_proj.weight"],
+            **glu_from_hf(sd, p, o),
         })
     sd.check_used({"lm_head.weight"} | {k for k in sd if k.endswith("rotary_emb.inv_freq")})
     return fill(cfg, ours, sd.where)

@@ -87,3 +87,18 @@ def refuse_model_type(config: Mapping, want: str, layout: str, where: str = "con
 def conv_weight(t: torch.Tensor) -> torch.Tensor:
     """A depthwise ``nn.Conv1d`` weight [C, 1, K] as linlm's ShortConv weight [C, K]."""
     return t.reshape(t.shape[0], t.shape[-1])
+
+
+def glu_from_hf(sd: Mapping[str, torch.Tensor], prefix: str, ours: str) -> dict[str, torch.Tensor]:
+    """A transformers-style SwiGLU MLP (``{prefix}mlp.gate_proj`` / ``up_proj`` / ``down_proj``) as the weights of
+    linlm's GLU under ``{ours}mlp.``: ``w_in`` is gate and up stacked, ``w_out`` the down projection."""
+    gate, up = sd[prefix + "mlp.gate_proj.weight"], sd[prefix + "mlp.up_proj.weight"]
+    return {ours + "mlp.w_in.weight": torch.cat([gate, up], dim=0),
+            ours + "mlp.w_out.weight": sd[prefix + "mlp.down_proj.weight"]}
+
+
+def glu_to_hf(mlp, prefix: str) -> dict[str, torch.Tensor]:
+    """linlm's GLU ``mlp`` as the gate, up and down projections of a transformers-style block at ``prefix``."""
+    gate, up = mlp.w_in.weight.chunk(2, dim=0)
+    return {prefix + "mlp.gate_proj.weight": gate, prefix + "mlp.up_proj.weight": up,
+            prefix + "mlp.down_proj.weight": mlp.w_out.weight}

@@ -67,6 +67,15 @@ def measure_study(sweep: Path, settings: dict, plots: Path, name: str, tick: Tic
     return res
 
 
+def _opened(job, title: str, pending: list[str], *names: str) -> tuple[Blocks, Optional[dict]]:
+    """A section's heading and its result, or (the blocks to show, None) when it is pending or did not run."""
+    b, res = heading(job, title, pending, *names)
+    if res is None:
+        return b, None
+    skipped = _not_run_blocks(b, res)
+    return (skipped, None) if skipped is not None else (b, res)
+
+
 def study_section(name: str, sweep: str, title: str, weight: float, rank: int, about: str) -> Section:
     def run(job, tick: Tick) -> Optional[dict]:
         if not job.has_ladder(sweep):
@@ -76,12 +85,9 @@ def study_section(name: str, sweep: str, title: str, weight: float, rank: int, a
     def render(job, pending: list[str]) -> Blocks:
         from linlm.scaling.shapes import study_table
 
-        b, res = heading(job, title, pending, name, sweep)
+        b, res = _opened(job, title, pending, name, sweep)
         if res is None:
             return b
-        skipped = _not_run_blocks(b, res)
-        if skipped is not None:
-            return skipped
         b.append(("p", f"Ladder {job.study_ladder(sweep).name!r}: {len(res['runs'])} runs. {about} Loss: validation "
                        f"loss (nats/token) on the first {res['max_tokens']:,} validation tokens, in disjoint windows; "
                        "each shape's loss is the mean over its seeds. Spread: the largest minus the smallest loss "
@@ -123,12 +129,9 @@ def run_mossnet_fits(job, tick: Tick) -> Optional[dict]:
 
 
 def render_mossnet_fits(job, pending: list[str]) -> Blocks:
-    b, res = heading(job, "MossNet's scaling (with Mamba and LLaMA)", pending, "mossnet_fits", "mossnet")
+    b, res = _opened(job, "MossNet's scaling (with Mamba and LLaMA)", pending, "mossnet_fits", "mossnet")
     if res is None:
         return b
-    skipped = _not_run_blocks(b, res)
-    if skipped is not None:
-        return skipped
     b.append(("p", f"Ladder {job.study_ladder('mossnet').name!r}: {len(res['runs'])} runs. N and C count active "
                    "parameters and FLOPs (a mixture of experts counts the k routed experts a token uses, not all E). "
                    "L(C) = beta C^alpha fitted on each architecture's envelope, C in PFLOP/s-days, with 95 % "
