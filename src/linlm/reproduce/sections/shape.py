@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from linlm import outputs
-from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, image
+from linlm.reproduce.section import Blocks, Section, Tick, heading, image
 from linlm.reproduce.sections import fits, training
 
 
@@ -132,26 +132,11 @@ def render_mossnet_fits(job, pending: list[str]) -> Blocks:
     b, res = _opened(job, "MossNet's scaling (with Mamba and LLaMA)", pending, "mossnet_fits", "mossnet")
     if res is None:
         return b
-    b.append(("p", f"Ladder {job.study_ladder('mossnet').name!r}: {len(res['runs'])} runs. N and C count active "
-                   "parameters and FLOPs (a mixture of experts counts the k routed experts a token uses, not all E). "
-                   "L(C) = beta C^alpha fitted on each architecture's envelope, C in PFLOP/s-days, with 95 % "
-                   "bootstrap intervals; the full report is mossnet_report/report.md."))
-    rows = []
-    for arch, f in res["archs"].items():
-        env = f.get("envelope") or {}
-        law, n_opt = env.get("L(C)"), env.get("N_opt(C)")
-        ci = (law or {}).get("alpha_ci") or [None, None]
-        rows.append([arch, str(f["runs"]), fmt(law and law["alpha"]),
-                     f"[{fmt(ci[0])}, {fmt(ci[1])}]" if law else "-", fmt(law and law["beta"]),
-                     fmt(law and law["r2"], ".3f"), fmt(n_opt and n_opt["alpha"])])
-    b.append(("table", ["arch", "runs", "L(C) alpha", "alpha 95% CI", "L(C) beta", "R²", "N_opt alpha"], rows))
-    errors = [m for f in res["archs"].values() for m in (f.get("errors") or {}).values()]
-    if errors:
-        b.append(("p", "Fits that could not be made: " + " ".join(f"({i}) {m}" for i, m in enumerate(errors, 1))))
-    png = Path(res.get("report", {}).get("loss_vs_compute.png", ""))
-    if png.is_file():  # the MossNet report's plot, copied into plots/ with the report
-        b.append(("img", f"plots/{MOSSNET_PLOT}", png.read_bytes()))
-    return b
+    return b + fits.laws_blocks(
+        res, f"Ladder {job.study_ladder('mossnet').name!r}: {len(res['runs'])} runs. N and C count active parameters "
+        "and FLOPs (a mixture of experts counts the k routed experts a token uses, not all E). L(C) = beta C^alpha "
+        "fitted on each architecture's envelope, C in PFLOP/s-days, with 95 % bootstrap intervals; the full report "
+        "is mossnet_report/report.md.", MOSSNET_PLOT, interval=True, paper=False)
 
 
 MOSSNET_FITS = Section("mossnet_fits", run_mossnet_fits, 0.01, needs=("mossnet",), settings=("overrides",),
