@@ -42,7 +42,7 @@ def fenced_block(marker: str, lang: str) -> str:
 
 def shrink(block: str, table: dict, **fmt) -> str:
     for readme, tiny in table.items():
-        assert readme in block, f"README no longer says {readme!r}: update TINY in tests/test_readme.py"
+        assert readme in block, f"the doc no longer says {readme!r}: update the test's table"
         block = block.replace(readme, tiny.format(**fmt))
     return block
 
