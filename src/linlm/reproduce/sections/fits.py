@@ -59,7 +59,8 @@ def run(job, tick: Tick) -> Optional[dict]:
 
 
 def render(job, pending: list[str]) -> Blocks:
-    b, fits = heading(job, "Scaling laws (LLaMA, TNL, HGRN2, cosFormer2)", pending, "fits", "scaling")
+    archs = ", ".join(job.ladder("scaling").archs)  # the ladder's, from the registry unless it names its own
+    b, fits = heading(job, f"Scaling laws ({archs})", pending, "fits", "scaling")
     if fits is None:
         return b
     return b + laws_blocks(fits, f"Ladder {job.recipe.scaling['ladder']!r}: {len(fits['runs'])} runs. The full "
