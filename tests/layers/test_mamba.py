@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from linlm import create_model
-from ssm_helpers import randomize_
+from ssm_helpers import assert_near_in_norm, bf16_outputs_and_grads, randomize_, spy_kernel_scan
 from linlm.layers.mamba import DT_MAX, DT_MIN, MambaMixer, ShortConv
 from linlm.models.presets import preset_config
 from linlm.ops.selective_scan import selective_scan_reference
@@ -189,7 +189,7 @@ def test_bfloat16_autocast_keeps_the_activations_in_bfloat16(monkeypatch):
     """Under bf16 autocast the conv, the scan (u bfloat16) and the gate run their bf16 variants, and the block gives
     what converting around the float32 kernels gives (the kernels' bf16 dtypes switched off), output and every
     gradient within bf16 rounding (2 %, relative Frobenius norm; measured up to 0.7 %), with documents."""
-    from linlm.ops import kernel_library, scan_kernel
+    from linlm.ops import kernel_library
 
     if not kernel_library.available():
         pytest.skip("no C compiler: the kernels are not built")
@@ -198,23 +198,13 @@ def test_bfloat16_autocast_keeps_the_activations_in_bfloat16(monkeypatch):
     x = torch.randn(2, 50, cfg.d_model, generator=torch.Generator().manual_seed(2))
     reset = docs_reset([20, 30], batch=2)
     w = torch.randn(2, 50, cfg.d_model, generator=torch.Generator().manual_seed(3))
-    scan_u = []
-    real_scan = scan_kernel.kernel_scan
-    monkeypatch.setattr(scan_kernel, "kernel_scan", lambda u, *a, **k: scan_u.append(u.dtype) or real_scan(u, *a, **k))
+    scan_u = spy_kernel_scan(monkeypatch)
 
     def run():
-        xl = x.clone().requires_grad_(True)
-        m.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y, _ = m(xl, reset=reset)
-        (y.float() * w).sum().backward()
-        return [y.detach().float(), xl.grad] + [p.grad.clone() for p in m.parameters()]
+        return bf16_outputs_and_grads(m, x, w, lambda xl: (m(xl, reset=reset)[0], 0.0))
 
     got = run()
     monkeypatch.setattr(kernel_library, "IO_DTYPES", (torch.float32, torch.float64))
     want = run()
     assert scan_u == [torch.bfloat16, torch.float32]
-    names = ["y", "x", *(n for n, _ in m.named_parameters())]
-    for name, a, b in zip(names, got, want):
-        assert torch.isfinite(a).all(), name
-        assert (a - b).norm() <= 0.02 * b.norm(), f"{name}: {(a - b).norm() / b.norm():.3g}"
+    assert_near_in_norm(m, got, want, 0.02)

@@ -44,6 +44,18 @@ def moe_reference(m: MoEMLP, x):
     return out.view_as(x)
 
 
+
+def assert_matches_reference(m32, x32, y32, m64, x64) -> None:
+    """The float32 layer's output ``y32`` and its gradients (input and parameters) against the float64 per-token
+    reference of ``m64`` (the same weights), for a random output gradient."""
+    y_ref = moe_reference(m64, x64)
+    torch.testing.assert_close(y32, y_ref.float(), rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(y_ref)
+    g32 = torch.autograd.grad((y32 * w.float()).sum(), [x32, *m32.parameters()])
+    g64 = torch.autograd.grad((y_ref * w).sum(), [x64, *m64.parameters()])
+    for a, b in zip(g32, g64):
+        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-5)
+
 @pytest.mark.parametrize("path", ["batched", "looped"])
 @pytest.mark.parametrize("E,k,shared", [(4, 2, 0), (5, 3, 0), (4, 1, 2), (3, 3, 1)])
 def test_grouped_dispatch_matches_per_token_reference(E, k, shared, path):
@@ -75,14 +87,8 @@ def test_grouped_path_matches_the_reference_in_float32(E, k, shared):
     x64 = torch.randn(3, 11, 16, dtype=torch.float64, requires_grad=True)
     x32 = x64.detach().float().requires_grad_()
     y32, _ = m32(x32)
-    y_ref = moe_reference(m64, x64)
     assert taken == [1]
-    torch.testing.assert_close(y32, y_ref.float(), rtol=1e-5, atol=1e-5)
-    w = torch.randn_like(y_ref)
-    g32 = torch.autograd.grad((y32 * w.float()).sum(), [x32, *m32.parameters()])
-    g64 = torch.autograd.grad((y_ref * w).sum(), [x64, *m64.parameters()])
-    for a, b in zip(g32, g64):
-        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-5)
+    assert_matches_reference(m32, x32, y32, m64, x64)
 
 
 @needs_grouped_mm
@@ -103,13 +109,7 @@ def test_grouped_path_with_groups_padded_to_a_shape_quantum(quantum, monkeypatch
     y32, _ = m32(x32)
     assert offsets and all(bool((o % quantum == 0).all()) for o in offsets)
     assert int(offsets[0][-1]) > 66  # padding rows beyond the 33 x 2 assignments
-    y_ref = moe_reference(m64, x64)
-    torch.testing.assert_close(y32, y_ref.float(), rtol=1e-5, atol=1e-5)
-    w = torch.randn_like(y_ref)
-    g32 = torch.autograd.grad((y32 * w.float()).sum(), [x32, *m32.parameters()])
-    g64 = torch.autograd.grad((y_ref * w).sum(), [x64, *m64.parameters()])
-    for a, b in zip(g32, g64):
-        torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-5)
+    assert_matches_reference(m32, x32, y32, m64, x64)
 
 
 @needs_grouped_mm

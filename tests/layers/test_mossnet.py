@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from linlm import create_model
-from ssm_helpers import randomize_
+from ssm_helpers import assert_near_in_norm, bf16_outputs_and_grads, randomize_, spy_kernel_scan
 from linlm.errors import ConfigError
 from linlm.layers.mamba import MambaMixer
 from linlm.layers.mossnet import MossNetMixer
@@ -306,27 +306,21 @@ def test_bfloat16_autocast_keeps_the_expert_rows_in_bfloat16(kernel, one_thread,
     reset[:, 0] = True
     reset[0, 17] = True
     w = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(6))
-    scan_u = []
-    real_scan = scan_kernel.kernel_scan
-    monkeypatch.setattr(scan_kernel, "kernel_scan", lambda u, *a, **k: scan_u.append(u.dtype) or real_scan(u, *a, **k))
+    scan_u = spy_kernel_scan(monkeypatch)
 
     def run():
-        xl = x.clone().requires_grad_(True)
-        m.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        def forward(xl):
             y, _, aux = m(xl, reset=reset)
-        ((y.float() * w).sum() + aux).backward()
-        return [y.detach().float(), xl.grad] + [p.grad.clone() for p in m.parameters()]
+            return y, aux
+
+        return bf16_outputs_and_grads(m, x, w, forward)
 
     got = run()
     assert scan_u == ([torch.bfloat16] if kernel == "s6" else [])
     monkeypatch.setattr(kernel_library, "IO_DTYPES", (torch.float32, torch.float64))
     want = run()
     assert scan_u[1:] == ([torch.float32] if kernel == "s6" else [])
-    names = ["y", "x", *(n for n, _ in m.named_parameters())]
-    for name, a, b in zip(names, got, want):
-        assert torch.isfinite(a).all(), name
-        assert (a - b).norm() <= 0.02 * b.norm(), f"{name}: {(a - b).norm() / b.norm():.3g}"
+    assert_near_in_norm(m, got, want, 0.02)
 
 
 def test_training_layout_keeps_every_thread_busy():
