@@ -252,21 +252,52 @@ def test_scaling_claims_follow_the_fits():
     assert C.lower_loss_at_equal_compute(unsure).verdict == "tie"
 
 
-def _mqar(acc: dict, chance: float = 0.01) -> dict:
-    return {"chance": chance, "rows": [{"name": f"{a}-d64", "d_model": 64, "accuracy": v} for a, v in acc.items()]
-            + [{"name": f"{a}-d32", "d_model": 32, "accuracy": 0.0} for a in acc]}
+def _mqar(acc: dict, chance: float = 0.01, spread: float = 0.005, seeds: int = 3) -> dict:
+    """An MQAR result: {arch: mean accuracy at d=64}, each seed ``spread`` apart around it (d=32 all at 0)."""
+    offsets = [spread * (i - (seeds - 1) / 2) for i in range(seeds)]
+    runs = [{"name": f"{a}-d64", "d_model": 64, "seed": i, "accuracy": v + o}
+            for a, v in acc.items() for i, o in enumerate(offsets)]
+    runs += [{"name": f"{a}-d32", "d_model": 32, "seed": i, "accuracy": 0.0} for a in acc for i in range(seeds)]
+    rows = [{"name": f"{a}-d64", "d_model": 64, "accuracy": v} for a, v in acc.items()]
+    return {"chance": chance, "runs": runs, "rows": rows + [{"name": f"{a}-d32", "d_model": 32, "accuracy": 0.0}
+                                                           for a in acc]}
 
 
 def test_retrieval_claims_follow_mqar():
     strong_llama = _mqar({"llama": 0.9, "tnl": 0.2, "hgrn2": 0.6, "cosformer2": 0.1})
     assert C.weaker_at_retrieval(strong_llama, None).verdict == "supported"
     assert C.decay_helps_retrieval(strong_llama).verdict == "supported"
-    even = _mqar({"llama": 0.5, "tnl": 0.5, "hgrn2": 0.52, "cosformer2": 0.49})
-    assert C.weaker_at_retrieval(even, None).verdict == "not supported"
-    assert C.decay_helps_retrieval(even).verdict == "not supported"
+    even = _mqar({"llama": 0.5, "tnl": 0.5, "hgrn2": 0.52, "cosformer2": 0.49})  # within the margin: ties
+    assert C.weaker_at_retrieval(even, None).verdict == "tie"
+    assert C.decay_helps_retrieval(even).verdict == "tie"
+    reversed_ = _mqar({"llama": 0.3, "tnl": 0.6, "hgrn2": 0.25, "cosformer2": 0.7})
+    assert C.weaker_at_retrieval(reversed_, None).verdict == "not supported"
+    assert C.decay_helps_retrieval(reversed_).verdict == "not supported"
     chance = _mqar({"llama": 0.02, "tnl": 0.01, "hgrn2": 0.012, "cosformer2": 0.01})
     assert C.weaker_at_retrieval(chance, None).verdict == "not supported at this scale"
     assert C.decay_helps_retrieval(chance).verdict == "not supported at this scale"
+
+
+def test_retrieval_claims_count_a_difference_only_beyond_the_seed_spread():
+    # 0.2 apart in the means, but the seeds' ranges overlap (spread 0.5): every difference is a tie.
+    wide = _mqar({"llama": 0.6, "tnl": 0.4, "hgrn2": 0.6, "cosformer2": 0.4}, spread=0.25)
+    claim = C.weaker_at_retrieval(wide, None)
+    assert claim.verdict == "tie" and "llama 0.600 ± 0.250 [0.350, 0.850] (3 seeds)" in claim.evidence
+    assert "tnl 0.400 ± 0.250" in claim.evidence and "llama tie" in claim.evidence
+    assert C.decay_helps_retrieval(wide).verdict == "tie"
+    # The same means with the ranges apart: LLaMA above tnl and cosformer2, not hgrn2 (equal).
+    apart = _mqar({"llama": 0.6, "tnl": 0.4, "hgrn2": 0.6, "cosformer2": 0.4}, spread=0.05)
+    assert C.weaker_at_retrieval(apart, None).verdict == "partly supported"
+    assert C.decay_helps_retrieval(apart).verdict == "supported"
+    # One seed each: however large the difference, none counts.
+    one = _mqar({"llama": 0.9, "tnl": 0.1, "hgrn2": 0.6, "cosformer2": 0.1}, seeds=1)
+    claim = C.weaker_at_retrieval(one, None)
+    assert claim.verdict == "one seed: no spread" and "(one seed)" in claim.evidence
+    assert C.decay_helps_retrieval(one).verdict == "one seed: no spread"
+    # A result that kept only the configurations' means (no runs) is one value each: no spread either.
+    means_only = {k: v for k, v in _mqar({"llama": 0.9, "tnl": 0.1}).items() if k != "runs"}
+    assert C.weaker_at_retrieval(means_only, None).verdict == "one seed: no spread"
+    assert "ranges over seeds do not overlap" in claim.rule
 
 
 def seeded_quality(losses: dict) -> dict:

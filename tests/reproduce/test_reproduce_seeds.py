@@ -49,6 +49,33 @@ def test_each_architecture_trains_once_per_seed():
     assert [(r["name"], r["train"]["seed"]) for r in ladder["rungs"]] == [("r-s0", 7), ("r-s1", 8)]
 
 
+def test_a_recipe_starts_from_its_base_and_a_loop_of_bases_is_refused(tmp_path, monkeypatch):
+    import yaml
+
+    import linlm.reproduce.recipes as recipes
+
+    long, cpu = load_recipe("cpu-long"), load_recipe("cpu")
+    # cpu-long states only what it changes: the rest (retrieval, decode, seeds) is the cpu recipe's.
+    assert long.name == "cpu-long" and long.niah == cpu.niah and long.mqar == cpu.mqar and long.seeds == 3
+    assert long.compare["rungs"][0]["tokens"] == 2 * cpu.compare["rungs"][0]["tokens"]
+    assert long.compare["train"] == cpu.compare["train"] and long.aspect["ladder"] == "aspect-cpu-long"
+    assert "base" not in long.source() and long.source()["compare"]["seeds"] == 3
+    # Every recipe that trains here compares with at least 3 seeds.
+    for name in recipes.recipe_names():
+        r = load_recipe(name)
+        assert r.seeds >= 3 or name in ("smoke", "paper"), name
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(yaml.safe_dump({"base": "b", "name": "a"}))
+    (folder / "b.yaml").write_text(yaml.safe_dump({"base": "a", "name": "b"}))
+    (folder / "c.yaml").write_text(yaml.safe_dump({"base": "nosuch"}))
+    monkeypatch.setattr(recipes, "RECIPE_DIR", folder)
+    with pytest.raises(ConfigError, match="base: 'a'; name another recipe"):
+        load_recipe("a")
+    with pytest.raises(ConfigError, match="recipe c: base: unknown recipe 'nosuch'"):
+        load_recipe("c")
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "three", True])
 def test_a_seed_count_below_one_is_refused_before_any_work(bad, tmp_path, monkeypatch, capsys):
     import linlm.reproduce.recipes as recipes

@@ -195,12 +195,18 @@ def lower_loss_at_equal_compute(fits: Optional[dict]) -> Claim:
     return Claim(text, SCALING, _tally(wins, total, ties), "; ".join(parts), rule)
 
 
-def _mqar_best(mqar: Optional[dict]) -> tuple[dict, Optional[int]]:
-    """{name-without-width: accuracy} at the largest width of the MQAR experiment."""
+def _mqar_seeds(mqar: Optional[dict]) -> tuple[dict[str, list[float]], Optional[int]]:
+    """({configuration name without its width: [accuracy of each seed]}, the width) at the largest width of the
+    MQAR experiment, from its ``runs`` (one row per seed); a result that kept only the configurations' means gives
+    one value each, so no difference of it can count."""
     if not mqar or not mqar.get("rows"):
         return {}, None
     width = max(r["d_model"] for r in mqar["rows"])
-    return {r["name"].rsplit("-d", 1)[0]: r["accuracy"] for r in mqar["rows"] if r["d_model"] == width}, width
+    acc: dict[str, list[float]] = {}
+    for r in mqar.get("runs") or mqar["rows"]:
+        if r["d_model"] == width and r.get("accuracy") is not None:
+            acc.setdefault(r["name"].rsplit("-d", 1)[0], []).append(float(r["accuracy"]))
+    return acc, width
 
 
 def _niah_retrieval(niah: Optional[dict]) -> tuple[Optional[str], str]:
@@ -239,51 +245,57 @@ def _niah_retrieval(niah: Optional[dict]) -> tuple[Optional[str], str]:
 
 
 def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
-    from linlm.reproduce.seeds import rule_text
+    from linlm.reproduce.seeds import ONE_SEED, Spread, compare, rule_text
 
     text = "Linear models are weaker at retrieval"
-    rule = (f"MQAR accuracy at the largest width: LLaMA above each linear model by more than {ACC_MARGIN:.2f}; "
-            f"LLaMA must be more than {ABOVE_CHANCE:.2f} above chance. NIAH (mean accuracy of the scaling sweep's "
-            "largest models against the chance level the result carries; a model counts as above chance beyond "
-            "chance + 2 binomial standard errors, and LLaMA must be) decides only without MQAR: "
+    rule = (f"MQAR accuracy at the largest width, over seeds: LLaMA above each linear model (LLaMA's mean more than "
+            f"{ABOVE_CHANCE:.2f} above chance); NIAH (the scaling sweep's largest models, one seed each, against the "
+            "chance level the result carries; a model counts as above chance beyond chance + 2 binomial "
+            "standard errors, and LLaMA must be) decides only without MQAR. For both: "
             + rule_text(ACC_MARGIN, "in accuracy"))
     niah_verdict, niah_text = _niah_retrieval(niah)
-    acc, width = _mqar_best(mqar)
+    acc, width = _mqar_seeds(mqar)
     base = baseline()
     if base not in acc:
         if niah_verdict is None:
             return Claim(text, SCALING, "not measured", f"no MQAR result for {base}; {niah_text}", rule)
         return Claim(text, SCALING, niah_verdict, f"no MQAR result for {base}; {niah_text}", rule)
     chance = mqar["chance"]
-    parts = [f"MQAR d={width}: {base} {acc[base]:.3f} (chance {chance:.3f})"]
-    wins = total = 0
+    parts = [f"MQAR d={width}: {base} {Spread(acc[base]).text('.3f')} (chance {chance:.3f})"]
+    outcomes = []
     for arch in linear_archs():
         if arch in acc:
-            total += 1
-            wins += acc[base] - acc[arch] > ACC_MARGIN
-            parts.append(f"{arch} {acc[arch]:.3f}")
+            outcomes.append(compare(acc[base], acc[arch], ACC_MARGIN))
+            parts.append(f"{arch} {Spread(acc[arch]).text('.3f')}"
+                         + ("" if outcomes[-1] == ONE_SEED else f": {base} {outcomes[-1]}"))
     parts.append(niah_text)
-    if acc[base] - chance <= ABOVE_CHANCE:
+    if Spread(acc[base]).mean - chance <= ABOVE_CHANCE:
         return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
-    return Claim(text, SCALING, _tally(wins, total), "; ".join(parts), rule)
+    return Claim(text, SCALING, _seeded_tally(outcomes, "higher"), "; ".join(parts), rule)
 
 
 def decay_helps_retrieval(mqar: Optional[dict]) -> Claim:
+    from linlm.reproduce.seeds import ONE_SEED, Spread, compare, rule_text
+
     text = "Data-dependent decay helps retrieval"
-    rule = (f"MQAR accuracy at the largest width: HGRN2 (data-dependent decay) above both TNL and cosFormer2 (fixed "
-            f"decay) by more than {ACC_MARGIN:.2f}; some linear model must be more than {ABOVE_CHANCE:.2f} above chance")
-    acc, width = _mqar_best(mqar)
+    rule = (f"MQAR accuracy at the largest width, over seeds: HGRN2 (data-dependent decay) above both TNL and "
+            f"cosFormer2 (fixed decay); some linear model's mean more than {ABOVE_CHANCE:.2f} above chance. "
+            + rule_text(ACC_MARGIN, "in accuracy"))
+    acc, width = _mqar_seeds(mqar)
     fixed = [a for a in ("tnl", "cosformer2") if a in acc]
     if "hgrn2" not in acc or not fixed:
         return Claim(text, SCALING, "not measured", "MQAR did not include hgrn2 and a fixed-decay model", rule)
     chance = mqar["chance"]
-    parts = [f"MQAR d={width}: hgrn2 {acc['hgrn2']:.3f}"] + [f"{a} {acc[a]:.3f}" for a in fixed]
+    parts, outcomes = [f"MQAR d={width}: hgrn2 {Spread(acc['hgrn2']).text('.3f')}"], []
+    for a in fixed:
+        outcomes.append(compare(acc["hgrn2"], acc[a], ACC_MARGIN))
+        parts.append(f"{a} {Spread(acc[a]).text('.3f')}" + ("" if outcomes[-1] == ONE_SEED
+                                                             else f": hgrn2 {outcomes[-1]}"))
     if "mamba" in acc:
-        parts.append(f"(mamba, also data-dependent: {acc['mamba']:.3f})")
-    if max(acc["hgrn2"], *(acc[a] for a in fixed)) - chance <= ABOVE_CHANCE:
+        parts.append(f"(mamba, also data-dependent: {Spread(acc['mamba']).text('.3f')})")
+    if max(Spread(acc[a]).mean for a in ("hgrn2", *fixed)) - chance <= ABOVE_CHANCE:
         return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
-    wins = sum(acc["hgrn2"] - acc[a] > ACC_MARGIN for a in fixed)
-    return Claim(text, SCALING, _tally(wins, len(fixed)), "; ".join(parts), rule)
+    return Claim(text, SCALING, _seeded_tally(outcomes, "higher"), "; ".join(parts), rule)
 
 
 def _by_group(models: dict, key: str, group=None) -> dict[str, list[float]]:

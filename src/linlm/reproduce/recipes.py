@@ -7,6 +7,9 @@ sizes the evaluation sections (``quality``, ``zeroshot``, ``niah``, ``mqar``, ``
 studies (``aspect``, ``context``: shape studies; ``mossnet``: MossNet's own ladder). ``mode: local`` trains here;
 ``mode: torchrun`` writes one torchrun command per run and evaluates whatever has finished when the command is run
 again.
+
+A recipe may start from another (``base: NAME``): the base's mapping with this file's keys merged over it (mappings
+key by key, anything else, lists included, replaced), so a longer variant states only what it changes.
 """
 
 from __future__ import annotations
@@ -49,19 +52,34 @@ class Recipe:
         return seed_count(self.compare, f"recipe {self.name}: compare.seeds")
 
     def source(self) -> dict[str, Any]:
-        """The recipe as written (for the report and the directory's marker)."""
-        return load_yaml(RECIPE_DIR / f"{self.name}.yaml")
+        """The recipe's mapping, its base merged in (for the report and the directory's marker)."""
+        return recipe_data(self.name)
 
 
 def recipe_names() -> list[str]:
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 
 
-def load_recipe(name: str) -> Recipe:
+def recipe_data(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping of recipe ``name``: its file, merged over its ``base`` recipe's mapping when it names one."""
+    from linlm.schema import deep_merge
+
     path = RECIPE_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"--recipe: unknown recipe {name!r}; valid recipes are {choices_text(recipe_names())}")
+        where = f"recipe {_seen[-1]}: base" if _seen else "--recipe"
+        raise ConfigError(f"{where}: unknown recipe {name!r}; valid recipes are {choices_text(recipe_names())}")
     data = load_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or base in (*_seen, name):
+        raise ConfigError(f"{path}: base: {base!r}; name another recipe (one that does not lead back to {name})")
+    return {**deep_merge(recipe_data(base, (*_seen, name)), data), "name": data.get("name", name)}
+
+
+def load_recipe(name: str) -> Recipe:
+    path = RECIPE_DIR / f"{name}.yaml"
+    data = recipe_data(name)
     try:
         recipe = from_dict(Recipe, data)
     except ConfigError as e:
