@@ -183,3 +183,54 @@ def test_compare_quality_shows_the_spread_over_seeds():
     spread = [b for b in blocks if b[0] == "table" and b[1][:2] == ["model", "seeds"]]
     assert spread and spread[0][2][0][:3] == ["llama", "3", "3.2100"]
     assert "sample standard deviation" in " ".join(str(b[1]) for b in blocks if b[0] == "p")
+
+
+def test_zeroshot_scores_every_seed_of_the_comparison_and_shows_their_spread(tmp_path, monkeypatch):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import linlm.eval.evaluator
+    import linlm.infer.generate
+    from reproduce_helpers import MODEL, fake_zeroshot_models, task_dir
+
+    from linlm.reproduce import section
+    from linlm.reproduce.sections import zeroshot
+
+    fake_zeroshot_models(monkeypatch)
+    score = {"/ckpt/llama": 0.40, "/ckpt/s0": 0.50, "/ckpt/s1": 0.56, "/ckpt/s2": 0.53}
+    seen = []
+
+    def evaluate(model, tok, names, root, **kw):
+        acc = score[seen[-1]]
+        return {"tasks": {names[0]: {"metric": "acc", "acc": acc, "acc_norm": acc, "acc_stderr": 0.1,
+                                     "acc_norm_stderr": 0.1, "n": 4}}}
+
+    def load(ckpt, *a, **k):
+        seen.append(ckpt)
+        return None, None
+
+    monkeypatch.setattr(linlm.eval.evaluator, "evaluate", evaluate)
+    monkeypatch.setattr(linlm.infer.generate, "load_for_generation", load)
+
+    def trained(sweep, largest_only):
+        if Path(sweep).name == "scaling":
+            return {"llama": {**MODEL, "checkpoint": "/ckpt/llama"}}
+        runs = {f"llama-r-s{i}": {**MODEL, "seed": i, "checkpoint": f"/ckpt/s{i}"} for i in range(3)}
+        return dict(list(runs.items())[:1]) if largest_only else runs
+
+    monkeypatch.setattr(section, "trained_models", trained)
+    from linlm.eval.tasks import COMMONSENSE, TASKS
+
+    tasks = task_dir(tmp_path / "tasks", "x")
+    for name in COMMONSENSE:
+        (tasks / TASKS[name].filename).write_text("x\n")
+    job = SimpleNamespace(sweep=lambda name: tmp_path / name, data_dir=str(tasks), results={}, failures={},
+                          recipe=SimpleNamespace(zeroshot={"tasks": "commonsense", "limit": 4}), waiting={})
+    z = zeroshot.run(job, lambda f: None)
+    assert sorted(z["models"]) == ["compare-llama-r-s0", "compare-llama-r-s1", "compare-llama-r-s2", "llama"]
+    spread = z["spread"]["compare-llama"]
+    assert spread["n"] == 3 and abs(spread["mean"] - 0.53) < 1e-9 and (spread["min"], spread["max"]) == (0.5, 0.56)
+    assert z["spread"]["llama"]["n"] == 1
+    job.results = {"zeroshot": z}
+    tables = [b for b in zeroshot.render(job, []) if b[0] == "table"]
+    assert ["compare-llama", "3", "0.530", "0.030", "0.500", "0.560"] in tables[-1][2]

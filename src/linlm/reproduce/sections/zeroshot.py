@@ -1,6 +1,7 @@
 """The ``zeroshot`` section: the recipe's multiple-choice tasks, from the JSON Lines files of --data-dir, for the
-largest model of each architecture of both sweeps. Without --data-dir it is skipped (and runs once one is given);
-when no model scored any task it failed."""
+largest model of each architecture of the scaling sweep and every run (each seed) of the comparison, with the
+commonsense average's spread over the seeds. Without --data-dir it is skipped (and runs once one is given); when
+no model scored any task it failed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from linlm.errors import ConfigError, DataError
-from linlm.reproduce.section import Blocks, Section, Tick, heading, largest_models
+from linlm.reproduce.section import (Blocks, Section, Tick, group_spreads, heading, largest_models, seeded_models,
+                                    spread_blocks)
 
 
 def check_task_dir(data_dir: str | Path, tasks, what: str = "--data-dir") -> tuple[Path, list[str], list[str]]:
@@ -62,18 +64,21 @@ def measure(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Opti
                                       drop_overlong=True)["tasks"])
             except LinlmError as e:
                 out["not_scored"].setdefault(name, str(e))
-        out["models"][label] = {"arch": m["arch"], "params": m["params"], "tasks": tasks,
-                                "commonsense_avg": commonsense_average(tasks)}
+        avg = commonsense_average(tasks)
+        out["models"][label] = {"arch": m["arch"], "group": m.get("group") or m["arch"], "seed": m.get("seed"),
+                                "params": m["params"], "tasks": tasks, "commonsense_avg": avg,
+                                "commonsense_score": avg["score"] if avg else None}
         tick((i + 1) / len(models))
     if not any(t.get("n", 0) > 0 for m in out["models"].values() for t in m["tasks"].values()):
         why = "; ".join(f"{name}: {e}" for name, e in out["not_scored"].items()) or "no task had items to score"
         raise DataError(f"zero-shot: no task was scored for any model from --data-dir {root} ({why}); fix the task "
                         "files, or give a corrected --data-dir, and run the command again")
+    out["spread"] = group_spreads(out["models"], "commonsense_score")
     return out
 
 
 def run(job, tick: Tick) -> Optional[dict]:
-    models = largest_models(job, "scaling", "compare")
+    models = {**largest_models(job, "scaling"), **seeded_models(job, "compare", prefix="compare-")}
     if not models:
         return None
     z = job.recipe.zeroshot
@@ -110,9 +115,12 @@ def render(job, pending: list[str]) -> Blocks:
                        f"all ({counts})."))
     for name, why in (z.get("not_scored") or {}).items():
         b.append(("p", f"{name} was not scored: {why}"))
+    if z.get("spread"):
+        b += spread_blocks(z["spread"], "commonsense average", ".3f")
     return b
 
 
 SECTION = Section("zeroshot", run, 0.05, needs=("scaling", "compare"),
                   settings=("overrides", "scaling_dir", "data_dir", "seeds"), check=check, render=render, report_rank=4,
-                  plan=lambda p: f"zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task")
+                  plan=lambda p: f"zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task, for the "
+                                 "scaling sweep's largest models and every seed of the comparison")
