@@ -20,6 +20,7 @@ decodes as if it were alone. Padding anywhere else than on the left is refused.
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Optional
 
 import torch
@@ -125,12 +126,18 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         ``ignore_mismatched_sizes`` was asked for."""
         want_info = kwargs.pop("output_loading_info", False)
         kwargs["ignore_mismatched_sizes"] = True  # mismatches are collected and refused below
+        log, held = logging.getLogger("transformers.modeling_utils"), _HeldLoadReport()
+        log.addFilter(held)
         try:
             model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
                                                   **kwargs)
         except ConfigError as e:
             raise CheckpointError(f"{pretrained_model_name_or_path}: config.json: {e}") from None
+        finally:
+            log.removeFilter(held)
         _check_loaded(pretrained_model_name_or_path, info)
+        for record in held.records:  # an accepted load keeps transformers' report
+            log.handle(record)
         return (model, info) if want_info else model
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
@@ -200,6 +207,21 @@ def check_generation(config) -> None:
     check_sampling(temperature, 0 if config.top_k is None else config.top_k,
                    1.0 if config.top_p is None else config.top_p,
                    0 if config.max_new_tokens is None else config.max_new_tokens)
+
+
+class _HeldLoadReport(logging.Filter):
+    """Holds back transformers' load report (a table of the tensors it re-initialised) while linlm checks the load,
+    so that a refused load ends in linlm's one CheckpointError alone; an accepted load logs the report after all."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in record.getMessage():
+            self.records.append(record)
+            return False
+        return True
 
 
 def _check_loaded(path, info: dict) -> None:
