@@ -191,7 +191,9 @@ def test_the_meta_of_a_benchmark_renders_every_machine_row(tmp_path, monkeypatch
     path = _common.write_json("bench_probe", {"meta": _common.meta(), "results": [{"x": Path("a")}]})
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["results"] == [{"x": "a"}]
-    rows = dict(render_results.machine_rows(data["meta"]))
+    import results_format
+
+    rows = dict(results_format.machine_rows(data["meta"]))
     for key in ("measured (UTC)", "command", "machine", "CPU flags (bf16-related)", "native bf16", "torch", "python",
                 "load average (1 min)"):
         assert "not recorded" not in rows[key], (key, rows[key])

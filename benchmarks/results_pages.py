@@ -1,0 +1,248 @@
+"""One renderer per benchmark that has a page of its own (train step, eval, decode, MQAR), the generic page
+for the rest (every list of records as a table), and RENDERERS, which maps a benchmark's name to its page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from results_format import faults, header, image, num, pct, plural, ratio, settings_table, table
+
+
+def render_train_step(data: dict, path: Path) -> list[str]:
+    rows = [r for r in data.get("results", []) if not r.get("hf")]
+    hf_rows = [r for r in data.get("results", []) if r.get("hf")]
+    phases = list(dict.fromkeys(r["name"] for r in rows))
+    archs = list(dict.fromkeys(r["arch"] for r in rows))
+    by = {(r["arch"], r["name"]): r for r in rows}
+    out = header("Training-step throughput", path.name, data.get("meta", {}))
+    if data.get("partial"):
+        out += ["**Partial**: the run stopped before its last phase; the phases below finished.", ""]
+    clock = {r.get("clock", "wall") for r in rows}
+    per = "CPU second" if clock == {"cpu"} else "second"
+    out += ["Forward + backward + AdamW, tokens per " + per + " (`benchmarks/bench_train_step.py`): every model of a "
+            "phase is built first, then timed in interleaved rounds; medians. Ratios are within a phase.", ""]
+    demo = data.get("demo") or {}
+    if demo:
+        ov = demo.get("overrides", {})
+        out += [f"Phases: \"demo\" is the demo's model (d {ov.get('d_model')}, {ov.get('n_layers')} layers, "
+                f"vocab {ov.get('vocab_size')}), batch {demo.get('batch')} x {demo.get('seq')} tokens on "
+                f"{plural(demo.get('threads'), 'thread')}; \"paper-70m\" is that preset with vocabulary "
+                f"{data.get('vocab')}, one sequence per step.", ""]
+    out += ["## Tokens/s and ratio to our LLaMA", ""]
+    headers = ["arch"] + [h for p in phases for h in (p, "vs our LLaMA")]
+    out += table(headers, [[a] + [c for p in phases for c in (
+        num(by[(a, p)]["tokens_per_s"]) if (a, p) in by else "",
+        ratio(by[(a, p)].get("ratio_vs_our_llama")) if (a, p) in by else "")] for a in archs]) + [""]
+
+    moss = [r for r in rows if "ratio_vs_mamba" in r]
+    if moss:
+        out += ["## MossNet against Mamba", "",
+                "Equal-MFU ratio: Mamba's model FLOPs per step over the row's, the ratio the two would have at "
+                "equal model-FLOPs utilisation.", ""]
+        mamba = {r["name"]: r for r in rows if r["arch"] == "mamba"}
+        out += table(["phase", "row", "vs Mamba", "round by round", "equal-MFU ratio", "MFU", "Mamba's MFU"], [
+            [r["name"], r["arch"], ratio(r["ratio_vs_mamba"]),
+             ", ".join(f"{x:.2f}" for x in r.get("ratio_vs_mamba_per_round", [])),
+             ratio(mamba[r["name"]]["model_flops_per_step"] / r["model_flops_per_step"])
+             if r["name"] in mamba else "",
+             pct(r.get("mfu")), pct(mamba.get(r["name"], {}).get("mfu"))] for r in moss]) + [""]
+
+    out += ["## Each phase", ""]
+    for p in phases:
+        out += [f"### {p}", ""]
+        out += table(["arch", "tokens/s", "vs our LLaMA", "vs Mamba", "MFLOP/token", "MFU", "page faults/step",
+                      "s/step", "steps/round"], [
+            [r["arch"], num(r["tokens_per_s"]), ratio(r.get("ratio_vs_our_llama")), ratio(r.get("ratio_vs_mamba")),
+             f"{r['model_flops_per_step'] / (r['batch'] * r['seq_len']) / 1e6:.3g}", pct(r.get("mfu")),
+             faults(r.get("page_faults_per_step")), f"{r['seconds_per_step']:.3f}", num(r.get("steps_per_round"))]
+            for r in rows if r["name"] == p]) + [""]
+    if hf_rows:
+        out += ["## Our LLaMA against transformers' LlamaForCausalLM", ""]
+        out += table(["phase", "row", "tokens/s", "vs transformers", "round by round"], [
+            [r["name"], r["arch"], num(r["tokens_per_s"]), ratio(r.get("ratio_vs_hf_llama")),
+             ", ".join(f"{x:.2f}" for x in r.get("ratio_vs_hf_llama_per_round", []))] for r in hf_rows]) + [""]
+
+    checks = data.get("target_checks") or []
+    if checks:
+        has_mfu = any("equal_mfu_ratio" in c for c in checks)
+        out += ["## Targets", ""]
+        hs = ["phase", "row / baseline", "ratio", "target", "met"]
+        if has_mfu:
+            hs += ["equal-MFU ratio", "MFU vs baseline's"]
+        out += table(hs, [[c["phase"], f"{c['row']} / {c['baseline']}", ratio(c["ratio"]), f">= {c['target']}x",
+                           num(c["met"])]
+                          + ([ratio(c.get("equal_mfu_ratio")), ratio(c.get("mfu_vs_baseline"))] if has_mfu else [])
+                          for c in checks]) + [""]
+    ceilings = data.get("matmul_flops_per_s") or {}
+    if ceilings:
+        out += ["## Matmul ceilings", "", "MFU is against the best of several square matmuls, at the start and at the "
+                "end of the run.", ""]
+        out += table(["dtype / threads", "GFLOP/s"], [[k, f"{v / 1e9:.0f}"] for k, v in ceilings.items()]) + [""]
+    return out
+
+
+def render_eval(data: dict, path: Path) -> list[str]:
+    out = header("Shared-context scoring of multiple-choice items", path.name, data.get("meta", {}))
+    out += ["`benchmarks/bench_eval.py`: hellaswag-shaped items (4 choices) scored three ways, items/s: shared "
+            "(one prefill of each context, its state reused for every choice), naive (a full pass per choice) and "
+            "harness-style (a full pass per choice and a log-softmax over every position). Token ratio: token "
+            "positions through the layers, naive over shared.", ""]
+    out += settings_table(data.get("config", {}))
+    rows = []
+    for r in data.get("results", []):
+        ips, tok = r.get("items_per_s", {}), r.get("forward_tokens", {})
+        rows.append([r["arch"], num(ips.get("harness"), 1), num(ips.get("naive"), 1), num(ips.get("shared"), 1),
+                     ratio(r.get("speedup_vs_harness_style")), ratio(r.get("speedup")),
+                     ratio(tok["naive"] / tok["shared"]) if tok.get("shared") else "",
+                     f"{r['max_abs_loglik_diff']:.1e}" if r.get("max_abs_loglik_diff") is not None else ""])
+    out += table(["arch", "harness-style items/s", "naive items/s", "shared items/s", "vs harness-style", "vs naive",
+                  "token ratio", "max abs log-likelihood difference"], rows) + [""]
+    return out
+
+
+def render_decode(data: dict, path: Path) -> list[str]:
+    rows = [r for r in data.get("rows", []) if r.get("error") is None]
+    contexts = data.get("contexts") or sorted({r["context"] for r in rows})
+    out = header("Prefill and decoding against context", path.name, data.get("meta", {}))
+    out += [f"`benchmarks/bench_decode.py` (`linlm profile`'s protocol): preset {data.get('preset')}, batch 1; a "
+            f"prompt of n random tokens is prefilled, then {data.get('decode_tokens')} tokens are decoded from its "
+            "state (median ms per token). Memory is the process's peak resident set during the prefill, less the "
+            "resident set before it.", ""]
+    eager = [r for r in rows if r.get("backend", "eager") == "eager"]
+    fp32 = {(r["arch"], r["context"]): r for r in eager if r["dtype"] == "float32"}
+    archs = list(dict.fromkeys(r["arch"] for r in eager))
+    hi, lo = max(contexts), min(contexts)
+    out += ["## Decode latency, float32 (ms/token)", ""]
+    out += table(["arch"] + [str(n) for n in contexts] + [f"prefill tok/s at {hi}", f"prefill MiB at {hi}",
+                                                         f"state MiB at {lo}", f"state MiB at {hi}"], [
+        [a] + [num(fp32[(a, n)]["decode_ms_per_token"]) if (a, n) in fp32 else "" for n in contexts]
+        + ([num(fp32[(a, hi)]["prefill_tokens_per_s"]),
+            num((fp32[(a, hi)]["peak_memory_bytes"] - fp32[(a, hi)]["memory_before_bytes"]) / 2**20)
+            if fp32[(a, hi)].get("peak_memory_bytes") is not None else "",
+            num(fp32[(a, lo)]["state_bytes"] / 2**20) if (a, lo) in fp32 else "",
+            num(fp32[(a, hi)]["state_bytes"] / 2**20)] if (a, hi) in fp32 else ["", "", "", ""])
+        for a in archs]) + [""]
+    other = [r for r in rows if r["dtype"] != "float32" or r.get("backend", "eager") != "eager"]
+    if other:
+        out += ["## Other precisions and exported steps", ""]
+        out += table(["arch", "dtype", "step", "context", "decode ms/token", "prefill tok/s"], [
+            [r["arch"], r["dtype"], r.get("backend", "eager"), num(r["context"]), num(r["decode_ms_per_token"]),
+             num(r.get("prefill_tokens_per_s"))] for r in other]) + [""]
+    inter = data.get("interleaved_llama_vs_hf") or {}
+    if inter:
+        out += ["## Our LLaMA against transformers' Llama, alternating rounds", ""]
+        out += table(["context", "ours ms/token", "transformers ms/token", "ratio", "rounds"], [
+            [n, num(v["llama_ms"]), num(v["hf_ms"]), num(v["ratio"], 3), num(len(v.get("rounds_ms", {}).get("llama", [])))]
+            for n, v in inter.items()]) + [""]
+    targets = data.get("targets") or []
+    if targets:
+        out += ["## Targets", "", "Each value as the benchmark recorded it (rounded there).", ""]
+        out += table(["target", "value", "goal", "held"], [
+            [t["target"], ", ".join(num(x) for x in t["value"]) if isinstance(t["value"], list) else str(t["value"]),
+             t["goal"], "" if t["held"] is None else num(t["held"])] for t in targets]) + [""]
+    out += image(path, "decode latency and prefill memory against context")
+    return out
+
+
+def acc3(v) -> str:
+    """An accuracy to three decimals ("" for none: a run that diverged)."""
+    return "" if v is None else f"{v:.3f}"
+
+
+def spread(r: dict) -> str:
+    return "" if r.get("accuracy_min") is None else f"{r['accuracy_min']:.3f}-{r['accuracy_max']:.3f}"
+
+
+def render_mqar(data: dict, path: Path) -> list[str]:
+    out = header("MQAR: associative recall against width and state size", path.name, data.get("meta", {}))
+    task = data.get("mqar", {})
+    out += [f"`linlm mqar` (the experiment's `results.json`): {task.get('num_kv')} key-value pairs and "
+            f"{task.get('num_queries')} queries per sequence of {task.get('seq_len')} tokens, vocabulary "
+            f"{task.get('vocab_size')}; accuracy over the held-out answers, and the fraction of sequences with every "
+            "answer right. State: the decoding state's floats per sequence (LLaMA: its KV cache after the "
+            "sequence), and per layer.", ""]
+    out += ["## Settings", ""] + settings_table(data.get("settings", {}))
+    configs = data.get("configs")
+    if configs:
+        seeds = data.get("seeds") or []
+        out += ["## Configurations", "",
+                f"Each configuration over {plural(len(seeds), 'seed')} ({', '.join(map(str, seeds))}): accuracy is "
+                "the seeds' mean, spread their min-max (std: sample standard deviation). Convergence: the mean "
+                "training loss of the last tenth of the steps against the tenth before it; \"still falling\" "
+                "counts the seeds whose loss fell by more than 2 % between the two.", ""]
+        out += table(["model", "arch", "E", "policy", "d", "layers", "active params", "state/layer", "diverged",
+                      "accuracy", "min-max", "std", "all right", "loss, last window", "previous window",
+                      "still falling"], [
+            [c["name"], c["arch"], num(c.get("experts")), c.get("policy") or "", num(c["d_model"]),
+             num(c["n_layers"]), num(c["active_params"]), num(c["state_per_layer"]),
+             f"{c.get('diverged', 0)} of {len(c['seeds'])}", acc3(c["accuracy"]), spread(c), acc3(c["accuracy_std"]),
+             acc3(c["sequence_accuracy"]), num(c.get("loss_last_window")), num(c.get("loss_prev_window")),
+             "" if c.get("still_falling") is None else f"{c['still_falling']} of {len(c['seeds'])}"]
+            for c in configs]) + [""]
+        out += ["## Comparison groups", "",
+                "Per width: the models within the tolerance of the reference's active parameters, and of its "
+                "state per layer (one group per E); ratio is the member's measure over the reference's.", ""]
+        for g in data.get("groups", []):
+            what = g["kind"] + (f", E = {g['experts']}" if "experts" in g else "")
+            out += [f"### {what}, d = {g['d_model']}", "",
+                    f"Reference {g['reference']}; {g['measure']} within {100 * g['tolerance']:.0f} %.", ""]
+            out += table(["model", "active params", "state/layer", "ratio", "accuracy", "min-max", "still falling"], [
+                [m["name"], num(m["active_params"]), num(m["state_per_layer"]), f"{m['ratio']:.3f}",
+                 acc3(m["accuracy"]), spread(m),
+                 "" if m.get("still_falling") is None else f"{m['still_falling']} of {m['seeds']}"]
+                for m in g["members"]]) + [""]
+    out += ["## Runs", ""]
+    out += table(["run", "arch", "seed", "d", "layers", "active params", "state (floats)", "accuracy", "all right",
+                  "final train loss", "seconds", "diverged"], [
+        [r.get("run", r["name"]), r["arch"], num(r.get("seed")), num(r["d_model"]), num(r["n_layers"]),
+         num(r["active_params"]), num(r["state_floats"]), acc3(r["accuracy"]), acc3(r["sequence_accuracy"]),
+         num(r["final_loss"]), num(r["seconds"], 0), r.get("diverged") or ""]
+        for r in data.get("runs", [])]) + [""]
+    out += image(path, "MQAR accuracy against state size and width")
+    return out
+
+
+def _flatten(record: dict) -> dict:
+    flat = {}
+    for k, v in record.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                if not isinstance(v2, (list, dict)):
+                    flat[f"{k}.{k2}"] = v2
+        elif not isinstance(v, list):
+            flat[k] = v
+    return flat
+
+
+def render_generic(data: dict, path: Path) -> list[str]:
+    """Every list of records as a table, every mapping of plain values as a settings table."""
+    out = header(path.stem.replace("_", " "), path.name, data.get("meta", {}))
+    plain = {k: v for k, v in data.items() if k != "meta" and not isinstance(v, (list, dict))}
+    if plain:
+        out += settings_table(plain)
+    for key, value in data.items():
+        if key == "meta":
+            continue
+        if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+            flat = [_flatten(r) for r in value]
+            cols = list(dict.fromkeys(c for r in flat for c in r))
+            out += [f"## {key}", ""] + table(cols, [[r.get(c) for c in cols] for r in flat]) + [""]
+        elif isinstance(value, dict) and value and all(not isinstance(v, (list, dict)) for v in value.values()):
+            out += [f"## {key}", ""] + settings_table(value)
+    return out
+
+
+def _records(data: dict, key: str, field: str) -> bool:
+    rows = data.get(key)
+    return isinstance(rows, list) and bool(rows) and all(isinstance(r, dict) and field in r for r in rows)
+
+
+# name -> (renderer, whether a file of that benchmark has the shape the renderer reads: a benchmark's other modes,
+# such as bench_train_step.py --memory, write other records and get the generic page)
+RENDERERS: dict[str, tuple[Callable[[dict, Path], list[str]], Callable[[dict], bool]]] = {
+    "bench_train_step": (render_train_step, lambda d: _records(d, "results", "tokens_per_s")),
+    "bench_eval": (render_eval, lambda d: _records(d, "results", "items_per_s")),
+    "bench_decode": (render_decode, lambda d: _records(d, "rows", "decode_ms_per_token")),
+    "linlm-mqar": (render_mqar, lambda d: _records(d, "runs", "accuracy")),
+}
