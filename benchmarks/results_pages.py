@@ -203,6 +203,28 @@ def render_mqar(data: dict, path: Path) -> list[str]:
     return out
 
 
+def render_reproduce(data: dict, path: Path) -> list[str]:
+    recipe = data.get("recipe", {})
+    out = header(f"linlm reproduce: recipe {recipe.get('name')}", path.name, data.get("meta", {}))
+    judged = data.get("judged_at")
+    out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its claims "
+            f"were judged from its saved sections by linlm/reproduce/claims.py at revision "
+            f"{judged[:7] if judged else 'not recorded'}{' (with uncommitted changes)' if data.get('judged_dirty') else ''}"
+            " (benchmarks/publish_reproduce.py). Each verdict follows the rule beside it; the job's own report "
+            "holds every section's tables and plots.", ""]
+    out += ["## Claims", ""]
+    out += table(["claim", "paper", "verdict", "evidence", "rule"],
+                 [[c["claim"], c["paper"], c["verdict"], c["evidence"], c["rule"]] for c in data.get("claims", [])])
+    out += ["", "## Time", "",
+            f"Minutes per section, from the times the job wrote each section's result (a section's minutes run from "
+            f"the end of the one before): {num(data.get('total_minutes'), 1)} minutes in all, "
+            f"{plural(recipe.get('seeds'), 'seed')} in the comparison.", ""]
+    out += table(["section", "finished (UTC)", "minutes"],
+                 [[r["section"], r["finished_utc"], num(r["minutes"], 1)] for r in data.get("sections", [])])
+    out += ["", "## Settings", ""] + settings_table(data.get("settings", {}))
+    return out
+
+
 def _flatten(record: dict) -> dict:
     flat = {}
     for k, v in record.items():
@@ -245,4 +267,5 @@ RENDERERS: dict[str, tuple[Callable[[dict, Path], list[str]], Callable[[dict], b
     "bench_eval": (render_eval, lambda d: _records(d, "results", "items_per_s")),
     "bench_decode": (render_decode, lambda d: _records(d, "rows", "decode_ms_per_token")),
     "linlm-mqar": (render_mqar, lambda d: _records(d, "runs", "accuracy")),
+    "linlm-reproduce": (render_reproduce, lambda d: _records(d, "claims", "verdict")),
 }

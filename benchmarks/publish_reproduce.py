@@ -1,0 +1,96 @@
+"""Publish a finished `linlm reproduce` job as a results file, so that its claims get a generated page.
+
+    python benchmarks/publish_reproduce.py runs/rep \
+        --command "linlm reproduce --recipe cpu --out runs/rep --data-dir data/eval"
+    python benchmarks/render_results.py            # docs/results/reproduce_cpu.json -> reproduce_cpu.md
+
+Writes docs/results/reproduce_<recipe>.json (--out for another path): the environment the job's last run recorded
+(revision, CPU, torch), the command given, the recipe, each section's finishing time (from the times its result
+files were written: the sections run one after another, so the differences are their durations; a job stopped and
+continued counts the pause too) and the claims, judged from the job's saved sections by this checkout's
+linlm/reproduce/claims.py (its revision is recorded as judged_at). A job with a section pending or failed is
+refused: a stopped job is not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from linlm.environment import environment
+from linlm.io_utils import atomic_write_bytes
+from linlm.outputs import dumps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def section_times(job: Path, created: str) -> list[dict]:
+    """Each saved section in the order the job runs them, with when its result was written and the minutes since
+    the one before (the first: since the job was created)."""
+    from linlm.reproduce.sections import SECTIONS
+
+    start = datetime.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+    rows, before = [], start
+    for section in SECTIONS:
+        path = job / "sections" / f"{section.name}.json"
+        if not path.is_file():
+            continue
+        done = path.stat().st_mtime
+        rows.append({"section": section.name, "finished_utc": _utc(done), "minutes": (done - before) / 60})
+        before = done
+    return rows
+
+
+def publish(job: Path, command: str) -> dict:
+    from linlm.reproduce.claims import judge
+    from linlm.reproduce.recipes import load_recipe
+
+    marker_path, results_path = job / "reproduce.json", job / "results.json"
+    if not marker_path.is_file() or not results_path.is_file():
+        raise SystemExit(f"publish_reproduce: {job} is not a reproduce job with a report (no reproduce.json or "
+                         "results.json); give the --out directory of a `linlm reproduce` run")
+    marker = json.loads(marker_path.read_text(encoding="utf-8"))
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    unfinished = {"pending": results.get("pending") or [], "failed": sorted(results.get("failed") or {}),
+                  "waiting": sorted(results.get("waiting") or {})}
+    if any(unfinished.values()):
+        raise SystemExit(f"publish_reproduce: {job} has not finished ({unfinished}); run its command again until "
+                         "every section is done, then publish")
+    recipe = load_recipe(marker["preset"])
+    times = section_times(job, marker["created"])
+    here = environment()
+    return {
+        "meta": {"benchmark": "linlm-reproduce", "command": command, **marker["environment"],
+                 "utc_time": marker["created"], "published_by": " ".join(["python", *sys.argv])},
+        "judged_at": here.get("git_revision"), "judged_dirty": here.get("git_dirty"),
+        "recipe": {"name": recipe.name, "description": recipe.description, "seeds": recipe.seeds},
+        "settings": results.get("settings") or {},
+        "sections": times,
+        "total_minutes": sum(r["minutes"] for r in times),
+        "claims": [c.to_dict() for c in judge(results["sections"])],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("job", type=Path, help="the --out directory of a finished `linlm reproduce` job")
+    ap.add_argument("--command", required=True, help="the reproduce command the job was run with, as typed")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the results file (default: docs/results/reproduce_<recipe>.json)")
+    args = ap.parse_args(argv)
+    data = publish(args.job, args.command)
+    out = args.out or ROOT / "docs" / "results" / f"reproduce_{data['recipe']['name']}.json"
+    atomic_write_bytes(out, dumps(data, indent=2).encode("utf-8"))
+    print(f"wrote {out}: {len(data['claims'])} claims, {data['total_minutes']:.1f} minutes in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

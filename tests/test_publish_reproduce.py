@@ -1,0 +1,68 @@
+"""benchmarks/publish_reproduce.py: a finished reproduce job becomes a results file whose claims are judged from its
+sections, with each section's time; an unfinished one is refused; the page shows the verdicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import publish_reproduce  # noqa: E402
+import render_results  # noqa: E402
+
+CREATED = "2026-01-01T10:00:00Z"
+T0 = 1767261600.0  # CREATED as a Unix time
+
+
+def fake_job(root: Path, pending=(), failed=None) -> Path:
+    """A job directory as `linlm reproduce` leaves it: its marker, results.json and two saved sections, written
+    12 and 30 minutes after the job was created. MossNet's three seeds lie wholly below both baselines'."""
+    quality = {"models": {f"{a}-0.8m-s{i}": {"arch": a, "seed": i, "val_loss": v + 0.01 * i, "params": 1000}
+                          for a, v in (("mossnet", 3.0), ("llama", 3.2), ("mamba", 3.3)) for i in range(3)}}
+    sections = {"scaling": {"runs": []}, "compare_quality": quality}
+    (root / "sections").mkdir(parents=True)
+    for minutes, (name, result) in zip((12, 30), sections.items()):
+        path = root / "sections" / f"{name}.json"
+        path.write_text(json.dumps(result))
+        os.utime(path, (T0 + 60 * minutes, T0 + 60 * minutes))
+    env = {"git_revision": "a" * 40, "git_dirty": False, "torch_version": "2.13.0+cpu",
+           "cpu": {"model_name": "Test CPU", "bf16_flags": [], "native_bf16": False}}
+    (root / "reproduce.json").write_text(json.dumps({"preset": "cpu", "created": CREATED, "environment": env}))
+    (root / "results.json").write_text(json.dumps({"sections": sections, "pending": list(pending),
+                                                   "failed": failed or {}, "waiting": {}, "claims": [],
+                                                   "settings": {"seeds": None}}))
+    return root
+
+
+def test_a_finished_job_is_published_with_its_claims_and_times(tmp_path):
+    job = fake_job(tmp_path / "job")
+    data = publish_reproduce.publish(job, "linlm reproduce --recipe cpu --out runs/rep")
+    assert data["meta"]["git_revision"] == "a" * 40 and data["meta"]["command"].startswith("linlm reproduce")
+    assert [(r["section"], round(r["minutes"], 3)) for r in data["sections"]] == [("scaling", 12.0),
+                                                                                  ("compare_quality", 18.0)]
+    assert data["total_minutes"] == pytest.approx(30.0)
+    verdicts = {c["claim"]: c["verdict"] for c in data["claims"]}
+    assert verdicts["MossNet beats transformer and SSM baselines"] == "supported"
+    assert verdicts["Linear models scale like transformers"] == "not measured"
+    path = tmp_path / "reproduce_cpu.json"
+    path.write_text(json.dumps(data))
+    page = render_results.render(path)
+    assert "# linlm reproduce: recipe cpu" in page and "30.0 minutes in all" in page
+    row = next(line for line in page.splitlines() if line.startswith("| MossNet beats transformer"))
+    assert "| supported |" in row
+    assert "| compare_quality | 2026-01-01T10:30:00+00:00 | 18.0 |" in page
+
+
+@pytest.mark.parametrize("state", [{"pending": ["mqar"]}, {"failed": {"niah": "DataError: x"}}])
+def test_an_unfinished_job_is_refused(tmp_path, state):
+    job = fake_job(tmp_path / "job", **state)
+    with pytest.raises(SystemExit, match="has not finished"):
+        publish_reproduce.publish(job, "linlm reproduce --recipe cpu")
+    with pytest.raises(SystemExit, match="is not a reproduce job"):
+        publish_reproduce.publish(tmp_path, "linlm reproduce --recipe cpu")
