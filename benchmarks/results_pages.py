@@ -215,6 +215,10 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
     out += ["## Claims", ""]
     out += table(["claim", "paper", "verdict", "evidence", "rule"],
                  [[c["claim"], c["paper"], c["verdict"], c["evidence"], c["rule"]] for c in data.get("claims", [])])
+    if recipe.get("tradeoffs"):
+        out += ["", "## What the recipe's size gives up", "",
+                "Each choice lowers the power of the claims that rest on that section (the recipe's `tradeoffs`).", ""]
+        out += table(["section", "choice and its price"], [[k, v] for k, v in recipe["tradeoffs"].items()])
     out += ["", "## Time", "",
             f"Minutes per section, from the times the job wrote each section's result (a section's minutes run from "
             f"the end of the one before): {num(data.get('total_minutes'), 1)} minutes in all, "

@@ -234,3 +234,18 @@ def test_zeroshot_scores_every_seed_of_the_comparison_and_shows_their_spread(tmp
     job.results = {"zeroshot": z}
     tables = [b for b in zeroshot.render(job, []) if b[0] == "table"]
     assert ["compare-llama", "3", "0.530", "0.030", "0.500", "0.560"] in tables[-1][2]
+
+
+def test_the_report_says_what_the_recipes_size_gives_up():
+    from linlm.reproduce.report import tradeoff_blocks
+    from linlm.reproduce.sections import SECTIONS
+
+    names = {s.name for s in SECTIONS}
+    for recipe in ("cpu", "cpu-long"):
+        r = load_recipe(recipe)
+        assert set(r.tradeoffs) <= names, set(r.tradeoffs) - names  # each names a section of the report
+        (table,) = [b for b in tradeoff_blocks(r) if b[0] == "table"]
+        assert [row[0] for row in table[2]] == list(r.tradeoffs)
+    long = load_recipe("cpu-long").tradeoffs
+    assert "2M tokens" in long["compare"] and "0.293" in long["niah"]  # its own compare, the cpu recipe's NIAH
+    assert tradeoff_blocks(load_recipe("smoke")) == []

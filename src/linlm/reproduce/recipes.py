@@ -43,6 +43,9 @@ class Recipe:
     aspect: dict = field(default_factory=dict)  # an aspect-ratio study ladder; max_tokens: validation tokens scored
     context: dict = field(default_factory=dict)  # a context-length study ladder; max_tokens as for aspect
     mossnet: dict = field(default_factory=dict)  # MossNet's scaling ladder (with its baselines), fitted like scaling
+    # {section: what this recipe's size gives up there}: shown in the report beside the claims, so that a verdict of
+    # "tie" or "not supported at this scale" can be read against the power the settings left it.
+    tradeoffs: dict = field(default_factory=dict)
     # For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours.
     gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})
 

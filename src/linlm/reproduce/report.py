@@ -60,6 +60,17 @@ def claims_blocks(claims: list[Claim], seeds: list[int]) -> list[tuple]:
             ("table", ["threshold", "value", "meaning"], thresholds())]
 
 
+def tradeoff_blocks(recipe) -> list[tuple]:
+    """The recipe's ``tradeoffs``: what its sizes give up, section by section (nothing when it states none)."""
+    if not recipe.tradeoffs:
+        return []
+    return [("h2", "What this recipe's size gives up"),
+            ("p", f"The {recipe.name} recipe trains small models briefly to fit its time budget; each choice below "
+                  "lowers the power of the claims that rest on that section, so read a 'tie' or a 'not supported at "
+                  "this scale' against it."),
+            ("table", ["section", "choice and its price"], [[k, str(v)] for k, v in recipe.tradeoffs.items()])]
+
+
 def _data_dir_used(job, marker: dict) -> str:
     """The directory the zero-shot section read, once it has run; before, the one it will read."""
     used = (job.results.get("zeroshot") or {}).get("data_dir")
@@ -98,7 +109,7 @@ def write(job, pending: list[str], marker: dict) -> Written:
         intro += f" Incomplete: {', '.join(pending)} not finished; run the same command again."
     shown = sorted((s for s in SECTIONS if s.render is not None), key=lambda s: s.report_rank)
     blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.seed_count)),
-              *(b for s in shown for b in s.render(job, pending)), *provenance_blocks(job, marker)]
+              *tradeoff_blocks(job.recipe), *(b for s in shown for b in s.render(job, pending)), *provenance_blocks(job, marker)]
     for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/
         target = job.out / blk[1] if blk[0] == "img" else None
         if target is not None and not (target.is_file() and target.read_bytes() == blk[2]):
