@@ -48,7 +48,7 @@ def section_times(job: Path, created: str) -> list[dict]:
     return rows
 
 
-def publish(job: Path, command: str) -> dict:
+def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
     from linlm.reproduce.claims import judge
     from linlm.reproduce.recipes import load_recipe
 
@@ -72,7 +72,8 @@ def publish(job: Path, command: str) -> dict:
         "judged_at": here.get("git_revision"), "judged_dirty": here.get("git_dirty"),
         "recipe": {"name": recipe.name, "description": recipe.description, "seeds": recipe.seeds,
                    "tradeoffs": recipe.tradeoffs},
-        "settings": results.get("settings") or {},
+        "settings": {**(results.get("settings") or {}),
+                     **({"data_dir": data_dir_shown} if data_dir_shown is not None else {})},
         "sections": times,
         "total_minutes": sum(r["minutes"] for r in times),
         "claims": [c.to_dict() for c in judge(results["sections"])],
@@ -83,10 +84,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("job", type=Path, help="the --out directory of a finished `linlm reproduce` job")
     ap.add_argument("--command", required=True, help="the reproduce command the job was run with, as typed")
+    ap.add_argument("--data-dir-shown", default=None,
+                    help="what the page says for the job's --data-dir instead of its path on this machine")
     ap.add_argument("--out", type=Path, default=None,
                     help="the results file (default: docs/results/reproduce_<recipe>.json)")
     args = ap.parse_args(argv)
-    data = publish(args.job, args.command)
+    data = publish(args.job, args.command, args.data_dir_shown)
     out = args.out or ROOT / "docs" / "results" / f"reproduce_{data['recipe']['name']}.json"
     atomic_write_bytes(out, dumps(data, indent=2).encode("utf-8"))
     print(f"wrote {out}: {len(data['claims'])} claims, {data['total_minutes']:.1f} minutes in all")

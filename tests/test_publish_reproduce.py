@@ -42,7 +42,9 @@ def fake_job(root: Path, pending=(), failed=None) -> Path:
 
 def test_a_finished_job_is_published_with_its_claims_and_times(tmp_path):
     job = fake_job(tmp_path / "job")
-    data = publish_reproduce.publish(job, "linlm reproduce --recipe cpu --out runs/rep")
+    assert publish_reproduce.publish(job, "linlm reproduce")["settings"] == {"seeds": None}
+    data = publish_reproduce.publish(job, "linlm reproduce --recipe cpu --out runs/rep", "DIR")
+    assert data["settings"] == {"seeds": None, "data_dir": "DIR"}
     assert data["meta"]["git_revision"] == "a" * 40 and data["meta"]["command"].startswith("linlm reproduce")
     assert [(r["section"], round(r["minutes"], 3)) for r in data["sections"]] == [("scaling", 12.0),
                                                                                   ("compare_quality", 18.0)]
