@@ -9,6 +9,7 @@ quickstart prepared).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -95,3 +96,28 @@ def test_readme_results_are_on_their_pages(bullet):
     assert numbers, "a results bullet quotes numbers"
     for n in numbers:
         assert re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", pages), f"{n} is not on {links}"
+
+
+def readme_claims() -> list[list[str]]:
+    """The rows (claim, verdict, on what) of the README's claims table."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("<!-- claims:", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[1:]
+            if line.startswith("|")]
+    return rows[2:]  # past the header and its rule
+
+
+def test_readme_claims_are_the_published_verdicts():
+    """Each claim row of the README says the verdict its results file gives, and every number it quotes is on the
+    claims page; the table has every claim of that file."""
+    link = re.search(r"\[page\]\((docs/results/reproduce_[\w-]+)\.md\)", README.read_text(encoding="utf-8")
+                     .split("<!-- claims:", 1)[0].rsplit("\n\n", 2)[-2]).group(1)
+    data = json.loads((ROOT / f"{link}.json").read_text(encoding="utf-8"))
+    page = (ROOT / f"{link}.md").read_text(encoding="utf-8")
+    verdicts = {re.sub(r" \([^)]*\)$", "", c["claim"]): c["verdict"] for c in data["claims"]}
+    rows = readme_claims()
+    assert sorted(r[0] for r in rows) == sorted(verdicts)
+    for claim, verdict, why in rows:
+        assert verdict == verdicts[claim], claim
+        for n in NUMBER.findall(why):
+            assert re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", page), f"{claim}: {n} is not on {link}.md"
