@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
     here = environment()
     return {
         "meta": {"benchmark": "linlm-reproduce", "command": command, **marker["environment"],
-                 "utc_time": marker["created"], "published_by": " ".join(["python", *sys.argv])},
+                 "utc_time": marker["created"], "published_by": shlex.join(["python", *sys.argv])},
         "judged_at": here.get("git_revision"), "judged_dirty": here.get("git_dirty"),
         "recipe": {"name": recipe.name, "description": recipe.description, "seeds": recipe.seeds,
                    "tradeoffs": recipe.tradeoffs},
