@@ -207,9 +207,10 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
     recipe = data.get("recipe", {})
     out = header(f"linlm reproduce: recipe {recipe.get('name')}", path.name, data.get("meta", {}))
     judged = data.get("judged_at")
+    judged = (judged[:7] if judged else "not recorded") + (" (with uncommitted changes)" if data.get("judged_dirty")
+                                                           else "")
     out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its claims "
-            f"were judged from its saved sections by linlm/reproduce/claims.py at revision "
-            f"{judged[:7] if judged else 'not recorded'}{' (with uncommitted changes)' if data.get('judged_dirty') else ''}"
+            f"were judged from its saved sections by linlm/reproduce/claims.py at revision {judged}"
             " (benchmarks/publish_reproduce.py). Each verdict follows the rule beside it; the job's own report "
             "holds every section's tables and plots.", ""]
     out += ["## Claims", ""]

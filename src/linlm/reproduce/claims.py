@@ -195,6 +195,23 @@ def lower_loss_at_equal_compute(fits: Optional[dict]) -> Claim:
     return Claim(text, SCALING, _tally(wins, total, ties), "; ".join(parts), rule)
 
 
+def _compare_each(ref: str, values: dict[str, list[float]], others, margin: float, spec: str = ".3f",
+                  note=lambda arch: "") -> tuple[list[str], list[str]]:
+    """``ref``'s values over seeds against those of each of ``others`` that ``values`` holds, by
+    :func:`linlm.reproduce.seeds.compare`: (the evidence of each: its spread, ``note(arch)`` and the outcome
+    where the seeds allow one; the outcomes)."""
+    from linlm.reproduce.seeds import ONE_SEED, Spread, compare
+
+    parts, outcomes = [], []
+    for arch in others:
+        if arch in values:
+            outcome = compare(values[ref], values[arch], margin)
+            outcomes.append(outcome)
+            parts.append(f"{arch} {Spread(values[arch]).text(spec)}{note(arch)}"
+                         + ("" if outcome == ONE_SEED else f": {ref} {outcome}"))
+    return parts, outcomes
+
+
 def _mqar_seeds(mqar: Optional[dict]) -> tuple[dict[str, list[float]], Optional[int]]:
     """({configuration name without its width: [accuracy of each seed]}, the width) at the largest width of the
     MQAR experiment, from its ``runs`` (one row per seed); a result that kept only the configurations' means gives
@@ -213,7 +230,7 @@ def _niah_retrieval(niah: Optional[dict]) -> tuple[Optional[str], str]:
     """The NIAH half of :func:`weaker_at_retrieval`: its verdict (None: NIAH did not run) and its numbers. Only
     the scaling sweep's models are compared (equal training, one seed each); every model at chance makes it "not
     supported at this scale", said with the chance level."""
-    from linlm.reproduce.seeds import ONE_SEED, Spread, compare
+    from linlm.reproduce.seeds import Spread
 
     models = (niah or {}).get("models") or {}
     if not models:
@@ -234,18 +251,14 @@ def _niah_retrieval(niah: Optional[dict]) -> tuple[Optional[str], str]:
     if not any(m["above_chance"] for m in compared.values() if m["arch"] == base):
         return "not supported at this scale", (f"NIAH: {base} at chance ({Spread(accs[base]).text('.3f')}, chance "
                                                 f"{chance:.3f}): it cannot be the stronger one")
-    parts, outcomes = [f"NIAH (chance {chance:.3f}): {base} {Spread(accs[base]).text('.3f')}"], []
-    for arch in linear_archs():
-        if arch in accs:
-            outcomes.append(compare(accs[base], accs[arch], ACC_MARGIN))
-            parts.append(f"{arch} {Spread(accs[arch]).text('.3f')}"
-                         + ("" if outcomes[-1] == ONE_SEED else f": {base} {outcomes[-1]}"))
+    parts, outcomes = _compare_each(base, accs, linear_archs(), ACC_MARGIN)
+    parts.insert(0, f"NIAH (chance {chance:.3f}): {base} {Spread(accs[base]).text('.3f')}")
     verdict = _seeded_tally(outcomes, "higher") if outcomes else None
     return verdict, "; ".join(parts) + (f" (NIAH alone: {verdict})" if verdict else "")
 
 
 def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
-    from linlm.reproduce.seeds import ONE_SEED, Spread, compare, rule_text
+    from linlm.reproduce.seeds import Spread, rule_text
 
     text = "Linear models are weaker at retrieval"
     rule = (f"MQAR accuracy at the largest width, over seeds: LLaMA above each linear model (LLaMA's mean more than "
@@ -261,21 +274,15 @@ def weaker_at_retrieval(mqar: Optional[dict], niah: Optional[dict]) -> Claim:
             return Claim(text, SCALING, "not measured", f"no MQAR result for {base}; {niah_text}", rule)
         return Claim(text, SCALING, niah_verdict, f"no MQAR result for {base}; {niah_text}", rule)
     chance = mqar["chance"]
-    parts = [f"MQAR d={width}: {base} {Spread(acc[base]).text('.3f')} (chance {chance:.3f})"]
-    outcomes = []
-    for arch in linear_archs():
-        if arch in acc:
-            outcomes.append(compare(acc[base], acc[arch], ACC_MARGIN))
-            parts.append(f"{arch} {Spread(acc[arch]).text('.3f')}"
-                         + ("" if outcomes[-1] == ONE_SEED else f": {base} {outcomes[-1]}"))
-    parts.append(niah_text)
+    parts, outcomes = _compare_each(base, acc, linear_archs(), ACC_MARGIN)
+    parts = [f"MQAR d={width}: {base} {Spread(acc[base]).text('.3f')} (chance {chance:.3f})", *parts, niah_text]
     if Spread(acc[base]).mean - chance <= ABOVE_CHANCE:
         return Claim(text, SCALING, "not supported at this scale", "; ".join(parts), rule)
     return Claim(text, SCALING, _seeded_tally(outcomes, "higher"), "; ".join(parts), rule)
 
 
 def decay_helps_retrieval(mqar: Optional[dict]) -> Claim:
-    from linlm.reproduce.seeds import ONE_SEED, Spread, compare, rule_text
+    from linlm.reproduce.seeds import Spread, rule_text
 
     text = "Data-dependent decay helps retrieval"
     rule = (f"MQAR accuracy at the largest width, over seeds: HGRN2 (data-dependent decay) above both TNL and "
@@ -286,11 +293,8 @@ def decay_helps_retrieval(mqar: Optional[dict]) -> Claim:
     if "hgrn2" not in acc or not fixed:
         return Claim(text, SCALING, "not measured", "MQAR did not include hgrn2 and a fixed-decay model", rule)
     chance = mqar["chance"]
-    parts, outcomes = [f"MQAR d={width}: hgrn2 {Spread(acc['hgrn2']).text('.3f')}"], []
-    for a in fixed:
-        outcomes.append(compare(acc["hgrn2"], acc[a], ACC_MARGIN))
-        parts.append(f"{a} {Spread(acc[a]).text('.3f')}" + ("" if outcomes[-1] == ONE_SEED
-                                                             else f": hgrn2 {outcomes[-1]}"))
+    parts, outcomes = _compare_each("hgrn2", acc, fixed, ACC_MARGIN)
+    parts.insert(0, f"MQAR d={width}: hgrn2 {Spread(acc['hgrn2']).text('.3f')}")
     if "mamba" in acc:
         parts.append(f"(mamba, also data-dependent: {Spread(acc['mamba']).text('.3f')})")
     if max(Spread(acc[a]).mean for a in ("hgrn2", *fixed)) - chance <= ABOVE_CHANCE:
@@ -310,7 +314,7 @@ def _by_group(models: dict, key: str, group=None) -> dict[str, list[float]]:
 def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
     from linlm.models.archs.base import SSM
     from linlm.models.registry import arch_names
-    from linlm.reproduce.seeds import ONE_SEED, Spread, compare, rule_text
+    from linlm.reproduce.seeds import Spread, rule_text
 
     text = "MossNet beats transformer and SSM baselines"
     rule = ("validation loss (nats/token) of MossNet against LLaMA's and Mamba's (equal active parameters, equal "
@@ -321,15 +325,9 @@ def mossnet_beats_baselines(compare_quality: Optional[dict]) -> Claim:
     if "mossnet" not in losses:
         return Claim(text, MOSSNET, "not measured", "no trained MossNet in the comparison", rule)
     params = {m["arch"]: m["params"] for m in models.values()}
-    ref = losses["mossnet"]
-    parts = [f"mossnet {Spread(ref).text()} ({params['mossnet']:,} active)"]
-    outcomes = []
-    for arch in (baseline(), *arch_names(SSM)):  # the paper's baselines: the transformer and the SSMs
-        if arch in losses:
-            outcome = compare(ref, losses[arch], LOSS_MARGIN)
-            outcomes.append(outcome)
-            parts.append(f"{arch} {Spread(losses[arch]).text()} ({params[arch]:,} active)"
-                         + ("" if outcome == ONE_SEED else f": mossnet {outcome}"))
+    parts, outcomes = _compare_each("mossnet", losses, (baseline(), *arch_names(SSM)), LOSS_MARGIN, ".4f",
+                                    note=lambda arch: f" ({params[arch]:,} active)")  # the transformer and the SSMs
+    parts.insert(0, f"mossnet {Spread(losses['mossnet']).text()} ({params['mossnet']:,} active)")
     return Claim(text, MOSSNET, _seeded_tally(outcomes, "lower") if outcomes else "not measured",
                  "; ".join(parts), rule)
 

@@ -109,7 +109,8 @@ def write(job, pending: list[str], marker: dict) -> Written:
         intro += f" Incomplete: {', '.join(pending)} not finished; run the same command again."
     shown = sorted((s for s in SECTIONS if s.render is not None), key=lambda s: s.report_rank)
     blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.seed_count)),
-              *tradeoff_blocks(job.recipe), *(b for s in shown for b in s.render(job, pending)), *provenance_blocks(job, marker)]
+              *tradeoff_blocks(job.recipe), *(b for s in shown for b in s.render(job, pending)),
+              *provenance_blocks(job, marker)]
     for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/
         target = job.out / blk[1] if blk[0] == "img" else None
         if target is not None and not (target.is_file() and target.read_bytes() == blk[2]):

@@ -64,16 +64,16 @@ def measure(models: dict[str, dict], data_dir: Optional[str], tasks, limit: Opti
                                       drop_overlong=True)["tasks"])
             except LinlmError as e:
                 out["not_scored"].setdefault(name, str(e))
-        avg = commonsense_average(tasks)
         out["models"][label] = {"arch": m["arch"], "group": m.get("group") or m["arch"], "seed": m.get("seed"),
-                                "params": m["params"], "tasks": tasks, "commonsense_avg": avg,
-                                "commonsense_score": avg["score"] if avg else None}
+                                "params": m["params"], "tasks": tasks, "commonsense_avg": commonsense_average(tasks)}
         tick((i + 1) / len(models))
     if not any(t.get("n", 0) > 0 for m in out["models"].values() for t in m["tasks"].values()):
         why = "; ".join(f"{name}: {e}" for name, e in out["not_scored"].items()) or "no task had items to score"
         raise DataError(f"zero-shot: no task was scored for any model from --data-dir {root} ({why}); fix the task "
                         "files, or give a corrected --data-dir, and run the command again")
-    out["spread"] = group_spreads(out["models"], "commonsense_score")
+    scores = {k: {"group": m["group"], "score": (m["commonsense_avg"] or {}).get("score")}
+              for k, m in out["models"].items()}
+    out["spread"] = group_spreads(scores, "score")
     return out
 
 
@@ -122,5 +122,5 @@ def render(job, pending: list[str]) -> Blocks:
 
 SECTION = Section("zeroshot", run, 0.05, needs=("scaling", "compare"),
                   settings=("overrides", "scaling_dir", "data_dir", "seeds"), check=check, render=render, report_rank=4,
-                  plan=lambda p: f"zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task, for the "
-                                 "scaling sweep's largest models and every seed of the comparison")
+                  plan=lambda p: f"zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task, "
+                                 "for the scaling sweep's largest models and every seed of the comparison")
