@@ -57,16 +57,17 @@ def cmd_archs(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from linlm.cli_args import positive_int
+    from linlm.cli_args import Parser
+    from linlm.cli_ranges import RANGES
 
-    parser = argparse.ArgumentParser(prog="linlm", description="Linear-complexity language models.")
+    parser = Parser(prog="linlm", description="Linear-complexity language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("count", help="parameters and FLOPs of a model (an architecture at a size preset)")
     _add_model_args(p)
-    p.add_argument("--batch-size", "--batch", dest="batch", type=positive_int, default=480,
+    p.add_argument("--batch-size", "--batch", dest="batch", type=RANGES["batch"], default=480,
                    help="batch size b for flops_per_step (paper: 480; old spelling: --batch)")
-    p.add_argument("--seq-len", type=positive_int, default=8192, help="sequence length n (paper: 8192)")
+    p.add_argument("--seq-len", type=RANGES["tokens"], default=8192, help="sequence length n (paper: 8192)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=cmd_count)
 
@@ -97,7 +98,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from linlm.cli_args import parse_args
 
     parser = build_parser()
-    args = parse_args(parser, argv)
+    try:
+        args = parse_args(parser, argv)
+    except SystemExit as e:  # a refused command line (its one line is printed) is exit status 2 like any other
+        if e.code in (0, None):  # --help
+            raise
+        return int(e.code) if isinstance(e.code, int) else 2
     from linlm.runtime import tune_allocator
 
     tune_allocator()

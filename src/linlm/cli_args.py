@@ -18,6 +18,17 @@ from linlm.schema import is_override
 T = TypeVar("T")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a mistake on the command line is one line on stderr (exit 2), like every
+    other refusal of ``linlm``: ``linlm: error: train: argument --steps: expected ..., got '0' (see `linlm train
+    --help`)``, without the usage block. Subcommands' parsers are of this class too (argparse makes them of the
+    parent's class)."""
+
+    def error(self, message: str):
+        command = self.prog.partition(" ")[2]
+        self.exit(2, f"linlm: error: {command + ': ' if command else ''}{message} (see `{self.prog} --help`)\n")
+
+
 def add_overrides(parser: argparse.ArgumentParser, example: str = "optim.lr=1e-3") -> None:
     """``--set KEY=VALUE`` (repeatable) and bare ``KEY=VALUE`` words; read them with :func:`override_items`."""
     parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -54,17 +65,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = 
     args.overrides = sorted(items, key=lambda item: position.get(item, len(argv)))
     args.set_overrides = []
     return args
-
-
-def positive_int(text: str) -> int:
-    """An argparse ``type`` for counts and sizes: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def comma_list(text: str, flag: str, *, item: Callable[[str], T] = str, what: str = "names",
@@ -127,14 +127,21 @@ def check_output_files(args: argparse.Namespace, *flags: str) -> None:
 
 def exit_status(prog: str, fn: Callable[[], Any]) -> int:
     """Run a command's body and turn the outcome into its exit status: its own return value (0 for None); a
-    mistake in the input (LinlmError) is one line ``PROG: error: ...`` on stderr and 2; Ctrl-C is 130. Anything
-    else is a bug and keeps its traceback (Python's exit status 1)."""
+    mistake in the input (LinlmError) is one line ``PROG: error: ...`` on stderr and 2, and so is an allocation
+    failure that the command's memory estimate let through (linlm.resources: a request too large for this machine,
+    not a bug); Ctrl-C is 130. Anything else is a bug and keeps its traceback (Python's exit status 1)."""
     from linlm.errors import LinlmError
+    from linlm.resources import is_out_of_memory, out_of_memory_message
 
     try:
         return int(fn() or 0)
     except LinlmError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        print(f"{prog}: error: {out_of_memory_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

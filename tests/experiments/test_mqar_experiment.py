@@ -99,7 +99,7 @@ def test_default_runs_are_the_registry_s_architectures_the_mossnet_grid_and_matc
     assert {"llama", "tnl", "hgrn2", "cosformer2", "mamba"} <= set(archs) and "mossnet" not in archs
     defaults = register(argparse.ArgumentParser().add_subparsers()).parse_args(["--out", "x"])
     assert defaults.archs == ",".join(archs)  # `linlm mqar` trains the same set
-    assert (defaults.experts, defaults.policies, defaults.seeds) == ("1,2,4", "routed-k1,routed-k2,dense", 1)
+    assert (defaults.experts, defaults.policies, defaults.seeds) == ([1, 2, 4], "routed-k1,routed-k2,dense", 1)
     # E x policy: E = 1 once; routed with k = E is the dense model, trained once; k > E left out.
     names = [r.name() for r in default_runs((16,), (1, 2, 4), ("tnl",), matched=False)]
     assert names == ["tnl-d16", "mossnet-E1-d16", "mossnet-E2-routed-k1-d16", "mossnet-E2-dense-d16",
@@ -313,11 +313,15 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (["--threads", "0"], "--threads 0"), (["--num-queries", "0"], "--num-queries 0"),
-    (["--head-dim", "0"], "--head-dim 0"), (["--test-sequences", "0"], "--test-sequences 0"),
+    (["--threads", "0"], "argument --threads: expected a whole number from 1 to 4096, got '0'"),
+    (["--num-queries", "0"], "argument --num-queries: expected a whole number from 1 to 1048576, got '0'"),
+    (["--head-dim", "0"], "argument --head-dim: expected a whole number from 1 to 1048576, got '0'"),
+    (["--test-sequences", "0"], "argument --test-sequences: expected a whole number from 1 to 1e6, got '0'"),
     (["--experts", "-1"], "--mossnet-experts"), (["--mossnet-experts", "0,2"], "0 means no MossNet runs"),
-    (["--seeds", "0"], "--seeds 0"), (["--mossnet-policies", "routed"], "routed-kN"),
-    (["--mossnet-policies", "dense-k0"], "dense-k0"), (["--lr", "nan"], "--lr nan"), (["--widths", "12"], "head_dim 8"),
+    (["--seeds", "0"], "argument --seeds: expected a whole number from 1 to 100 (a run per seed), got '0'"),
+    (["--seeds", "1000000"], "argument --seeds: expected a whole number from 1 to 100 (a run per seed), got '1000000'"),
+    (["--mossnet-policies", "routed"], "routed-kN"), (["--mossnet-policies", "dense-k0"], "dense-k0"),
+    (["--lr", "nan"], "argument --lr: expected a number > 0 and <= 10000, got 'nan'"), (["--widths", "12"], "head_dim 8"),
     (["--widths", "16,16"], "given twice"), (["--archs", ""], "no runs"),
 ])
 def test_numbers_are_checked_and_zero_is_no_default(tmp_path, capsys, flags, expected):

@@ -95,8 +95,8 @@ def test_cli_generate_model_prompt_file_and_stream(model_dir, tmp_path, capsys):
 @pytest.mark.parametrize("flags, match", [
     (["--temperature", "nan"], "temperature"),
     (["--temperature", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
+    (["--top-p", "0"], r"--top-p: expected a number > 0 and <= 1 .*, got '0'"),
+    (["--top-p", "1.5"], r"--top-p: expected a number > 0 and <= 1 .*, got '1.5'"),
     (["--device", "bogus"], r"device: 'bogus' is not a device"),
     (["--prompt", "the king " * 40], r"max_seq_len=64.*--truncate-prompt"),
     (["--prompt-file", "/nonexistent/prompt.txt"], r"--prompt-file /nonexistent/prompt.txt: cannot be read"),

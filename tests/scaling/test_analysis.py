@@ -185,7 +185,7 @@ def test_a_run_description_without_params_is_named_and_skipped(sweep, capsys):
 def test_flops_per_s_zero_is_refused_not_read_as_unset(tmp_path, capsys):
     assert main(["scaling", "run", "--ladder", "smoke", "--out", str(tmp_path / "s"), "--dry-run", "--no-measure",
                  "--flops-per-s", "0"]) == 2
-    one_line_error(capsys.readouterr().err, "--flops-per-s: must be > 0")
+    one_line_error(capsys.readouterr().err, "argument --flops-per-s: expected a number > 0", "got '0'")
     assert not (tmp_path / "s").exists()
 
 

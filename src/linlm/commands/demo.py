@@ -21,17 +21,18 @@ DEMO_MARK = ".demo-run"
 
 def register(subparsers) -> None:
     from linlm.cli_args import add_overrides
+    from linlm.cli_ranges import RANGES
 
     p = subparsers.add_parser("demo", help="a first training run, a few minutes on a CPU: a small model on the "
                                            "built-in Shakespeare corpus, then samples and where the loss curve and "
                                            "checkpoint are")
     p.add_argument("--archs", nargs="*", default=None,
-                   help="architecture to train instead of the demo's (the first one given)")
+                   help="the one architecture to train instead of the demo's (see `linlm archs`)")
     p.add_argument("--preset", default=None, help="train this size preset instead of the demo's shape")
     p.add_argument("--out", "--out-dir", dest="out_dir", default=None, metavar="DIR",
                    help="run directory (default: runs/demo; a demo run there is replaced, any other run is refused; "
                         "old spelling: --out-dir)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps, a positive number (default: from the "
+    p.add_argument("--steps", type=RANGES["steps"], default=None, help="optimizer steps, a positive number (default: from the "
                                                            "demo config)")
     add_overrides(p)
     p.set_defaults(func=cmd_demo)
@@ -79,6 +80,9 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
     from linlm.train.rundir import RunDir
     from linlm.train.trainer import train
 
+    if archs is not None and len(archs) > 1:
+        raise ConfigError(f"--archs: the demo trains one architecture, got {len(archs)} ({', '.join(archs)}); give "
+                          f"one, e.g. --archs {archs[0]} (each into its own --out to compare them)")
     path = config_path("demo")
     if path is None:
         raise ConfigError("configs/demo.yaml was not found beside the linlm sources; run the demo from a source "

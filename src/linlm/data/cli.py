@@ -9,6 +9,8 @@ from linlm.data.prepare import DEFAULT_SHARD_TOKENS, DEFAULT_SPLIT_CHARS
 
 
 def register(subparsers) -> None:
+    from linlm.cli_ranges import RANGES
+
     data = subparsers.add_parser("data", help="prepare tokenised training data")
     sub = data.add_subparsers(dest="data_command", required=True)
     p = sub.add_parser(
@@ -21,13 +23,13 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer", required=True,
                    help="bpe:VOCAB to train a byte-level BPE, or a tokenizer.json / directory / hub name")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--val-fraction", type=float, default=0.005, help="fraction of pieces for validation")
+    p.add_argument("--val-fraction", type=RANGES["fraction"], default=0.005, help="fraction of pieces for validation")
     p.add_argument("--text-field", default="text", help="field (JSON lines, HF) or column (Parquet) with the text")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
-    p.add_argument("--split-chars", type=int, default=DEFAULT_SPLIT_CHARS,
+    p.add_argument("--seed", type=RANGES["seed"], default=0, help="seed of the train/validation split")
+    p.add_argument("--shard-tokens", type=RANGES["tokens"], default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
+    p.add_argument("--split-chars", type=RANGES["chars"], default=DEFAULT_SPLIT_CHARS,
                    help="documents are cut into pieces of at most this many characters for the split")
-    p.add_argument("--num-workers", type=int, default=2, help="tokenizer threads (1: no parallelism)")
+    p.add_argument("--num-workers", type=RANGES["workers"], default=2, help="tokenizer threads (1: no parallelism)")
     p.add_argument("--overwrite", action="store_true", help="replace an output made with other settings")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=handle_prepare)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from linlm.cli_ranges import RANGES
+
 DATA_ENV = "LINLM_EVAL_DATA"
 OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
 
@@ -19,7 +21,7 @@ def _text_command(subparsers, name: str, *, help: str, description: str, source:
     p.add_argument(source, required=source_default is None, default=source_default, help=source_help)
     p.add_argument("--text-field", default="text", help="field holding the text in JSON Lines / Parquet records")
     p.add_argument("--mode", choices=modes[0], default=modes[1], help=mode_help)
-    p.add_argument("--batch-size", type=int, default=4, help="documents (or windows, or needles) per pass")
+    p.add_argument("--batch-size", type=RANGES["batch"], default=4, help="documents (or windows, or needles) per pass")
     p.add_argument("--json", default=None, metavar="OUT", help=f"{json_help} ({OUTPUT_RULE})")
     p.set_defaults(func=func)
     return p
@@ -30,6 +32,7 @@ def _source_and_model(args, source: str):
     from linlm.data.sources import open_source
 
     text = open_source(getattr(args, source), text_field=args.text_field)
+    text.check_reachable()  # before the model loads: an unreachable hub is refused at once
     return text, *_load(args)
 
 
@@ -56,11 +59,11 @@ def register(subparsers) -> None:
     p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
                    help=f"directory holding the task files (default: ${DATA_ENV}, else the task cache, filled from "
                         "the dataset hub)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N documents of each task")
-    p.add_argument("--batch-size", type=int, default=16, help="contexts per prefill (their continuations run 2 x this many rows to a forward)")
+    p.add_argument("--limit", type=RANGES["limit"], default=None, help="only the first N documents of each task")
+    p.add_argument("--batch-size", type=RANGES["batch"], default=16, help="contexts per prefill (their continuations run 2 x this many rows to a forward)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
     p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--max-length", type=RANGES["tokens"], default=None,
                    help="truncate longer inputs from the left (default: the model's limit; none for linear models)")
     p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -92,6 +95,19 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def _json_lock(args):
+    """Held from the checks to the write: a second command writing the same --json file is refused (one of the two
+    results would otherwise be lost); without --json, nothing."""
+    import contextlib
+
+    if args.json is None:
+        return contextlib.nullcontext()
+    from linlm.data.corpus import cache_dir
+    from linlm.locking import FileLock
+
+    return FileLock(args.json, "--json", cache_dir())
+
+
 def _write_json(args, obj: dict, fmt: str) -> int:
     """Write the results to --json OUT when given (never over a file linlm did not write); exit status 0."""
     if args.json is not None:
@@ -112,10 +128,7 @@ def _load(args):
 def cmd_eval(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
     from linlm.errors import ConfigError
-    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
-    from linlm.eval.hub import task_dir
     from linlm.eval.tasks import resolve_tasks
-    from linlm.render import print_table
 
     # Every check that can refuse runs before the model loads: a mistake costs nothing.
     for flag, value in (("--model", args.model), ("--tasks", args.tasks)):
@@ -126,6 +139,15 @@ def cmd_eval(args) -> int:
     check_numbers(("--limit", args.limit, 1, False), ("--batch-size", args.batch_size, 1, False),
                   ("--max-length", args.max_length, 1, False))
     check_output_files(args, "--json")
+    with _json_lock(args):
+        return _eval(args)
+
+
+def _eval(args) -> int:
+    from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
+    from linlm.eval.hub import task_dir
+    from linlm.render import print_table
+
     data_dir = task_dir(args.tasks, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
     model, tok = _load(args)
     results = evaluate(model, tok, args.tasks, data_dir, limit=args.limit, batch_size=args.batch_size,
@@ -176,23 +198,29 @@ def register_perplexity(subparsers) -> None:
         modes=(MODES, "auto"), mode_help="stateful: whole documents through the recurrent state; sliding: windows; "
                                          "auto: stateful unless the model has a position limit (LLaMA)",
         json_help="also write the result as JSON to OUT", func=cmd_perplexity)
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--window", type=RANGES["tokens"], default=None,
                    help="sliding window length, >= 1 (default: max_seq_len or 2048)")
-    p.add_argument("--stride", type=int, default=None,
+    p.add_argument("--stride", type=RANGES["tokens"], default=None,
                    help="sliding window stride, 1 to --window (default: window / 2)")
-    p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
-    p.add_argument("--max-docs", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
+    p.add_argument("--chunk", type=RANGES["tokens"], default=2048, help="tokens per forward pass in the stateful mode")
+    p.add_argument("--max-docs", type=RANGES["limit"], default=None)
+    p.add_argument("--max-tokens", type=RANGES["limit"], default=None, help="stop once this many tokens were scored")
 
 
 def cmd_perplexity(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
-    from linlm.eval.perplexity import perplexity
-    from linlm.render import print_table
 
     check_numbers(*((flag, getattr(args, flag[2:].replace("-", "_")), 1, False)
                     for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))
     check_output_files(args, "--json")
+    with _json_lock(args):
+        return _perplexity(args)
+
+
+def _perplexity(args) -> int:
+    from linlm.eval.perplexity import perplexity
+    from linlm.render import print_table
+
     source, model, tok = _source_and_model(args, "source")
     res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
                      batch_size=args.batch_size, max_docs=args.max_docs, max_tokens=args.max_tokens)
@@ -216,22 +244,22 @@ def register_niah(subparsers) -> None:
         json_help="write the grid and the scores as JSON", func=cmd_niah)
     p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
     p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
-    p.add_argument("--trials", type=int, default=1, help="needles per cell")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--length-ratio", type=float, default=4.0, help="weight of the longest length / the shortest")
-    p.add_argument("--depth-ratio", type=float, default=2.0, help="weight of the deepest needle / the shallowest")
+    p.add_argument("--trials", type=RANGES["trials"], default=1, help="needles per cell")
+    p.add_argument("--seed", type=RANGES["seed"], default=0)
+    p.add_argument("--length-ratio", type=RANGES["ratio"], default=4.0, help="weight of the longest length / the shortest")
+    p.add_argument("--depth-ratio", type=RANGES["ratio"], default=2.0, help="weight of the deepest needle / the shallowest")
     p.add_argument("--scoring", choices=SCORINGS, default="greedy",
                    help="greedy: the answer must be the value exactly; choice: the value ranked first among "
                         "--candidates by log-likelihood (chance 1/candidates: small models can be told apart)")
-    p.add_argument("--candidates", type=int, default=4, help="values ranked per needle with --scoring choice")
+    p.add_argument("--candidates", type=RANGES["candidates"], default=4, help="values ranked per needle with --scoring choice")
     p.add_argument("--alphabet", choices=list(ALPHABETS), default="digits", help="the characters of the value")
-    p.add_argument("--value-length", type=int, default=7, help="characters of the needle's value")
+    p.add_argument("--value-length", type=RANGES["value_length"], default=7, help="characters of the needle's value")
     p.add_argument("--plot", default=None, metavar="PNG", help=f"a heatmap of the grid as a PNG file ({OUTPUT_RULE})")
 
 
 def cmd_niah(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
-    from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
+    from linlm.eval.niah import NIAHConfig, parse_grid
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
                      depths=parse_grid(args.depths, "depths"), mode=args.mode, trials=args.trials, seed=args.seed,
@@ -239,6 +267,13 @@ def cmd_niah(args) -> int:
                      candidates=args.candidates, alphabet=args.alphabet, value_length=args.value_length).validate()
     check_numbers(("--batch-size", args.batch_size, 1, False))
     check_output_files(args, "--json", "--plot")
+    with _json_lock(args):
+        return _niah(args, cfg)
+
+
+def _niah(args, cfg) -> int:
+    from linlm.eval.niah import plot_heatmap, run_niah
+
     source, model, tok = _source_and_model(args, "haystack")
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Optional
 
 
 def register(subparsers) -> None:
+    from linlm.cli_ranges import RANGES, NumberList
+
     p = subparsers.add_parser("generate", help="generate text from a model",
                               description="Continue PROMPT with a model from a run directory (its newest valid "
                                           "checkpoint), a checkpoint directory, or a directory from model.save().")
@@ -16,13 +19,15 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="text to continue (default: empty, start a new document)")
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE ('-': stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=40, help="0 keeps every token")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens whose "
+    p.add_argument("--max-new-tokens", type=RANGES["new_tokens"], default=100)
+    p.add_argument("--temperature", type=RANGES["temperature"], default=0.8, help="0 is greedy")
+    p.add_argument("--top-k", type=RANGES["top_k"], default=40, help="0 keeps every token")
+    p.add_argument("--top-p", type=RANGES["top_p"], default=1.0, help="nucleus sampling: keep the most likely tokens whose "
                                                              "probability reaches P (1 keeps every token)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
+    p.add_argument("--seed", type=RANGES["seed"], default=0)
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="print tokens as they are decoded (the default; --no-stream prints the text once it is "
+                        "done). Ctrl-C stops decoding and keeps what was printed")
     p.add_argument("--truncate-prompt", action="store_true",
                    help="drop the start of a prompt longer than the model's limit instead of refusing it")
     p.add_argument("--tokenizer", default=None,
@@ -38,11 +43,11 @@ def register(subparsers) -> None:
                    help="comma-separated architectures (default: every registered one, see `linlm archs`); add "
                         "hf-llama for transformers' Llama (added beside llama unless --no-hf)")
     p.add_argument("--preset", default="paper-70m", help="size preset (see `linlm archs`)")
-    p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
-    p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
+    p.add_argument("--contexts", type=NumberList(RANGES["tokens"]), default="512,2048,8192,32768", help="comma-separated context lengths")
+    p.add_argument("--decode-tokens", type=RANGES["decode_tokens"], default=16, help="tokens decoded per context (median latency)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=RANGES["threads"], default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-hf", action="store_true", help="do not profile transformers' Llama")
     p.add_argument("--exported", default="", metavar="FMT[,FMT]",
                    help="also time each linlm architecture's exported step: onnx (onnxruntime), pt2 (torch.export), "
@@ -64,16 +69,16 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="STEM",
                    help="file stem of the outputs, not a directory: writes STEM.prefill.FMT, STEM.step.FMT and "
                         "STEM.json (a trailing .pt2, .onnx or .json is dropped), e.g. --out exports/tnl")
-    p.add_argument("--batch-size", "--batch", dest="batch", type=int, default=1,
+    p.add_argument("--batch-size", "--batch", dest="batch", type=RANGES["batch"], default=1,
                    help="batch size of the exported programs (old spelling: --batch)")
-    p.add_argument("--prefill-len", type=int, default=16, help="prompt length of the exported prefill")
+    p.add_argument("--prefill-len", type=RANGES["tokens"], default=16, help="prompt length of the exported prefill")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of an earlier export that linlm wrote (a file it did not write is never "
                         "replaced)")
-    p.add_argument("--check", type=int, default=0, metavar="STEPS",
+    p.add_argument("--check", type=RANGES["checks"], default=0, metavar="STEPS",
                    help="then run the written files (onnxruntime for onnx) against the eager model for the prefill "
                         "and STEPS decoding steps; fail if logits or state differ by more than --tolerance")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest absolute difference --check accepts")
+    p.add_argument("--tolerance", type=RANGES["tolerance"], default=1e-4, help="largest absolute difference --check accepts")
     p.set_defaults(func=cmd_export)
 
 
@@ -102,16 +107,31 @@ def cmd_generate(args) -> int:
     model, tok = load_for_generation(args.model, tokenizer=args.tokenizer, device=args.device)
     pieces = stream_text(model, tok, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, truncate=args.truncate_prompt)
-    if args.stream:
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
-        for piece in pieces:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-    else:
-        print(prompt + "".join(pieces))
+    print_generation(prompt, pieces, args.stream)
     return 0
+
+
+def print_generation(prompt: str, pieces, stream: bool, out=None) -> None:
+    """Print the prompt and each decoded piece: as it comes (``stream``), or all at once at the end. Ctrl-C stops
+    decoding and keeps the text: what was streamed stays, and without streaming what was decoded is printed; the
+    KeyboardInterrupt then goes on (linlm exits 130)."""
+    out = out or sys.stdout
+    done: list[str] = []
+    try:
+        if stream:
+            out.write(prompt)
+            out.flush()
+        for piece in pieces:
+            done.append(piece)
+            if stream:
+                out.write(piece)
+                out.flush()
+    except KeyboardInterrupt:
+        out.write(("" if stream else prompt + "".join(done)) + "\n")
+        out.flush()
+        raise
+    out.write(("" if stream else prompt + "".join(done)) + "\n")
+    out.flush()
 
 
 def profile_archs(text: Optional[str]) -> list[str]:
@@ -123,12 +143,11 @@ def profile_archs(text: Optional[str]) -> list[str]:
 
 
 def cmd_profile(args) -> int:
-    from linlm.cli_args import check_numbers, check_output_files, comma_list
+    from linlm.cli_args import check_numbers, check_output_files
 
     # Every check that can refuse runs before any model is built or timed.
     check_numbers(("--threads", args.threads, 1, False), ("--decode-tokens", args.decode_tokens, 1, False))
-    contexts = comma_list(args.contexts, "--contexts", item=int, what="integers >= 1", example="512,2048",
-                          minimum=1)
+    contexts = args.contexts
     check_output_files(args, "--json", "--plot")
     if args.threads is None:
         return _profile(args, contexts)

@@ -6,6 +6,7 @@ import sys
 
 
 def register(subparsers) -> None:
+    from linlm.cli_ranges import RANGES
     from linlm.reproduce.recipes import recipe_names
 
     p = subparsers.add_parser(
@@ -41,7 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--train-here", action="store_true",
                    help="torchrun recipes (paper): also train MQAR's models in this process, on a GPU node; "
                         "without it MQAR waits and the report says how to run it")
-    p.add_argument("--seeds", type=int, default=None, metavar="N",
+    p.add_argument("--seeds", type=RANGES["seeds"], default=None, metavar="N",
                    help="train each architecture of the MossNet comparison N times, with train config seeds 0..N-1 "
                         "past the recipe's own (default: the recipe's compare.seeds; cpu: 3, smoke: 1); the "
                         "comparison's verdicts count a difference only beyond the spread over seeds")

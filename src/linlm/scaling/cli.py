@@ -7,6 +7,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from linlm.cli_ranges import RANGES
+
     sc = subparsers.add_parser("scaling", help="scaling-law sweeps: run a ladder, fit the laws, write a report",
                                description="See docs/scaling.md.")
     sub = sc.add_subparsers(dest="scaling_command", required=True)
@@ -19,12 +21,12 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="the sweep directory")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a training config key for every run, e.g. --set data.source=corpus.txt (repeatable)")
-    p.add_argument("--jobs", type=int, default=None,
+    p.add_argument("--jobs", type=RANGES["jobs"], default=None,
                    help="train this many runs at once, each in its own process with its config's threads "
                         "(default: the ladder's jobs, usually 1); e.g. 2 single-threaded runs on 2 cores")
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs, compute, tokens, epochs and estimated time; train nothing")
-    p.add_argument("--flops-per-s", type=float, default=None,
+    p.add_argument("--flops-per-s", type=RANGES["flops"], default=None,
                    help="with --dry-run: estimate time from this sustained training FLOP/s instead of timing steps "
                         "on this machine (e.g. 8 GPUs x 400e12 x 0.4 MFU = 1.28e15)")
     p.add_argument("--no-measure", action="store_true", help="with --dry-run: do not time steps here")
@@ -51,7 +53,7 @@ def register(subparsers) -> None:
                                    "validation text, and print the loss per shape per architecture and its spread "
                                    "across shapes.")
     p.add_argument("dir", help="the sweep directory of a study (linlm scaling run --out)")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--max-tokens", type=RANGES["eval_tokens"], default=None,
                    help="validation tokens scored per run (default 32768)")
     p.add_argument("--json", action="store_true", help="print the losses as JSON")
     p.set_defaults(func=cmd_study)
@@ -61,15 +63,17 @@ def register(subparsers) -> None:
 
 
 def _fit_args(p) -> None:
+    from linlm.cli_ranges import RANGES
+
     p.add_argument("dir", help="a sweep directory (linlm scaling run --out), or a directory of training runs")
     p.add_argument("--strict", action="store_true",
                    help="fail on a run with NaN or missing losses, or a fit that cannot be made, instead of "
                         "skipping it")
     p.add_argument("--include-unfinished", action="store_true", help="fit runs that have not finished too")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the power-law intervals")
-    p.add_argument("--parametric-bootstrap", type=int, default=50,
+    p.add_argument("--bootstrap", type=RANGES["resamples"], default=1000, help="bootstrap resamples for the power-law intervals")
+    p.add_argument("--parametric-bootstrap", type=RANGES["fit_resamples"], default=50,
                    help="bootstrap resamples for the L(N, D) intervals (each is an L-BFGS fit)")
-    p.add_argument("--smooth", type=int, default=5, help="centred moving mean over this many logged losses")
+    p.add_argument("--smooth", type=RANGES["smooth"], default=5, help="centred moving mean over this many logged losses")
 
 
 def _analyze(args):
@@ -175,14 +179,21 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from linlm.schema import parse_overrides
-    from linlm.scaling.ladder import load_ladder, plan_runs
+    from linlm.scaling.ladder import check_ladder_overrides, load_ladder, plan_runs
     from linlm.scaling.estimate import estimate
-    from linlm.scaling.plan import emit_torchrun, plan_rows, print_plan
+    from linlm.errors import ResourceError
+    from linlm.scaling.plan import check_runs_memory, emit_torchrun, plan_rows, print_plan
     from linlm.scaling.runner import run_grid
 
     from linlm.cli_args import check_numbers, comma_list
 
     check_numbers(("--flops-per-s", args.flops_per_s, 0, True))
+    for flag, given in (("--no-measure", args.no_measure), ("--flops-per-s", args.flops_per_s is not None)):
+        if given and not args.dry_run:
+            from linlm.errors import ConfigError
+
+            raise ConfigError(f"{flag}: only changes the estimate of --dry-run, and no run trains differently; add "
+                              "--dry-run, or drop it")
     ladder = load_ladder(args.ladder)
     if args.jobs is not None:
         if args.jobs < 1:
@@ -192,14 +203,28 @@ def cmd_run(args) -> int:
         ladder.jobs = args.jobs
     archs = comma_list(args.archs, "--archs", empty_ok=True) if args.archs else None
     overrides = parse_overrides(args.overrides)
+    check_ladder_overrides(ladder, overrides)
     if args.emit:
         runs = plan_runs(ladder, archs, args.out, overrides)
-        for line in emit_torchrun(ladder, runs, Path(args.out)):
+        for line in emit_torchrun(ladder, runs, Path(args.out), write=not args.dry_run):
             print(line)
+        if args.dry_run:
+            print(f"dry run: nothing written; without --dry-run the configs go to {Path(args.out) / 'configs'}",
+                  file=sys.stderr)
         return 0
     if args.dry_run:
+        from linlm.scaling.sweepdir import check_started_runs, check_sweep_dir
+
         runs = plan_runs(ladder, archs, args.out, overrides)
+        # The real run's checks of --out, which write nothing; its memory check is a note, since a plan may be for
+        # another machine.
+        check_sweep_dir(Path(args.out).expanduser(), ladder, "--out")
+        check_started_runs(runs, "--out")
         say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+        try:
+            check_runs_memory(runs)
+        except ResourceError as e:
+            say(f"note: training on this machine would be refused: {e}")
         rows = plan_rows(ladder, runs, say)
         estimate(rows, args.flops_per_s, measure=not args.no_measure, say=say)
         timed = (f"from {args.flops_per_s:.3g} FLOP/s" if args.flops_per_s else

@@ -23,6 +23,7 @@ FLAGS = {
 
 def register(subparsers) -> None:
     from linlm.cli_args import add_overrides
+    from linlm.cli_ranges import RANGES
 
     p = subparsers.add_parser(
         "train", help="train a language model (also under torchrun for DDP / FSDP)",
@@ -37,20 +38,20 @@ def register(subparsers) -> None:
     g = p.add_argument_group("shortcuts for common keys")
     g.add_argument("--out", "--out-dir", dest="out_dir", metavar="DIR",
                    help="the run directory, out_dir (old spelling: --out-dir)")
-    g.add_argument("--steps", type=int)
+    g.add_argument("--steps", type=RANGES["steps"])
     g.add_argument("--arch")
     g.add_argument("--preset")
     g.add_argument("--device")
     g.add_argument("--data-dir")
     g.add_argument("--source")
     g.add_argument("--tokenizer")
-    g.add_argument("--seq-len", type=int)
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--grad-accum", type=int)
-    g.add_argument("--lr", type=float)
+    g.add_argument("--seq-len", type=RANGES["tokens"])
+    g.add_argument("--batch-size", type=RANGES["batch"])
+    g.add_argument("--grad-accum", type=RANGES["micro_batches"])
+    g.add_argument("--lr", type=RANGES["lr"])
     g.add_argument("--precision", choices=["fp32", "bf16", "auto"],
                    help="auto: bf16 where the device computes it natively (CUDA, a CPU with AVX-512 or AMX), else fp32")
-    g.add_argument("--seed", type=int)
+    g.add_argument("--seed", type=RANGES["seed"])
     g.add_argument("--strategy", choices=["ddp", "fsdp"])
     g.add_argument("--init-from", metavar="CHECKPOINT",
                    help="start from the weights of this checkpoint (or run directory) with this config's optimizer "
@@ -100,6 +101,19 @@ def config_from_args(args):
     return build_config(path, overrides, base=base)
 
 
+def _check_resumable(out_dir) -> None:
+    """``--resume`` names a run to continue: refuse, before any work, an out_dir that holds none (a missing or
+    mistyped directory would otherwise start a new run there, of the default config when no --config is given)."""
+    from linlm.errors import ConfigError
+    from linlm.train.rundir import RunDir
+
+    run = RunDir(out_dir)
+    if not run.has_run():
+        where = "does not exist" if not run.path.exists() else "holds no run that linlm wrote"
+        raise ConfigError(f"--resume: {run.path} {where}, so there is nothing to resume; check the --out path, or "
+                          "drop --resume to start a new run there")
+
+
 def cmd_train(args) -> int:
     from linlm.train.trainer import train
 
@@ -110,6 +124,8 @@ def cmd_train(args) -> int:
         if rank == 0:
             print(cfg.to_yaml(), end="")
         return 0
+    if args.resume:
+        _check_resumable(cfg.out_dir)
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
     if rank == 0 and not args.quiet:
         loss = f"{result.loss:.4f}" if result.loss is not None else "n/a"

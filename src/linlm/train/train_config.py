@@ -21,6 +21,7 @@ from typing import Any, Literal, Mapping, Optional
 
 import yaml
 
+from linlm.cli_ranges import RANGES
 from linlm.schema import config_error, from_dict, rekey
 from linlm.errors import ConfigError
 
@@ -174,6 +175,11 @@ class TrainConfig:
         need(self.steps > 0, "steps", f"must be a positive integer, got {self.steps}")
         need(self.batch_size > 0, "batch_size", f"must be a positive integer, got {self.batch_size}")
         need(self.grad_accum > 0, "grad_accum", f"must be a positive integer, got {self.grad_accum}")
+        # The keys that have a flag of `linlm train` take the flag's range (linlm.cli_ranges), however they are set.
+        for key, value, name in (("steps", self.steps, "steps"), ("batch_size", self.batch_size, "batch"),
+                                 ("grad_accum", self.grad_accum, "micro_batches"), ("seed", self.seed, "seed"),
+                                 ("data.seq_len", self.data.seq_len, "tokens"), ("optim.lr", self.optim.lr, "lr")):
+            need(RANGES[name].check(value) is None, key, f"must be {RANGES[name].describe()}, got {value}")
         need(self.batch_size % self.grad_accum == 0, "batch_size",
              f"{self.batch_size} is not divisible by grad_accum={self.grad_accum}; the global batch is split into "
              "grad_accum equal micro-batches", "grad_accum")
