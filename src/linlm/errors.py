@@ -35,6 +35,11 @@ class StorageError(LinlmError):
     """A file linlm must write could not be written: disk full, read-only, no permission, a path under a file."""
 
 
+class ResourceError(LinlmError):
+    """A request that needs more memory than the machine has (linlm.resources): the estimate and what is available
+    are named, and nothing was started."""
+
+
 class LockedError(LinlmError):
     """A run directory or prepared-data directory that another live process holds (its message names the PID)."""
 

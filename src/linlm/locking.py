@@ -121,3 +121,34 @@ class DirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class FileLock:
+    """An exclusive lock on the output file ``path`` for the life of a command (from its checks to its write), so
+    that a second command writing the same file is refused (LockedError naming the file and the holder) instead of
+    one of the two results being silently lost. The lock is a :class:`DirLock` on a directory named after the
+    file's absolute path under ``lock_root`` (linlm's cache), so nothing is written beside the user's file."""
+
+    def __init__(self, path: str | Path, what: str, lock_root: str | Path):
+        import hashlib
+
+        self.file = Path(path).expanduser().absolute()
+        self.what = what
+        key = hashlib.sha256(str(self.file).encode()).hexdigest()[:24]
+        self._lock = DirLock(Path(lock_root) / "locks" / key, what)
+
+    def __enter__(self) -> "FileLock":
+        try:
+            self._lock.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"{self.what} {self.file}: cannot make its lock in {self._lock.directory} "
+                               f"({e.strerror})") from None
+        try:
+            self._lock.acquire()
+        except LockedError:
+            raise LockedError(f"{self.what} {self.file} is being written by {holder_of(self._lock.path)}; wait for it "
+                              "to finish, or give another file (nothing was changed)") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()

@@ -267,6 +267,13 @@ class Source:
                 yield value
             self.bytes_read = before + size * row // rows
 
+    def check_reachable(self) -> None:
+        """Refuse at once a hub dataset the hub cannot give now (:func:`linlm.data.hub_probe.check_hub_source`)."""
+        if self.kind == "hf":
+            from linlm.data.hub_probe import check_hub_source
+
+            check_hub_source(self.spec, self._hf[0])
+
     def _iter_hf(self) -> Iterator[str]:
         try:
             import datasets
@@ -275,6 +282,7 @@ class Source:
                             "pip install 'linlm[data]' (or pip install datasets)") from e
         name, config, split = self._hf
         unreadable = hf_read_errors(datasets)
+        self.check_reachable()
         try:
             ds = datasets.load_dataset(name, config, split=split, streaming=True, **self._hf_kwargs)
         except (FileNotFoundError, ConnectionError, ValueError, *unreadable) as e:

@@ -86,6 +86,7 @@ class Tokenizer:
         if not isinstance(vocab_size, int) or vocab_size < 257:
             raise TokenizerError(f"BPE vocab_size {vocab_size!r} is too small: a byte-level BPE needs at least 257 "
                                  "entries (256 bytes and <|endoftext|>); use e.g. bpe:8192")
+        check_bpe_vocab(vocab_size, "BPE vocab_size")
         tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -266,6 +267,19 @@ def _find_eos(backend, named: dict, where: str) -> str:
                          f"of {', '.join(EOS_CANDIDATES)}); pass eos_token=")
 
 
+# The largest BPE linlm trains. The tokenizers library reserves about 70 bytes per asked entry before it reads any
+# text (1e9 entries: a 71 GB allocation that aborts the process); 2**22 entries is 16 times the largest vocabulary
+# of a published language model, and costs it under 300 MB.
+BPE_MAX_VOCAB = 2**22
+
+
+def check_bpe_vocab(n: int, where: str) -> None:
+    """Refuse a BPE vocabulary above :data:`BPE_MAX_VOCAB` (one-line TokenizerError) before the trainer starts."""
+    if n > BPE_MAX_VOCAB:
+        raise TokenizerError(f"{where}: a BPE of {n:,} entries is more than linlm trains (at most {BPE_MAX_VOCAB:,}; "
+                             "typical: 8192 to 65536); use e.g. bpe:32768")
+
+
 def resolve_tokenizer(spec: "str | Path | Tokenizer") -> tuple[Optional["Tokenizer"], Optional[int]]:
     """``bpe:N`` -> (None, N): a BPE to train; a Tokenizer -> itself; anything else -> loaded with from_pretrained."""
     if isinstance(spec, Tokenizer):
@@ -279,6 +293,7 @@ def resolve_tokenizer(spec: "str | Path | Tokenizer") -> tuple[Optional["Tokeniz
                                  "e.g. bpe:8192") from None
         if n < 257:
             raise TokenizerError(f"tokenizer {text!r}: a byte-level BPE needs vocab size >= 257")
+        check_bpe_vocab(n, f"tokenizer {text!r}")
         return None, n
     return Tokenizer.from_pretrained(text), None
 

@@ -18,7 +18,6 @@ the hub's formats).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,11 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from linlm.errors import DataError
 from linlm.eval.tasks import TASKS, resolve_tasks, validate_record
+from linlm.data.hub_probe import OFFLINE_ENV, hub_unreachable, offline  # noqa: F401 (OFFLINE_ENV: the tests read it here)
 
 # The conversion's version: the cache keeps each version apart, so a changed conversion never reads old files.
 FORMAT = "lm-eval-v1"
 DELIMITER = " "  # lm-eval's default target_delimiter
-OFFLINE_ENV = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 
 
 @dataclass(frozen=True)
@@ -116,12 +115,6 @@ HUB: dict[str, HubTask] = {
 Loader = Callable[[HubTask], Iterable[Mapping]]
 
 
-def offline() -> bool:
-    """Whether the environment asks for no network (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set to 1, true, yes or
-    on, as datasets and huggingface_hub read them)."""
-    return any(os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE") for k in OFFLINE_ENV)
-
-
 def way_out(names: Sequence[str]) -> str:
     """What ``linlm eval`` says to do when tasks cannot be had here."""
     return (f"pass --data-dir DIR with the task files, or run `linlm eval fetch --tasks {','.join(names)} --out DIR` "
@@ -148,6 +141,9 @@ def hub_loader(task: HubTask) -> Iterable[Mapping]:
     (ConnectionError at once, where datasets would retry)."""
     if offline():
         raise ConnectionError(f"offline ({' or '.join(OFFLINE_ENV)} is set)")
+    unreachable = hub_unreachable()
+    if unreachable:  # at once, where datasets would retry for half a minute
+        raise ConnectionError(unreachable)
     return _datasets().load_dataset(task.path, task.name, split=task.split)
 
 

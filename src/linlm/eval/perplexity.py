@@ -128,8 +128,8 @@ def perplexity(model, tokenizer, texts: Iterable[str], *, mode: str = "auto", wi
                encode: Optional[Callable[[str], list[int]]] = None) -> PerplexityResult:
     """Score the documents of ``texts`` (strings, e.g. ``linlm.data.sources.iter_texts(spec)``).
 
-    ``max_docs``/``max_tokens`` stop after that many documents / once that many tokens were scored (whole
-    documents). ``window`` and ``stride`` of the sliding mode default (None) to the model's max_seq_len (else 2048)
+    ``max_docs`` stops after that many documents; ``max_tokens`` scores that many tokens in total, the last
+    document cut where they run out. ``window`` and ``stride`` of the sliding mode default (None) to the model's max_seq_len (else 2048)
     and to half the window. Every count given must be >= 1: a 0 is refused, never read as "the default".
     ``progress(tokens)`` is called after each batch. ``encode`` gives the scored ids of a text (default
     ``tokenizer.encode``; the lm-eval adapter passes ``tokenizer.encode_input``, as lm-eval's HF wrapper scores a
@@ -185,6 +185,11 @@ def perplexity(model, tokenizer, texts: Iterable[str], *, mode: str = "auto", wi
             ids = (encode or tokenizer.encode)(text)
             if not ids:
                 continue
+            if max_tokens is not None and res.tokens + len(ids) > max_tokens:
+                # The total is the limit: the last document is cut to the tokens left, and its bytes and words
+                # are those of the text those tokens decode to (bits per byte stays a per-byte figure).
+                ids = ids[:max_tokens - res.tokens]
+                text = tokenizer.decode(ids)
             res.documents += 1
             res.tokens += len(ids)
             res.bytes += len(text.encode("utf-8"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -140,7 +141,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     names = [r.dir_name() for r in runs]
     if not names:
         raise ConfigError("mqar: no runs to train; give at least one architecture (or MossNet experts)")
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: a grid may hold many thousand runs
     if twice:
         raise ConfigError(f"mqar: runs {', '.join(twice)} are given twice (a width, architecture or seed "
                           "repeated?); give each once")

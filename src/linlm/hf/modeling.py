@@ -9,7 +9,7 @@ the KV cache of LLaMA. It is created by the model on the first forward with ``us
 
 ``from_pretrained`` refuses a config.json that contradicts the weights (a layer count or a width other than theirs,
 tensors missing or left over) with a CheckpointError, instead of transformers' freshly initialised or dropped
-tensors. ``generate()`` refuses sampling settings out of range (``top_p`` outside (0, 1], a negative ``top_k`` or
+tensors; so are weights stored in an integer dtype or holding a NaN (:mod:`linlm.hf.weights_check`). ``generate()`` refuses sampling settings out of range (``top_p`` outside (0, 1], a negative ``top_k`` or
 temperature, ``do_sample`` with temperature 0) by linlm's own checks (``check_sampling``) before any work.
 
 Left-padded batches (``attention_mask`` with zeros before each row's prompt): the prefill marks each row's first
@@ -124,8 +124,11 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         of the weights read into the model: anything else (a config.json whose layer count or widths contradict the
         weights, a tensor missing or left over) raises a CheckpointError naming the tensors, also where
         ``ignore_mismatched_sizes`` was asked for."""
+        from linlm.hf.weights_check import check_finite, check_stored_dtypes
+
         want_info = kwargs.pop("output_loading_info", False)
         kwargs["ignore_mismatched_sizes"] = True  # mismatches are collected and refused below
+        check_stored_dtypes(pretrained_model_name_or_path)
         log, held = logging.getLogger("transformers.modeling_utils"), _HeldLoadReport()
         log.addFilter(held)
         try:
@@ -136,6 +139,7 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         finally:
             log.removeFilter(held)
         _check_loaded(pretrained_model_name_or_path, info)
+        check_finite(pretrained_model_name_or_path, model)
         for record in held.records:  # an accepted load keeps transformers' report
             log.handle(record)
         return (model, info) if want_info else model

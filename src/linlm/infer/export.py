@@ -184,6 +184,12 @@ def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len
     if model.spec.position_limit and prefill_len >= model.config.max_seq_len:
         raise ConfigError(f"prefill_len: {prefill_len} leaves no room to decode within max_seq_len="
                           f"{model.config.max_seq_len}")
+    from linlm.models.memory import inference_floor
+    from linlm.resources import check_memory
+
+    check_memory(inference_floor(model.config, batch, prefill_len, next(model.parameters()).dtype.itemsize),
+                 f"prefill_len {prefill_len} x batch {batch}: tracing a prefill of {batch * prefill_len:,} tokens",
+                 "give a shorter --prefill-len or a smaller --batch-size", model.device)
     if fmt == "onnx":
         _require_onnx()
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())

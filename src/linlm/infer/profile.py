@@ -147,16 +147,35 @@ def exported_runner(model, fmt: str, directory: str | Path) -> Runner:
     return Runner(prefill, step, lambda state: sum(t.numel() * t.element_size() for t in state[1]))
 
 
-def build(arch: str, preset: Optional[str], max_context: int, device: torch.device, dtype: torch.dtype,
-          overrides: Optional[dict] = None):
-    """(runner, model) for a linlm architecture or ``hf-llama`` (transformers' Llama of linlm LLaMA's shape)."""
+def profiled_config(arch: str, preset: Optional[str], max_context: int, overrides: Optional[dict] = None):
+    """The ModelConfig profiled for ``arch`` (``hf-llama``: linlm LLaMA's), long enough for ``max_context``."""
     from linlm.models.presets import preset_config
 
     overrides = dict(overrides or {})
     name = "llama" if arch == HF_LLAMA else arch
     if name == "llama":
         overrides["max_seq_len"] = max(max_context, overrides.get("max_seq_len", 0))
-    cfg = preset_config(name, preset, **overrides)
+    return preset_config(name, preset, **overrides)
+
+
+def check_profile_memory(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int], device: torch.device,
+                         dtype: str, overrides: Optional[dict] = None) -> None:
+    """Refuse (ResourceError), before any model is built, a context whose prefill cannot fit in memory."""
+    from linlm.models.memory import inference_floor
+    from linlm.resources import check_memory
+
+    longest = max(contexts)
+    for arch in archs:
+        cfg = profiled_config(arch, preset, longest, overrides)
+        need = inference_floor(cfg, 1, longest, DTYPES[dtype].itemsize)
+        check_memory(need, f"--contexts {longest}: a prefill of {longest:,} tokens of {arch}",
+                     "give shorter contexts", device)
+
+
+def build(arch: str, preset: Optional[str], max_context: int, device: torch.device, dtype: torch.dtype,
+          overrides: Optional[dict] = None):
+    """(runner, model) for a linlm architecture or ``hf-llama`` (transformers' Llama of linlm LLaMA's shape)."""
+    cfg = profiled_config(arch, preset, max_context, overrides)
     torch.manual_seed(0)
     if arch == HF_LLAMA:
         from linlm.hf.llama import hf_config_from
@@ -234,6 +253,7 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
     if exported and dev.type != "cpu":
         raise ConfigError(f"exported: the exported steps are timed on the CPU only, not on {dev}; drop --exported "
                           f"or use --device cpu")
+    check_profile_memory(archs, preset, contexts, dev, dtype, overrides)
     rows = []
     max_context = max(contexts) + decode_tokens + 3
     for arch in archs:
@@ -261,7 +281,11 @@ def _profile_contexts(runner, model, arch, backend, contexts, dev, dtype, decode
                 setattr(row, key, value)
             if backend != "eager":  # the prompt went through the eager prefill: only the step is this backend's
                 row.prefill_s = row.prefill_tokens_per_s = row.memory_before_bytes = row.peak_memory_bytes = None
-        except (torch.OutOfMemoryError, MemoryError) as e:
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:  # the CPU allocator's is a RuntimeError
+            from linlm.resources import is_out_of_memory
+
+            if not is_out_of_memory(e):
+                raise
             row.error = f"out of memory: {str(e).splitlines()[0][:200]}"
             gc.collect()
         rows.append(row)

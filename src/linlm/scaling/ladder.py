@@ -149,6 +149,57 @@ class PlannedRun:
         return training_flops(self.tokens_per_step, self.paper_flops_per_token, self.head_flops_per_token)
 
 
+# Training config keys a ladder sets for each of its runs: the run's name says which model it is (its architecture
+# and its rung's size), its steps follow from the rung's token budget, and the sweep places it and seeds it.
+LADDER_KEYS = {"model.arch": "give the architectures with --archs", "model.preset": "each rung sets the size",
+               "model.overrides.d_model": "each rung sets the width",
+               "model.overrides.n_layers": "each rung sets the depth",
+               "steps": "each run's steps come from its rung's tokens", "out_dir": "each run lives in OUT/runs/NAME",
+               "seed": "the sweep seeds its runs"}
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: leaf value}."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def owned_keys(ladder: Ladder) -> dict[str, str]:
+    """{dotted key: why} for every training config key the ladder decides run by run: :data:`LADDER_KEYS`, and
+    each key that a rung or an architecture's ``per_arch`` sets differently from another (what tells its rungs
+    apart)."""
+    owned = dict(LADDER_KEYS)
+    per_rung = []
+    for rung in ladder.rungs:
+        model = dict(rung.model)
+        flat = {"model.preset": model.pop("preset", None)}
+        flat.update({f"model.overrides.{k}": v for k, v in model.items()})
+        flat.update(_flat(rung.train))
+        per_rung.append(flat)
+        for arch, over in rung.per_arch.items():
+            owned.update({f"model.overrides.{k}": f"rung {rung.name} sets it for {arch}" for k in over})
+    for key in {k for flat in per_rung for k in flat}:
+        if len({repr(flat.get(key)) for flat in per_rung}) > 1:
+            owned.setdefault(key, "the rungs differ in it")
+    return owned
+
+
+def check_ladder_overrides(ladder: Ladder, overrides: Optional[dict], flag: str = "--set") -> None:
+    """Refuse, by name, an override of a key the ladder owns (:func:`owned_keys`): a run named llama-xs must train
+    LLaMA at rung xs for the rung's tokens. Every other key applies to every run (plan_runs)."""
+    owned = owned_keys(ladder)
+    for key in _flat(overrides or {}):
+        hit = next((k for k in owned if key == k or key.startswith(k + ".") or k.startswith(key + ".")), None)
+        if hit is not None:
+            raise ConfigError(f"{flag} {key}: ladder {ladder.name} sets {hit} run by run ({owned[hit]}); a run "
+                              "named ARCH-RUNG must train that model. Drop it, or write a ladder file with the value "
+                              "you want (docs/scaling.md); nothing was changed")
+
+
 def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
               overrides: Optional[dict] = None) -> list[PlannedRun]:
     """Every (arch, rung) of ``ladder`` as a validated run under ``out_dir/runs``; ``overrides`` (a nested dict

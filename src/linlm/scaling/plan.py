@@ -95,27 +95,39 @@ def plan_rows(ladder: Ladder, runs: list[PlannedRun], say: Callable[[str], None]
         return prepare_rows(ladder, runs, prepare=False, say=warn)
 
 
-def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: str | Path, what: str = "--out") -> list[str]:
+def emit_torchrun(ladder: Ladder, runs: list[PlannedRun], out: str | Path, what: str = "--out",
+                  write: bool = True) -> list[str]:
     """Write each run's config to ``out/configs/<name>.yaml``, its scaling.json and the sweep's plan.json; return
     one torchrun command per run, grouped by rung. Each command resumes its run when run again (``--resume``
-    starts fresh when the run directory is empty). The directory is checked first (:func:`check_sweep_dir`)."""
+    starts fresh when the run directory is empty). The directory is checked first (:func:`check_sweep_dir`).
+    ``write=False`` (``--dry-run``) makes the same checks and returns the same commands, and writes nothing."""
     out = Path(out).expanduser()
     check_sweep_dir(out, ladder, what)
     check_started_runs(runs, what)
     lines = []
     rung = None
-    with locked_sweep(out, ladder, what):
-        write_plan(out, ladder, list(dict.fromkeys(r.arch for r in runs)), runs, what)
-        for r in runs:
-            if r.rung != rung:
-                rung = r.rung
-                lines.append(f"# rung {rung}")
-            cfg_path = out / "configs" / f"{r.name}.yaml"
-            outputs.write_text(cfg_path, r.config.to_yaml(), what)
-            meta = run_meta(r, ladder, unknown_data())
-            outputs.write_json(Path(r.config.out_dir) / META_FILE, meta, what)
-            lines.append(f"torchrun {ladder.torchrun} -m linlm train --config {shlex.quote(str(cfg_path))} --resume")
+    for r in runs:
+        if r.rung != rung:
+            rung = r.rung
+            lines.append(f"# rung {rung}")
+        cfg_path = out / "configs" / f"{r.name}.yaml"
+        lines.append(f"torchrun {ladder.torchrun} -m linlm train --config {shlex.quote(str(cfg_path))} --resume")
+    if write:
+        with locked_sweep(out, ladder, what):
+            write_plan(out, ladder, list(dict.fromkeys(r.arch for r in runs)), runs, what)
+            for r in runs:
+                outputs.write_text(out / "configs" / f"{r.name}.yaml", r.config.to_yaml(), what)
+                outputs.write_json(Path(r.config.out_dir) / META_FILE, run_meta(r, ladder, unknown_data()), what)
     return lines
+
+
+def check_runs_memory(runs: list[PlannedRun]) -> None:
+    """Refuse (ResourceError naming the run) a sweep with a run whose training step cannot fit in this machine's
+    memory, before any run of it trains (each run's Trainer checks again when it starts)."""
+    from linlm.train.pipeline import check_training_memory
+
+    for r in sorted(runs, key=lambda r: -r.step_flops):  # the largest first: its refusal is the one to read
+        check_training_memory(r.config, where=f"run {r.name}: ")
 
 
 def print_plan(rows: list[PlanRow], ladder: Ladder, *, timed: str, out=None) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from linlm import outputs
 from linlm.scaling.ladder import Ladder, plan_runs
-from linlm.scaling.plan import PlanRow, prepare_rows
+from linlm.scaling.plan import PlanRow, check_runs_memory, prepare_rows
 from linlm.scaling.progress import GridProgress, fmt_seconds
 from linlm.scaling.runs import META_FILE, run_meta
 from linlm.scaling.sweepdir import check_started_runs, check_sweep_dir, locked_sweep, write_plan
@@ -110,6 +110,7 @@ def run_grid(ladder: Ladder, archs: Optional[list[str]], out: str | Path, *, ove
     archs = list(dict.fromkeys(r.arch for r in runs))
     check_sweep_dir(out, ladder, what)
     check_started_runs(runs, what)
+    check_runs_memory(runs)
     rows = prepare_rows(ladder, runs, prepare=True)
     with locked_sweep(out, ladder, what):
         write_plan(out, ladder, archs, runs, what)

@@ -198,7 +198,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
             f"could not write checkpoint {final} ({type(e).__name__}: {e}); {kept}. Free disk space or fix the "
-            f"permissions of {root}, then continue with --resume") from e
+            f"permissions of {root}, then continue with: linlm train --resume --out {root.parent}") from e
     finally:
         if tmp is not None:
             outputs.discard(tmp)

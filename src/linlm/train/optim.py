@@ -69,9 +69,22 @@ def wsd_decay_start(steps: int, decay_fraction: float) -> int:
     return steps - max(1, round(decay_fraction * steps))
 
 
+def effective_warmup(warmup_steps: int, steps: int) -> int:
+    """The warmup a run of ``steps`` steps takes: ``warmup_steps``, cut to ``steps - 1`` when it is not shorter than
+    the run, so that the run reaches its peak learning rate (a 3-step run with warmup_steps 100 would otherwise train
+    at 1 to 3 % of it) and still has a step after the warmup."""
+    return max(0, min(warmup_steps, steps - 1))
+
+
 def lr_at(step: int, base_lr: float, steps: int, schedule) -> float:
-    """The learning rate of optimizer step ``step`` (0-based) in a run of ``steps`` steps."""
-    warmup = schedule.warmup_steps
+    """The learning rate of optimizer step ``step`` (0-based) in a run of ``steps`` steps.
+
+    Warmup (:func:`effective_warmup` steps): linear, its last step at ``base_lr``. Then constant; or a decay from
+    its first step ``start`` (still at ``base_lr``) to the run's last step ``end = steps - 1`` (at ``base_lr *
+    min_lr_ratio``): cosine from the end of the warmup, WSD linear over its last ``decay_fraction`` of the steps.
+    A decay one step long (``start == end``) puts that step at the floor, after a step at ``base_lr``; the only
+    step of a one-step run takes ``base_lr``. So every run of every length reaches the asked learning rate."""
+    warmup = effective_warmup(schedule.warmup_steps, steps)
     if step < warmup:
         return base_lr * (step + 1) / warmup
     if schedule.kind == "constant":
@@ -79,10 +92,10 @@ def lr_at(step: int, base_lr: float, steps: int, schedule) -> float:
     min_lr = base_lr * schedule.min_lr_ratio
     start = warmup if schedule.kind == "cosine" else max(warmup, wsd_decay_start(steps, schedule.decay_fraction))
     end = steps - 1
-    if step <= start:
-        t = 0.0 if start < end else 1.0
+    if step < start or (step == start and (start < end or step == 0)):
+        t = 0.0
     else:
-        t = min(1.0, (step - start) / (end - start))
+        t = 1.0 if end <= start else min(1.0, (step - start) / (end - start))
     if schedule.kind == "cosine":
         return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
     if schedule.kind == "wsd":

@@ -124,3 +124,18 @@ def open_prepared(cfg, data_dir: Path, rank: int, world_size: int) -> TrainData:
                      fingerprint=train_ds.fingerprint)
 
 
+
+
+def check_training_memory(cfg: "TrainConfig", world_size: int = 1, device=None, where: str = "") -> None:
+    """Refuse (ResourceError), before out_dir is touched, a training step that cannot fit in this process's memory:
+    a lower bound of :mod:`linlm.models.memory` against what :mod:`linlm.resources` finds available on ``device``.
+    ``where`` starts the message (a sweep names the run)."""
+    from linlm.models.cost import STAND_IN_VOCAB
+    from linlm.models.memory import training_floor
+    from linlm.resources import check_memory
+
+    micro = max(1, cfg.micro_batch(world_size))
+    need = training_floor(cfg.model_config(vocab_size=STAND_IN_VOCAB), micro, cfg.data.seq_len)
+    check_memory(need, f"{where}batch_size {cfg.batch_size} (micro-batches of {micro} x {cfg.data.seq_len} tokens) "
+                       "with this model", "lower batch_size (or raise grad_accum), data.seq_len or the model's size",
+                 device)

@@ -25,6 +25,7 @@ import gc
 import logging
 import math
 import os
+import shlex
 import random
 import time
 from dataclasses import dataclass, field
@@ -43,8 +44,8 @@ from linlm.train import distributed as dist_utils
 from linlm.train import guard
 from linlm.train.train_config import TrainConfig
 from linlm.train.metrics import METRICS_FILE, MetricsLog, Progress, measure_peak_flops
-from linlm.train.optim import build_optimizer, lr_at
-from linlm.train.pipeline import DataFactory, TrainData, open_prepared, resolve_data
+from linlm.train.optim import build_optimizer, effective_warmup, lr_at
+from linlm.train.pipeline import DataFactory, TrainData, check_training_memory, open_prepared, resolve_data
 from linlm.train.report import read_summary, write_report
 from linlm.train.restore import as_saved, load_initial_weights
 from linlm.train.rundir import RunDir
@@ -121,6 +122,7 @@ class Trainer:
         self.cfg.validate()
         self.info = dist_utils.init(self.cfg.device, self.cfg.distributed.backend)
         try:
+            self._check_memory()
             # Every refusal out_dir can give comes before the directory is created or locked: a refused command
             # leaves it byte for byte as it was. The decision is made again under the lock, in _run.
             _on_main(self.info, lambda: self.run_dir.check(self.cfg, self.resume, self.overwrite))
@@ -139,6 +141,9 @@ class Trainer:
             return result
         finally:
             dist_utils.shutdown(self.info)
+
+    def _check_memory(self) -> None:
+        check_training_memory(self.cfg, self.info.world_size, self.info.device)
 
     def _run(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -179,6 +184,10 @@ class Trainer:
         n_params = sum(p.numel() for p in self.raw.parameters())
         self.say(f"{'resuming' if plan.checkpoint else 'training'} {self.model_config.arch} ({n_params:,} "
                  f"parameters) in {self.out} from step {start_step} of {cfg.steps}")
+        if info.is_main and cfg.schedule.warmup_steps >= cfg.steps > 1:  # said once every check has passed
+            log.warning("schedule.warmup_steps=%d is not shorter than steps=%d: the warmup takes %d steps, so that the "
+                        "run reaches optim.lr", cfg.schedule.warmup_steps, cfg.steps,
+                        effective_warmup(cfg.schedule.warmup_steps, cfg.steps))
         if info.is_main:
             self.hooks.on_start({"arch": self.model_config.arch, "params": n_params, "start_step": start_step,
                                  "steps": cfg.steps, "tokens_per_step": self.tokens_per_step,
@@ -345,7 +354,7 @@ class Trainer:
                 if stop_now:
                     result.interrupted = stop.name or "signal"
                     progress.print(f"stopped by {result.interrupted} at step {n}; checkpoint {result.checkpoint}; "
-                                   "continue with --resume")
+                                   f"continue with: linlm train --resume --out {shlex.quote(str(self.out))}")
                     return
         finally:
             progress.close()
