@@ -42,7 +42,7 @@ def _shown(value: float) -> str:
 @dataclass(frozen=True)
 class Number:
     """A numeric flag's argparse ``type`` and its documented range: ``kind`` (int or float) from ``low`` to
-    ``high`` (either None: unbounded on that side), ``low_open``: the low bound itself excluded. ``note`` says
+    ``high`` (either None: unbounded on that side), ``low_open`` / ``high_open``: that bound itself excluded. ``note`` says
     what a special value means ("0 is greedy"). Calling it parses a command-line word: a non-number, a non-finite
     number or one outside the range raises argparse.ArgumentTypeError (one line)."""
 
@@ -51,6 +51,7 @@ class Number:
     high: Optional[float]
     low_open: bool = False
     note: str = ""
+    high_open: bool = False
 
     @property
     def __name__(self) -> str:  # argparse names the type in some messages
@@ -58,14 +59,11 @@ class Number:
 
     def describe(self) -> str:
         what = _INT if self.kind is int else _FLOAT
-        if self.low is not None and self.high is not None:
-            text = (f"{what} > {_shown(self.low)} and <= {_shown(self.high)}" if self.low_open
-                    else f"{what} from {_shown(self.low)} to {_shown(self.high)}")
-        elif self.low is not None:
-            text = f"{what} {'>' if self.low_open else '>='} {_shown(self.low)}"
-        else:
-            text = what
-        return text
+        low = f"{'>' if self.low_open else '>='} {_shown(self.low)}" if self.low is not None else ""
+        high = f"{'<' if self.high_open else '<='} {_shown(self.high)}" if self.high is not None else ""
+        if low and high and not (self.low_open or self.high_open):
+            return f"{what} from {_shown(self.low)} to {_shown(self.high)}"
+        return " ".join([what, " and ".join(b for b in (low, high) if b)]).strip()
 
     def check(self, value) -> Optional[str]:
         """Why ``value`` is out of range (None: it is in range)."""
@@ -75,7 +73,7 @@ class Number:
             return "not a whole number"
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return "too small"
-        if self.high is not None and value > self.high:
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
             return "too large"
         return None
 
@@ -147,7 +145,7 @@ RANGES: dict[str, Number] = {
     "threads": Number(int, 1, 4096),
     "jobs": Number(int, 1, 4096),
     "workers": Number(int, 1, 4096),
-    "fraction": Number(float, 0, 1, note="less than 1"),
+    "fraction": Number(float, 0, 1, high_open=True),
     "temperature": Number(float, 0, 1000, note="0 is greedy"),
     "top_k": Number(int, 0, 2**31 - 1, note="0 keeps every token"),
     "top_p": Number(float, 0, 1, low_open=True, note="1 keeps every token"),
