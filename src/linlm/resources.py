@@ -77,7 +77,10 @@ def available_memory(device=None) -> tuple[Optional[int], str]:
 
 
 def gib(n: float) -> str:
-    return f"{n / GIB:,.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:,.1f} MiB"
+    """Bytes as people read them: 476.8 GiB, 12.0 MiB, 4.0 KiB."""
+    if n >= GIB / 10:
+        return f"{n / GIB:,.1f} GiB"
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 / 10 else f"{n / 1024:,.1f} KiB"
 
 
 def check_memory(need: int, what: str, fix: str, device=None) -> None:
