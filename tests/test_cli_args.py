@@ -178,3 +178,29 @@ def test_every_command_refuses_a_bad_list_before_any_work(tmp_path, monkeypatch,
     err = capsys.readouterr().err.strip()
     assert err.startswith("linlm: error: ") and expected in err and len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_refuses_two_architectures_instead_of_dropping_one(tmp_path, capsys, monkeypatch):
+    from output_asserts import forbid, one_line_error
+
+    forbid(monkeypatch, "linlm.train.trainer.train", why="a refused demo trains nothing")
+    for argv in (["--archs", "tnl", "llama"], ["--archs", "tnl,llama"]):
+        assert main(["demo", "--out", str(tmp_path / "d"), *argv]) == 2
+        one_line_error(capsys.readouterr().err, "--archs: the demo trains one architecture, got 2 (tnl, llama)")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["reproduce", "--dry-run", "--seeds", "1000000"],
+    ["mqar", "--seeds", "1000000", "--steps", "1"],
+])
+def test_a_million_seeds_is_refused_at_once(tmp_path, capsys, argv):
+    import time
+
+    from output_asserts import one_line_error
+
+    started = time.perf_counter()
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert time.perf_counter() - started < 5
+    one_line_error(capsys.readouterr().err, "argument --seeds: expected a whole number from 1 to 100", "'1000000'")
+    assert not (tmp_path / "o").exists()

@@ -135,3 +135,27 @@ def test_to_writes_a_foreign_directory_under_the_same_rules(tmp_path, capsys):
     capsys.readouterr()
     (tmp_path / "back" / "notes.txt").write_text("mine")
     refused(capsys, tmp_path, [*back, "--overwrite"], "notes.txt", "linlm did not write")
+
+
+def test_a_run_directory_is_accepted_wherever_a_model_directory_is(tmp_path, text_file, capsys):
+    """A linlm training run stands for its newest valid checkpoint, as in generate, eval and export: --to converts
+    it, and without --to it is named as a linlm model already."""
+    from linlm.train.train_config import TrainConfig
+    from linlm.train.trainer import train
+
+    run = tmp_path / "run"
+    cfg = TrainConfig.from_dict({
+        "model": {"arch": "llama", "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 2, "max_seq_len": 64}},
+        "data": {"source": str(text_file), "tokenizer": "bpe:300", "seq_len": 16}, "batch_size": 2, "steps": 1,
+        "eval": {"every": 0}, "samples": {"prompts": []}, "out_dir": str(run), "threads": 1, "peak_flops": 1e11})
+    train(cfg, verbose=False)
+    assert main(["convert", str(run), "--out", str(tmp_path / "hf"), "--to", "hf-llama"]) == 0
+    capsys.readouterr()
+    back = tmp_path / "back"
+    assert main(["convert", str(tmp_path / "hf"), "--out", str(back)]) == 0
+    ids = torch.randint(0, 300, (1, 12))
+    with torch.no_grad():
+        assert torch.allclose(linlm.load(back)(ids), linlm.load(run / "checkpoints" / "step_00000001")(ids),
+                              atol=1e-5)
+    assert main(["convert", str(run), "--out", str(tmp_path / "again")]) == 2
+    one_line_error(capsys.readouterr().err, "step_00000001: is a linlm model already", "pass --to")

@@ -323,9 +323,39 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
     (["--mossnet-policies", "routed"], "routed-kN"), (["--mossnet-policies", "dense-k0"], "dense-k0"),
     (["--lr", "nan"], "argument --lr: expected a number > 0 and <= 10000, got 'nan'"), (["--widths", "12"], "head_dim 8"),
     (["--widths", "16,16"], "given twice"), (["--archs", ""], "no runs"),
+    # a policy no expert count of the grid can take would train no MossNet under its name
+    (["--experts", "2", "--mossnet-policies", "routed-k9"], "--mossnet-policies routed-k9: takes 9 experts a token"),
+    (["--experts", "1,2,4", "--mossnet-policies", "routed-k2,dense-k8"], "dense-k8: takes 8 experts a token"),
+    # a width no machine can train is refused with the estimate and what is available, before anything
+    (["--widths", "1048576"], "--widths 1048576: training tnl-d1048576 at --batch-size 4 needs at least"),
 ])
 def test_numbers_are_checked_and_zero_is_no_default(tmp_path, capsys, flags, expected):
     out = tmp_path / "mqar"
     assert main(["mqar", "--out", str(out), *TINY, "--steps", "2", *flags]) == 2
     one_error(capsys, expected)
     assert not out.exists()
+
+
+def test_out_onto_a_training_run_is_refused_and_left_as_it_was(tmp_path, capsys):
+    from output_asserts import snapshot
+
+    run = tmp_path / "run"
+    run.mkdir()
+    from linlm import outputs
+
+    outputs.write_text(run / "config.yaml", "steps: 1\n", "out_dir")  # a file of a run, written by linlm
+    before = snapshot(run)
+    assert main(["mqar", "--out", str(run), *TINY, "--steps", "2"]) == 2
+    one_error(capsys, f"--out {run}: is the directory of a training run")
+    assert snapshot(run) == before
+
+
+def test_a_policy_that_some_expert_count_takes_is_not_refused():
+    from linlm.errors import ConfigError
+    from linlm.experiments.cli import _check_policies
+
+    _check_policies(["routed-k2", "dense", "dense-k2"], [1, 2])  # k = 2 is above E = 1 (left out there), not E = 2
+    _check_policies(["routed-k9"], [])  # no MossNet runs: nothing to route
+    with pytest.raises(ConfigError, match="routed-k3: takes 3 experts a token, more than any --mossnet-experts "
+                                          r"count \(1,2\) has; give k <= 2"):
+        _check_policies(["routed-k3"], [1, 2])

@@ -217,3 +217,29 @@ print("matplotlib.pyplot" in sys.modules, matplotlib.get_backend())
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["False", "svg"]
+
+
+def test_a_copied_run_is_refused_naming_both_directories(sweep, capsys):
+    """A run directory copied inside the sweep (same arch, same rung) would be a second point at the same place and
+    pull the fitted exponent towards it: the fit refuses it, naming both, and changes nothing."""
+    import shutil
+
+    shutil.copytree(sweep / "runs" / "llama-3", sweep / "runs" / "llama-3-copy")
+    for command in (["scaling", "fit", str(sweep)], ["scaling", "report", str(sweep), "--out", str(sweep / "rep")]):
+        assert main([*command, "--bootstrap", "0", "--parametric-bootstrap", "0"]) == 2
+        one_line_error(capsys.readouterr().err, f"{sweep}/runs/llama-3 and {sweep}/runs/llama-3-copy are the same "
+                       "run (llama at rung llama-3", "Move one of them out")
+    assert not (sweep / "rep").exists()
+    shutil.rmtree(sweep / "runs" / "llama-3-copy")
+    assert main(["scaling", "fit", str(sweep), "--bootstrap", "0", "--parametric-bootstrap", "0"]) == 0
+
+
+def test_plain_runs_are_one_point_per_config():
+    from linlm.scaling.runs import run_identity
+
+    a = {"arch": "llama", "rung": "a", "identity": '{"seed": 0}'}
+    assert run_identity(a) == run_identity({**a, "rung": "b"})  # a copied plain run: another name, the same config
+    assert run_identity(a) != run_identity({**a, "identity": '{"seed": 1}'})
+    swept = {"ladder": "cpu", "arch": "tnl", "rung": "xs"}
+    assert run_identity(swept) != run_identity({**swept, "rung": "s"})
+    assert run_identity(swept) != run_identity({**swept, "study": {"seed": 1}})

@@ -134,3 +134,28 @@ def test_fused_adamw_where_it_takes_the_parameters():
     assert not fused_adamw_takes([torch.nn.Parameter(torch.zeros(2, device="meta"))])
     assert not fused_adamw_takes([torch.zeros(2, dtype=torch.int64)])
     assert not fused_adamw_takes([])
+
+
+@pytest.mark.parametrize("kind", ["wsd", "cosine", "constant"])
+@pytest.mark.parametrize("warmup", [0, 1, 3, 100])
+@pytest.mark.parametrize("decay_fraction", [0.1, 0.3, 1.0])
+def test_every_short_run_reaches_the_asked_lr(kind, warmup, decay_fraction):
+    """Every length from 1 to 10: the run reaches base_lr and never exceeds it, warms up monotonically, then never
+    rises, stays at or above the floor, and a decaying schedule ends at the floor when it has a step to decay in.
+    (A WSD decay one step long used to put every step before it at the floor: 3 steps at min_lr throughout.)"""
+    base, ratio = 0.0123, 0.05
+    s = sched(kind, warmup=warmup, min_ratio=ratio, decay_fraction=decay_fraction)
+    for steps in range(1, 11):
+        lrs = [lr_at(i, base, steps, s) for i in range(steps)]
+        peak = lrs.index(max(lrs))
+        assert max(lrs) == pytest.approx(base), (steps, lrs)
+        assert all(a <= b + 1e-15 for a, b in zip(lrs[:peak], lrs[1:peak + 1])), (steps, lrs)
+        assert all(a >= b - 1e-15 for a, b in zip(lrs[peak:], lrs[peak + 1:])), (steps, lrs)
+        assert min(lrs[peak:]) >= base * ratio - 1e-15
+        if kind != "constant" and steps >= 2:
+            assert lrs[-1] == pytest.approx(base * ratio), (steps, lrs)
+
+
+def test_the_issue_example_trains_at_the_asked_lr():
+    s = sched("wsd", warmup=0, min_ratio=0.05, decay_fraction=0.3)
+    assert [lr_at(i, 0.0123, 3, s) for i in range(3)] == pytest.approx([0.0123, 0.0123, 0.000615])

@@ -1,0 +1,96 @@
+"""Evaluation commands on a machine without network, two commands writing one --json file, and a token limit that
+is a total."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from output_asserts import forbid, one_line_error
+
+from linlm.cli import main
+from linlm.eval import hub
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """The hub's address does not resolve (as on these machines), at once; no offline variable is set."""
+    for k in hub.OFFLINE_ENV + ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr("linlm.data.hub_probe._probed", {}, raising=False)
+
+    def refuse(address, timeout=None, *args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    pytest.importorskip("datasets")
+    forbid(monkeypatch, "datasets.load_dataset", why="the hub is known to be unreachable: datasets would retry for 30 s")
+
+
+def test_eval_fetch_without_network_fails_at_once_naming_the_route(no_network, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LINLM_CACHE_DIR", str(tmp_path / "cache"))
+    started = time.perf_counter()
+    assert main(["eval", "fetch", "--tasks", "piqa", "--out", str(tmp_path / "out")]) == 2
+    assert time.perf_counter() - started < 5
+    one_line_error(capsys.readouterr().err, "the dataset hub is not reachable (no connection to huggingface.co:443",
+                   "linlm eval fetch --tasks piqa --out DIR")
+    assert not (tmp_path / "out").exists()
+
+
+def test_perplexity_of_a_hub_source_without_network_fails_before_the_model_loads(no_network, model_dir, monkeypatch,
+                                                                                 capsys):
+    forbid(monkeypatch, "linlm.infer.generate.load_for_generation", why="an unreachable source is refused first")
+    started = time.perf_counter()
+    assert main(["perplexity", "--model", str(model_dir), "--source", "hf:wikitext:wikitext-2-raw-v1@test"]) == 2
+    assert time.perf_counter() - started < 5
+    one_line_error(capsys.readouterr().err, "the dataset hub cannot be reached (no connection to huggingface.co:443",
+                   "linlm eval fetch", "HF_DATASETS_OFFLINE=1")
+
+
+def test_a_second_command_writing_the_same_json_is_refused(model_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """Two `linlm eval --json same.json` at once: the second is refused while the first holds the file (one of the
+    two results would otherwise be lost); once the first is done, the file is the second's to write."""
+    import multiprocessing
+
+    from linlm.locking import FileLock
+
+    monkeypatch.setenv("LINLM_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "same.json"
+    argv = ["eval", "--model", str(model_dir), "--data-dir", str(data_dir), "--tasks", "piqa", "--limit", "2",
+            "--quiet", "--json", str(out)]
+    ctx = multiprocessing.get_context("fork")
+    held, release = ctx.Event(), ctx.Event()
+
+    def first():  # the first command, between its checks and its write
+        with FileLock(out, "--json", tmp_path / "cache"):
+            held.set()
+            release.wait(60)
+
+    proc = ctx.Process(target=first)
+    proc.start()
+    try:
+        assert held.wait(30)
+        forbid(monkeypatch, "linlm.eval.evaluator.evaluate", why="a refused command scores nothing")
+        assert main(argv) == 2
+        one_line_error(capsys.readouterr().err, f"--json {out} is being written by PID {proc.pid}")
+        assert not out.exists()
+    finally:
+        release.set()
+        proc.join(30)
+    monkeypatch.undo()
+    monkeypatch.setenv("LINLM_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(argv) == 0 and out.is_file()
+
+
+def test_max_tokens_is_a_total_over_the_documents(model_dir, tmp_path, capsys):
+    import json
+
+    text = tmp_path / "one.txt"  # one long document: the limit used to stop only after it, whole
+    text.write_text(" ".join(["the king rode north to meet the queen at dawn"] * 40) + "\n")
+    out = tmp_path / "p.json"
+    assert main(["perplexity", "--model", str(model_dir), "--source", str(text), "--max-tokens", "25", "--json",
+                 str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["tokens"] == 25 and res["documents"] == 1
+    assert 0 < res["bytes"] < len(text.read_text()) / 2
