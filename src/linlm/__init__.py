@@ -5,10 +5,12 @@ from linlm.models.model_config import ModelConfig
 from linlm.models.io import load
 from linlm.models.lm import CausalLM, LMOutput, create_model
 from linlm.models.presets import PRESETS
-from linlm.models.registry import ARCHITECTURES
+from linlm.models.registry import ARCHITECTURES, register
+from linlm.models.archs.base import ArchSpec
+from linlm.layers.mixer import TokenMixer
 from linlm.conversion import convert
 
 __version__ = "0.1.0"
 
 __all__ = ["errors", "ModelConfig", "CausalLM", "LMOutput", "create_model", "load", "PRESETS", "ARCHITECTURES", "convert",
-           "__version__"]
+           "register", "ArchSpec", "TokenMixer", "__version__"]

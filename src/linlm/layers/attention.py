@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.errors import ShapeError
+from linlm.layers.mixer import TokenMixer, meta
 from linlm.ops.fused import rope_angles, rope_qkv, rope_reference
 
 
@@ -94,9 +95,9 @@ def append_kv(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return base[:, :, :S + T]
 
 
-class Attention(nn.Module):
+class Attention(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
@@ -177,3 +178,9 @@ class Attention(nn.Module):
         # Q K^T and A V over the causal context: position t attends to t keys, (n + 1) / 2 on average.
         # (The paper's formula counts the full n x n square, twice this.)
         return 2.0 * (seq_len + 1) * self.n_heads * self.head_dim
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """The KV cache (k, v), [B, Hkv, context, Dh] each; it grows with the context. (After a packed prefill a
+        third tensor, key_valid [B, context] bool, marks the keys of the last document: see forward.)"""
+        kv = meta(batch, self.n_kv_heads, context, self.head_dim, dtype=dtype)
+        return (kv, kv)

@@ -50,6 +50,7 @@ from linlm.layers.mamba import (
     s4d_real_log,
     scan_flops_per_token,
 )
+from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.layers.moe import router_aux_loss, router_logits
 from linlm.ops import scan_kernel
 from linlm.ops.routing import gather_rows, matmul_row_quantum, read_back, top_k_route
@@ -61,9 +62,9 @@ KERNELS = ("s6", "ssd")
 SSD_A_MIN, SSD_A_MAX = 1.0, 16.0
 
 
-class MossNetMixer(nn.Module):
+class MossNetMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         d, Din, N, E = cfg.d_model, inner_dim(cfg), cfg.d_state, cfg.ssm_experts
         self.d_model, self.d_inner, self.d_state = d, Din, N
         self.n_experts, self.top_k = E, cfg.ssm_top_k
@@ -284,6 +285,13 @@ class MossNetMixer(nn.Module):
         else:
             per_expert += gla_flops_per_token(1, N, Din, self.chunk_size) + 2.0 * Din
         return shared + self._active_experts() * per_expert
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """{"conv": the shared conv window, "ssm": every expert's state, [B, E, Din, N] (s6) or [B, E, N, Din]
+        (ssd, the gated-linear-attention layout), in float32 at least}."""
+        E, Din, N = self.n_experts, self.d_inner, self.d_state
+        shape = (batch, E, Din, N) if self.kernel == "s6" else (batch, E, N, Din)
+        return {"conv": self.conv.state_spec(batch, dtype), "ssm": meta(*shape, dtype=float32_at_least(dtype))}
 
     def extra_repr(self) -> str:
         return f"experts={self.n_experts}, top_k={self.top_k}, policy={self.policy!r}, kernel={self.kernel!r}"

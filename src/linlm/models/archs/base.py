@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from torch import nn
 
+from linlm.errors import ConfigError
 from linlm.layers.glu import GLU
 
 # (values: a full dict of ModelConfig fields) -> (parameters, active parameters) of one block, counted on the meta
@@ -36,7 +37,7 @@ class NoOptions:
 @dataclass(frozen=True)
 class ArchSpec:
     name: str
-    mixer: Callable[..., nn.Module]  # (cfg, layer_idx) -> token mixer
+    mixer: type  # a linlm.layers.mixer.TokenMixer subclass, built as mixer(cfg, layer_idx)
     mlp: Optional[Callable[..., nn.Module]]  # (cfg, layer_idx) -> channel mixer, or None (Mamba)
     norm: str  # the architecture's own norm: "rms" (with weight) or "srms" (no weight); cfg.norm_type may replace it
     description: str
@@ -70,11 +71,11 @@ class ArchSpec:
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ValueError(f"ArchSpec {self.name!r}: family {self.family!r} is not one of {FAMILIES}")
+            raise ConfigError(f"ArchSpec {self.name!r}: family {self.family!r} is not one of {FAMILIES}")
         names = {f.name for f in dataclasses.fields(self.options)}
         unknown = sorted({*self.flat_options.values(), *self.saved_before} - names)
         if unknown:
-            raise ValueError(f"ArchSpec {self.name!r}: {unknown} are not fields of {self.options.__name__}")
+            raise ConfigError(f"ArchSpec {self.name!r}: {unknown} are not fields of {self.options.__name__}")
 
     def validate(self, cfg) -> None:
         if self.extra_validate is not None:
