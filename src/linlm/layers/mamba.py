@@ -35,12 +35,12 @@ DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
 def dt_rank(cfg) -> int:
-    """cfg.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
-    return cfg.dt_rank or math.ceil(cfg.d_model / 16)
+    """options.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
+    return cfg.options.dt_rank or math.ceil(cfg.d_model / 16)
 
 
 def inner_dim(cfg) -> int:
-    return cfg.expand * cfg.d_model
+    return cfg.options.expand * cfg.d_model
 
 
 def dt_bias_init_(bias: torch.Tensor) -> torch.Tensor:
@@ -218,10 +218,10 @@ def scan_flops_per_token(d_inner: int, d_state: int) -> float:
 class MambaMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.d_state, dt_rank(cfg)
+        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.options.d_state, dt_rank(cfg)
         self.d_inner, self.d_state, self.dt_rank, self.chunk_size = Din, N, R, cfg.chunk_size
         self.in_proj = nn.Linear(d, 2 * Din, bias=False)
-        self.conv = ShortConv(Din, cfg.d_conv)
+        self.conv = ShortConv(Din, cfg.options.d_conv)
         self.x_proj = nn.Linear(Din, R + 2 * N, bias=False)
         self.dt_weight = nn.Parameter(dt_weight_init_(torch.empty(Din, R), R))
         self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(Din)))

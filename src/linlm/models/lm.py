@@ -24,7 +24,8 @@ from linlm.models.registry import get_arch
 from linlm.ops.fused import linear_cross_entropy
 
 
-# Config fields a decoding state does not depend on; every other field must match between a state and its model.
+# Config fields and options a decoding state does not depend on; every other one must match between a state and its
+# model.
 _STATE_FREE_FIELDS = frozenset({
     "vocab_size", "glu_dim", "max_seq_len", "norm_eps", "init_std", "tie_embeddings", "chunk_size",
     "mlp_experts", "mlp_top_k", "mlp_expert_dim", "shared_experts", "balance_loss_coef", "router_z_loss_coef",
@@ -151,6 +152,7 @@ class CausalLM(nn.Module):
         cached = getattr(self, "_signature", None)
         if cached is None or cached[0] is not self.config:
             sig = {k: v for k, v in self.config.to_dict().items() if k not in _STATE_FREE_FIELDS}
+            sig["options"] = {k: v for k, v in sig["options"].items() if k not in _STATE_FREE_FIELDS}
             cached = self._signature = (self.config, sig)
         return cached[1]
 
