@@ -10,7 +10,7 @@ from linlm.models.archs.base import ArchSpec
 from linlm.layers.mixer import TokenMixer
 from linlm.conversion import convert
 
-__version__ = "0.1.0"
+from linlm.version import __version__
 
 __all__ = ["errors", "ModelConfig", "CausalLM", "LMOutput", "create_model", "load", "PRESETS", "ARCHITECTURES", "convert",
            "register", "ArchSpec", "TokenMixer", "__version__"]
