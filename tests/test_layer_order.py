@@ -1,4 +1,4 @@
-"""The layer order of docs/architecture.md is the source: every module of src/linlm belongs to a row of its table,
+"""The layer order of docs/code-layout.md is the source: every module of src/linlm belongs to a row of its table,
 and no module imports a module of a row below it (further down the table is higher up the layers).
 
 Imports are read from the syntax trees, lazy ones included: ``import`` and ``from ... import`` anywhere in a module
@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "linlm"
-DOC = ROOT / "docs" / "architecture.md"
+DOC = ROOT / "docs" / "code-layout.md"
 MODULE_PATH = re.compile(r"linlm(\.\w+)+")
 
 

@@ -135,7 +135,8 @@ def test_a_computed_buffer_without_init_buffers_is_refused_when_built(monkeypatc
             super().__init__(cfg, layer_idx)
             self.register_buffer("table", torch.arange(4.0), persistent=False)
 
-        forward, state_spec, mixing_flops_per_token = _forward, COMPLETE["state_spec"], COMPLETE["mixing_flops_per_token"]
+        forward, state_spec = _forward, COMPLETE["state_spec"]
+        mixing_flops_per_token = COMPLETE["mixing_flops_per_token"]
 
     monkeypatch.setitem(ARCHITECTURES, "forgetful", _spec("forgetful", Forgetful))
     with pytest.raises(ConfigError, match=r"^arch 'forgetful': layers.0.mixer.table, layers.1.mixer.table is a "

@@ -1,4 +1,4 @@
-"""docs/architecture.md's "Adding an architecture", followed to the letter with a toy architecture: a mixer derived
+"""docs/code-layout.md's "Adding an architecture", followed to the letter with a toy architecture: a mixer derived
 from TokenMixer, an ArchSpec, and one register() line; the toy is then seen everywhere.
 
 The toy mixes tokens with a running mean per channel: h_t = a_c h_(t-1) + (1 - a_c) x_t (h restarts at a document
