@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from linlm.errors import ShapeError
+from linlm.layers.mixer import spec_mismatch
 from linlm.models.counting import count
 from linlm.models.lm import create_model
 from linlm.models.registry import arch_names
@@ -32,7 +34,8 @@ def cmd_check(args) -> int:
 
 
 def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
-    """Max |logit difference| between prefill + token-by-token steps and one full pass, and state bytes."""
+    """Max |logit difference| between prefill + token-by-token steps and one full pass, and state bytes; a state
+    that differs from what the mixers' state_spec says is a ShapeError naming the layer."""
     with torch.no_grad():
         full = model(ids)
         out = model(ids[:, :prefill], return_state=True)
@@ -42,6 +45,11 @@ def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
             pieces.append(step.logits)
             state = step.state
         inc = torch.cat(pieces, dim=1)
+    spec = model.state_spec(ids.shape[0], ids.shape[1])
+    wrong = spec_mismatch(spec.layers + [spec.extra], state.layers + [state.extra], "layer")
+    if wrong is not None:
+        raise ShapeError(f"{model.config.arch}: its decoding state breaks the token-mixer contract: {wrong} "
+                         "(layer[n_layers] is the embeddings' state); fix state_spec() or the state forward returns")
     return float((inc - full).abs().max()), state.nbytes()
 
 

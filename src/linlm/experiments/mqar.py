@@ -199,7 +199,7 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
 
     A run the divergence guard stopped is a result too: its row says why (``diverged``), its accuracy is None and
     it is recorded, so that the experiment goes on and a rerun reads it back instead of diverging again."""
-    from linlm import load
+    from linlm.models.io import load
     from linlm.errors import TrainingDiverged
     from linlm.models.counting import count
     from linlm.models.lm import CausalLM

@@ -163,7 +163,7 @@ def matched_runs(d: int, experts: Sequence[int], archs: Sequence[str], shape: di
     candidates = [a for a in dict.fromkeys([baseline_arch(), *ssms]) if a in archs]
     target = active_params(mossnet_run(d, 1, parse_policy("dense")), shape)
     runs = [equal_params_run(a, d, shape, target) for a in candidates]
-    n = ModelConfig(arch="mossnet").d_state
+    n = ModelConfig(arch="mossnet").options.d_state
     for e in (e for e in dict.fromkeys(experts) if e >= 2):
         runs += [MQARRun(a, d, f"{a}-N{e * n}-d{d}", {"d_state": e * n}) for a in ssms]
     return runs

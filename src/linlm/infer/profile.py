@@ -159,7 +159,7 @@ def build(arch: str, preset: Optional[str], max_context: int, device: torch.devi
     cfg = preset_config(name, preset, **overrides)
     torch.manual_seed(0)
     if arch == HF_LLAMA:
-        from linlm.hf.llama import hf_config_from
+        from linlm.conversion.hf_llama import hf_config_from
 
         hf_cfg = hf_config_from(cfg)  # without transformers: a one-line ConfigError saying what to install
         from transformers import LlamaForCausalLM

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_gla
+from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, gla_state_spec, run_gla
+from linlm.layers.mixer import TokenMixer
 from linlm.layers.norm import RMSNorm
 
 
@@ -23,9 +24,9 @@ def lrpe(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     return (x.unsqueeze(-2) * factors).flatten(-2)
 
 
-class CosFormer2Mixer(nn.Module):
+class CosFormer2Mixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         d, H, K = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.n_heads, self.head_dim, self.chunk_size = H, K, cfg.chunk_size
         self.qkv = nn.Linear(d, 3 * d, bias=False)
@@ -52,6 +53,10 @@ class CosFormer2Mixer(nn.Module):
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         return gla_flops_per_token(self.n_heads, 2 * self.head_dim, self.head_dim, self.chunk_size)
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        # LRPE doubles the key: [x cos, x sin].
+        return gla_state_spec(batch, self.n_heads, 2 * self.head_dim, self.head_dim, dtype)
 
 
 class TPE(nn.Module):
@@ -83,3 +88,7 @@ class TPE(nn.Module):
         )
         o = F.rms_norm(o, (K,), eps=self.eps).reshape(B, T, d) * self.weight
         return x + o, new_state
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """Its decoding state (the model keeps it as ``ModelState.extra["embed"]``), as a mixer's state_spec."""
+        return gla_state_spec(batch, self.n_heads, self.head_dim, self.head_dim, dtype)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.ops import conv_kernel, gate_kernel, kernel_library
 from linlm.ops.grad import needs_grad
 from linlm.ops.selective_scan import selective_scan, selective_scan_step
@@ -34,12 +35,12 @@ DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
 def dt_rank(cfg) -> int:
-    """cfg.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
-    return cfg.dt_rank or math.ceil(cfg.d_model / 16)
+    """options.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
+    return cfg.options.dt_rank or math.ceil(cfg.d_model / 16)
 
 
 def inner_dim(cfg) -> int:
-    return cfg.expand * cfg.d_model
+    return cfg.options.expand * cfg.d_model
 
 
 def dt_bias_init_(bias: torch.Tensor) -> torch.Tensor:
@@ -141,6 +142,10 @@ class ShortConv(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         return 2.0 * self.channels * self.kernel
 
+    def state_spec(self, batch: int, dtype: torch.dtype) -> torch.Tensor:
+        """Its state: the last K - 1 inputs, [B, K - 1, C], in the inputs' dtype."""
+        return meta(batch, self.kernel - 1, self.channels, dtype=dtype)
+
 
 def decay_rate(A_log: torch.Tensor) -> torch.Tensor:
     """A = -exp(A_log), in float32 at least (float64 parameters stay float64)."""
@@ -210,13 +215,13 @@ def scan_flops_per_token(d_inner: int, d_state: int) -> float:
     return 6.0 * d_inner * d_state + 2.0 * d_inner
 
 
-class MambaMixer(nn.Module):
+class MambaMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
-        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.d_state, dt_rank(cfg)
+        super().__init__(cfg, layer_idx)
+        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.options.d_state, dt_rank(cfg)
         self.d_inner, self.d_state, self.dt_rank, self.chunk_size = Din, N, R, cfg.chunk_size
         self.in_proj = nn.Linear(d, 2 * Din, bias=False)
-        self.conv = ShortConv(Din, cfg.d_conv)
+        self.conv = ShortConv(Din, cfg.options.d_conv)
         self.x_proj = nn.Linear(Din, R + 2 * N, bias=False)
         self.dt_weight = nn.Parameter(dt_weight_init_(torch.empty(Din, R), R))
         self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(Din)))
@@ -247,3 +252,8 @@ class MambaMixer(nn.Module):
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # dt_proj (a plain parameter) + scan + the output gate; the Linear layers and the conv are counted by the walk.
         return 2.0 * self.dt_rank * self.d_inner + scan_flops_per_token(self.d_inner, self.d_state) + self.d_inner
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """{"conv": the conv window [B, d_conv - 1, Din], "ssm": the scan state [B, Din, N] in float32 at least}."""
+        return {"conv": self.conv.state_spec(batch, dtype),
+                "ssm": meta(batch, self.d_inner, self.d_state, dtype=float32_at_least(dtype))}

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.errors import ShapeError
+from linlm.errors import ConfigError, ShapeError
+from linlm.layers.mixer import buffers_without_init, init_buffers
 from linlm.layers.norm import make_norm
 from linlm.layers.state import ModelState
 from linlm.models.block import Block
@@ -23,7 +24,8 @@ from linlm.models.registry import get_arch
 from linlm.ops.fused import linear_cross_entropy
 
 
-# Config fields a decoding state does not depend on; every other field must match between a state and its model.
+# Config fields and options a decoding state does not depend on; every other one must match between a state and its
+# model.
 _STATE_FREE_FIELDS = frozenset({
     "vocab_size", "glu_dim", "max_seq_len", "norm_eps", "init_std", "tie_embeddings", "chunk_size",
     "mlp_experts", "mlp_top_k", "mlp_expert_dim", "shared_experts", "balance_loss_coef", "router_z_loss_coef",
@@ -70,6 +72,18 @@ class CausalLM(nn.Module):
         # None when the head is tied to the embeddings (the default): see head_weight.
         self.head = None if config.tie_embeddings else nn.Linear(d, config.vocab_size, bias=False)
         self.reset_parameters()
+        unset = buffers_without_init(self)
+        if unset:
+            raise ConfigError(f"arch {config.arch!r}: {', '.join(unset)} is a computed buffer (persistent=False) that "
+                              "no init_buffers() computes, so a model loaded from the meta device would hold "
+                              "garbage there; define init_buffers() on its module (see linlm.layers.mixer)")
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)compute every computed (non-persistent) buffer: each module's ``init_buffers()``. The transformers
+        wrapper calls it after materialising a model from the meta device."""
+        for module in self.children():
+            init_buffers(module)
 
     def reset_parameters(self) -> None:
         std = self.config.init_std
@@ -138,6 +152,7 @@ class CausalLM(nn.Module):
         cached = getattr(self, "_signature", None)
         if cached is None or cached[0] is not self.config:
             sig = {k: v for k, v in self.config.to_dict().items() if k not in _STATE_FREE_FIELDS}
+            sig["options"] = {k: v for k, v in sig["options"].items() if k not in _STATE_FREE_FIELDS}
             cached = self._signature = (self.config, sig)
         return cached[1]
 
@@ -218,6 +233,21 @@ class CausalLM(nn.Module):
         if aux_total is None:
             aux_total = h.new_zeros((), dtype=torch.float32)
         return LMOutput(logits, new_state, aux_total, loss)
+
+    def state_spec(self, batch: int, context: int, dtype: Optional[torch.dtype] = None) -> ModelState:
+        """The decoding state after ``context`` tokens of ``batch`` sequences, as meta tensors (shapes and dtypes,
+        no memory): what prefill returns for a [batch, context] prompt, from each mixer's ``state_spec``. ``dtype``
+        is the compute dtype (default: the embeddings')."""
+        dtype = self.embed.weight.dtype if dtype is None else dtype
+        extra = {}
+        if self.embed_mixer is not None:
+            extra["embed"] = self.embed_mixer.state_spec(batch, context, dtype)
+        layers = [layer.mixer.state_spec(batch, context, dtype) for layer in self.layers]
+        return ModelState(layers, context, extra, self.state_signature())
+
+    def state_nbytes(self, batch: int, context: int, dtype: Optional[torch.dtype] = None) -> int:
+        """Bytes of the decoding state after ``context`` tokens (:meth:`state_spec`), computed without running."""
+        return self.state_spec(batch, context, dtype).nbytes()
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ModelState]:

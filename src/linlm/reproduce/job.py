@@ -233,8 +233,8 @@ def run(recipe_name: str, out: str | Path, *, data_dir: Optional[str] = None, re
 
 def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool,
          say: Callable[[str], None]) -> dict:
-    import linlm
     from linlm.reproduce.report import write
+    from linlm.version import __version__
 
     recipe, marker = setup.recipe, setup.marker
     if setup.replaced is not None:
@@ -247,7 +247,7 @@ def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool
     for note in setup.notes:
         say(note)
     # The marker's key keeps its first name ("preset"), so that jobs started before the rename still resume.
-    new_marker = {"format": FORMAT, "preset": recipe.name, "version": linlm.__version__, **setup.settings,
+    new_marker = {"format": FORMAT, "preset": recipe.name, "version": __version__, **setup.settings,
                   "created": (marker or {}).get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "environment": environment()}
     outputs.write_json(out / MARKER, new_marker, "--out")

@@ -79,7 +79,7 @@ def check_directory(out: Path, recipe: Recipe, *, resume: bool, overwrite: bool)
     """The recipe to run in ``out`` and its marker; refuses (changing nothing) a directory that is not free nor a
     reproduce job, a job of another recipe or version (without --resume or --overwrite), and --resume with
     nothing to resume."""
-    import linlm
+    from linlm.version import __version__
 
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; give one (nothing was changed)")
@@ -103,9 +103,9 @@ def check_directory(out: Path, recipe: Recipe, *, resume: bool, overwrite: bool)
         if marker.get("preset") != recipe.name:
             recipe = load_recipe(marker["preset"])
         return recipe, marker
-    if marker.get("preset") != recipe.name or marker.get("version") != linlm.__version__:
+    if marker.get("preset") != recipe.name or marker.get("version") != __version__:
         raise ConfigError(f"--out: {out} holds a job of recipe {marker.get('preset')!r} made by linlm "
-                          f"{marker.get('version')}, not recipe {recipe.name!r} with linlm {linlm.__version__}; "
+                          f"{marker.get('version')}, not recipe {recipe.name!r} with linlm {__version__}; "
                           "nothing was changed. Give --resume to continue that job, --overwrite to start this one "
                           "over in its place, or another --out directory")
     return recipe, marker
