@@ -202,7 +202,7 @@ def test_every_preset_loads():
     # Only the paper's preset is too big to train here: it writes torchrun commands for a cluster.
     assert {n: p.mode for n, p in presets.items()} == {"smoke": "local", "cpu": "local", "cpu-long": "local",
                                                        "gpu": "local", "paper": "torchrun"}
-    assert all(p.scaling["ladder"] for p in presets.values())
+    assert all(p.scaling.ladder for p in presets.values())
 
 
 # ---- claims: the verdict follows the numbers ----------------------------------------------------------------------

@@ -3,7 +3,6 @@ to the job (exit 130), and the next run of the section resumes the stopped run f
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -21,18 +20,18 @@ from linlm.reproduce.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 100
-SETTINGS = {"task": {"vocab_size": 32, "num_kv": 3}, "widths": [16], "experts": 0, "archs": ["llama", "tnl"],
+SETTINGS = {"task": {"vocab_size": 32, "num_kv": 3}, "widths": [16], "experts": [], "archs": ["llama", "tnl"],
             "steps": STEPS, "batch_size": 4, "lr": 3e-3, "n_layers": 1, "head_dim": 8, "test_sequences": 64}
 # The job's section in a process of its own, stopped as `linlm reproduce` stops (KeyboardInterrupt: exit 130).
 SCRIPT = """
-import dataclasses, json, sys
+import json, sys
 from pathlib import Path
 from linlm.reproduce.job import Job
 from linlm.reproduce.recipes import load_recipe
 from linlm.train.cli import setup_logging
 
 setup_logging()
-job = Job(dataclasses.replace(load_recipe("smoke"), mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
+job = Job(load_recipe("smoke").with_settings(mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
 try:
     job.run_section("mqar", lambda fraction: None)
 except KeyboardInterrupt as e:
@@ -75,7 +74,7 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
     assert not (out / "mqar" / "tnl-d16-s0" / "config.yaml").exists() and not (out / "plots" / "mqar.png").exists()
 
     # The job runs the section again (here, in this process): the stopped run resumes from its checkpoint.
-    job = Job(dataclasses.replace(load_recipe("smoke"), mqar=SETTINGS), out)
+    job = Job(load_recipe("smoke").with_settings(mqar=SETTINGS), out)
     threads = torch.get_num_threads()
     caplog.set_level(logging.INFO, logger="linlm")
     try:
@@ -98,13 +97,14 @@ def test_the_section_refuses_a_seed_count_below_one_before_training(tmp_path):
     import pytest
 
     from linlm.errors import ConfigError
-    from linlm.reproduce.sections.mqar import measure, run_settings
+    from linlm.reproduce.sections.mqar import run_settings
 
-    for seeds in (0, -1, "3"):
-        with pytest.raises(ConfigError, match="seeds"):
-            measure({**SETTINGS, "seeds": seeds}, tmp_path / "mqar", tmp_path, lambda f: None)
-    assert not (tmp_path / "mqar").exists()
-    plan = run_settings({**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"], "seeds": 2, "seed": 5})
+    smoke = load_recipe("smoke")
+    for seeds in (0, -1, "3"):  # refused as the recipe is read, before any job exists
+        with pytest.raises(ConfigError, match=r"recipe smoke: mqar\.?:? ?seeds"):
+            smoke.with_settings(mqar={**SETTINGS, "seeds": seeds})
+    plan = run_settings(smoke.with_settings(mqar={**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"],
+                                                  "seeds": 2, "seed": 5}).mqar)
     assert plan["seeds"] == [5, 6]
     assert [r.dir_name() for r in plan["runs"]][:5] == ["llama-d16-s5", "tnl-d16-s5", "mossnet-E1-d16-s5",
                                                         "mossnet-E2-routed-k1-d16-s5", "llama-eqparams-d16-s5"]

@@ -57,8 +57,8 @@ def test_a_recipe_starts_from_its_base_and_a_loop_of_bases_is_refused(tmp_path, 
     long, cpu = load_recipe("cpu-long"), load_recipe("cpu")
     # cpu-long states only what it changes: the rest (retrieval, decode, seeds) is the cpu recipe's.
     assert long.name == "cpu-long" and long.niah == cpu.niah and long.mqar == cpu.mqar and long.seeds == 3
-    assert long.compare["rungs"][0]["tokens"] == 2 * cpu.compare["rungs"][0]["tokens"]
-    assert long.compare["train"] == cpu.compare["train"] and long.aspect["ladder"] == "aspect-cpu-long"
+    assert long.compare.ladder["rungs"][0]["tokens"] == 2 * cpu.compare.ladder["rungs"][0]["tokens"]
+    assert long.compare.ladder["train"] == cpu.compare.ladder["train"] and long.aspect.ladder == "aspect-cpu-long"
     assert "base" not in long.source() and long.source()["compare"]["seeds"] == 3
     # Every recipe that trains here compares with at least 3 seeds.
     for name in recipes.recipe_names():
@@ -90,7 +90,7 @@ def test_a_seed_count_below_one_is_refused_before_any_work(bad, tmp_path, monkey
 
     (folder / "smoke.yaml").write_text(yaml.safe_dump(data))
     monkeypatch.setattr(recipes, "RECIPE_DIR", folder)
-    with pytest.raises(ConfigError, match="compare.seeds: give a whole number of training seeds, 1 or more"):
+    with pytest.raises(ConfigError, match="compare.seeds: give a whole number of training seeds from 1 to 100"):
         load_recipe("smoke")
     out = tmp_path / "job"
     assert main(["reproduce", "--recipe", "smoke", "--out", str(out)]) == 2
@@ -104,7 +104,7 @@ def test_seeds_below_one_on_the_command_line_are_one_line_and_exit_2(dry, tmp_pa
     out = tmp_path / "job"
     assert main(["reproduce", "--recipe", "smoke", "--out", str(out), "--seeds", "0", *dry]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.splitlines() == [err] and "--seeds: give a whole number of training seeds, 1 or more, got 0" in err
+    assert err.splitlines() == [err] and "--seeds: give a whole number of training seeds from 1 to 100, got 0" in err
     assert not out.exists()
 
 
@@ -221,11 +221,13 @@ def test_zeroshot_scores_every_seed_of_the_comparison_and_shows_their_spread(tmp
     monkeypatch.setattr(section, "trained_models", trained)
     from linlm.eval.tasks import COMMONSENSE, TASKS
 
+    from linlm.reproduce.sections.zeroshot import ZeroshotSettings
+
     tasks = task_dir(tmp_path / "tasks", "x")
     for name in COMMONSENSE:
         (tasks / TASKS[name].filename).write_text("x\n")
     job = SimpleNamespace(sweep=lambda name: tmp_path / name, data_dir=str(tasks), results={}, failures={},
-                          recipe=SimpleNamespace(zeroshot={"tasks": "commonsense", "limit": 4}), waiting={})
+                          recipe=SimpleNamespace(zeroshot=ZeroshotSettings(limit=4)), waiting={})
     z = zeroshot.run(job, lambda f: None)
     assert sorted(z["models"]) == ["compare-llama-r-s0", "compare-llama-r-s1", "compare-llama-r-s2", "llama"]
     spread = z["spread"]["compare-llama"]

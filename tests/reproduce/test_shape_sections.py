@@ -21,10 +21,10 @@ def inline(name: str, archs: list[str]) -> dict:
 
 
 def test_aspect_and_mossnet_sections_train_score_and_render(tmp_path, text_file):
-    recipe = dataclasses.replace(load_recipe("smoke"), aspect={**inline("aspect-smoke", ["llama", "hgrn2"]),
-                                                               "max_tokens": 2000},
-                                 mossnet=inline("mossnet-smoke", ["mossnet"]), fits={"bootstrap": 10,
-                                                                                  "parametric_bootstrap": 0})
+    recipe = load_recipe("smoke").with_settings(aspect={**inline("aspect-smoke", ["llama", "hgrn2"]),
+                                                        "max_tokens": 2000},
+                                                mossnet=inline("mossnet-smoke", ["mossnet"]),
+                                                fits={"bootstrap": 10, "parametric_bootstrap": 0})
     job = Job(recipe, tmp_path / "job", overrides={"data": {"source": str(text_file)}}, say=lambda s: None)
     job.plots.mkdir(parents=True)
     ticks = []
@@ -112,8 +112,8 @@ def test_a_recipe_whose_study_does_not_divide_into_heads_is_refused_before_any_w
 
     bad = inline("aspect-smoke", ["llama"])
     bad["ladder"]["study"]["shapes"][0] = {"d_model": 24, "n_layers": 2}  # 24 is no multiple of head_dim 16
-    recipe = dataclasses.replace(load_recipe("smoke"), aspect=bad)
-    monkeypatch.setattr(linlm.reproduce.job, "load_recipe", lambda name: recipe)
+    monkeypatch.setattr(linlm.reproduce.job, "load_recipe",
+                        lambda name: load_recipe("smoke").with_settings(aspect=bad))
     out = tmp_path / "job"
     assert main(["reproduce", "--recipe", "smoke", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()

@@ -11,7 +11,7 @@ from pathlib import Path
 from linlm import outputs
 from linlm.reproduce.claims import Claim, judge
 from linlm.reproduce.seeds import seed_values
-from linlm.reproduce.sections import SECTIONS
+from linlm.reproduce import sections
 
 
 @dataclass
@@ -93,7 +93,7 @@ def provenance_blocks(job, marker: dict) -> list[tuple]:
                                            ["scaling sweep", marker.get("scaling_dir") or "scaling/"],
                                            ["--set (every training run)", json.dumps(marker.get("overrides") or {})]]),
             ("p", "The recipe, exactly as run (linlm/reproduce/recipes/" + job.recipe.name + ".yaml, with the ladder "
-                  f"{job.recipe.scaling['ladder']!r} from linlm/scaling/ladders/):"),
+                  f"{job.recipe.scaling.ladder!r} from linlm/scaling/ladders/):"),
             ("pre", json.dumps(job.recipe.source(), indent=1))]
 
 
@@ -107,8 +107,8 @@ def write(job, pending: list[str], marker: dict) -> Written:
              "(arXiv 2510.26182).")
     if pending:
         intro += f" Incomplete: {', '.join(pending)} not finished; run the same command again."
-    shown = sorted((s for s in SECTIONS if s.render is not None), key=lambda s: s.report_rank)
-    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.seed_count)),
+    shown = sorted((s for s in sections.SECTIONS if s.render is not None), key=lambda s: s.report_rank)
+    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare.ladder, job.seed_count)),
               *tradeoff_blocks(job.recipe), *(b for s in shown for b in s.render(job, pending)),
               *provenance_blocks(job, marker)]
     for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/

@@ -24,15 +24,16 @@ from linlm.errors import ConfigError
 
 SIGNIFICANCE = 0.05  # the largest chance of a separation by seed noise alone that still counts as a difference
 ONE_SEED = "one seed: no spread"
+MAX_SEEDS = 100  # trainings of one model: more is a typo (and would plan millions of runs)
 
 
 def seed_count(compare: dict, where: str) -> int:
     """The comparison's seeds (``compare.seeds``, default 1); anything but a whole number >= 1 is refused, the
     message starting with ``where`` (the recipe's key, or the flag)."""
     seeds = compare.get("seeds", 1)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"{where}: give a whole number of training seeds, 1 or more, got {seeds!r} (nothing was "
-                          "changed)")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError(f"{where}: give a whole number of training seeds from 1 to {MAX_SEEDS}, got {seeds!r} "
+                          "(nothing was changed)")
     return seeds
 
 

@@ -16,14 +16,28 @@ from linlm.scaling.paper import PAPER_TABLE3
 from linlm.scaling.runs import META_FILE, METRICS, Loaded, flops_key, load_runs
 
 
+def _doc(default, text: str):
+    return field(default=default, metadata={"doc": text})
+
+
 @dataclass
 class FitOptions:
-    bootstrap: int = 1000
-    parametric_bootstrap: int = 50
-    smooth: int = 5  # trailing mean over this many logged losses before the envelope is taken
-    points: int = 60  # envelope grid
-    levels: int = 8  # IsoFLOP compute levels
-    seed: int = 0
+    """How the fits are made (the reproduce recipes' ``fits:`` too)."""
+
+    bootstrap: int = _doc(1000, "bootstrap replicates of each fit's intervals")
+    parametric_bootstrap: int = _doc(50, "bootstrap replicates of the L(N, D) fit")
+    smooth: int = _doc(5, "centred mean over this many logged losses before the envelope is taken")
+    points: int = _doc(60, "the envelope's compute grid")
+    levels: int = _doc(8, "IsoFLOP compute levels")
+    seed: int = _doc(0, "the bootstrap's random seed")
+
+    def validate(self) -> "FitOptions":
+        from linlm.errors import ConfigError
+
+        for key in ("bootstrap", "parametric_bootstrap", "smooth", "points", "levels", "seed"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: {getattr(self, key)}; give a whole number >= 0")
+        return self
 
 
 @dataclass

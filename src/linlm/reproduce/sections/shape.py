@@ -16,12 +16,53 @@ sections says so in the report and trains nothing.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from linlm import outputs
-from linlm.reproduce.section import Blocks, Section, Tick, heading, image
+from linlm.errors import ConfigError
+from linlm.reproduce.section import Blocks, Section, Tick, heading, image, setting
 from linlm.reproduce.sections import fits, training
+from linlm.scaling.shapes import DEFAULT_MAX_TOKENS
+
+
+def _check_ladder(spec, name: str) -> None:
+    from linlm.scaling.ladder import ladder_from_dict, load_ladder
+
+    if spec is None:
+        return
+    try:
+        load_ladder(spec) if isinstance(spec, str) else ladder_from_dict(spec, name, "ladder")
+    except ConfigError as e:
+        raise ConfigError(f"ladder: {str(e).removeprefix('--ladder: ')}") from None
+
+
+@dataclass
+class StudySettings:
+    """A shape study's key (``aspect:``, ``context:``)."""
+
+    ladder: Optional[Union[str, dict]] = setting(None, "its ladder: a built-in ladder's name or a ladder mapping "
+                                                       "(null: the study is not run)")
+    max_tokens: int = setting(DEFAULT_MAX_TOKENS, "validation tokens scored per run")
+
+    def validate(self) -> "StudySettings":
+        _check_ladder(self.ladder, "study")
+        if self.max_tokens < 2:
+            raise ConfigError(f"max_tokens: {self.max_tokens}; give at least 2 tokens to score")
+        return self
+
+
+@dataclass
+class LadderSettings:
+    """``mossnet:``: MossNet's ladder with its baselines."""
+
+    ladder: Optional[Union[str, dict]] = setting(None, "its ladder: a built-in ladder's name or a ladder mapping "
+                                                       "(null: not run)")
+
+    def validate(self) -> "LadderSettings":
+        _check_ladder(self.ladder, "mossnet")
+        return self
 
 
 def _skipped(job, name: str) -> dict:
@@ -30,14 +71,15 @@ def _skipped(job, name: str) -> dict:
 
 def _ladder_line(name: str):
     def plan(recipe) -> str:
-        spec = (getattr(recipe, name) or {}).get("ladder")
-        return f"{name}: ladder {spec!r} (its runs are listed above)" if spec else f"{name}: not in this recipe"
+        spec = getattr(recipe, name).ladder
+        shown = spec if isinstance(spec, str) else (spec or {}).get("name", name)
+        return f"{name}: ladder {shown!r} (its runs are listed above)" if spec else f"{name}: not in this recipe"
     return plan
 
 
-def optional_training(name: str, weight: float) -> Section:
+def optional_training(name: str, weight: float, options: type) -> Section:
     """A training section that runs only when the recipe gives its ladder (else it reports why not)."""
-    base = training.training_section(name, weight, ("overrides",))
+    base = dataclasses.replace(training.training_section(name, weight, ("overrides",)), key=name, options=options)
 
     def run(job, tick: Tick) -> Optional[dict]:
         return base.run(job, tick) if job.has_ladder(name) else _skipped(job, name)
@@ -56,10 +98,10 @@ def _not_run_blocks(b: Blocks, res: dict) -> Optional[Blocks]:
 # ---- the studies ------------------------------------------------------------------------------------------------
 
 
-def measure_study(sweep: Path, settings: dict, plots: Path, name: str, tick: Tick) -> Optional[dict]:
-    from linlm.scaling.shapes import DEFAULT_MAX_TOKENS, plot_study, study_losses
+def measure_study(sweep: Path, settings: StudySettings, plots: Path, name: str, tick: Tick) -> Optional[dict]:
+    from linlm.scaling.shapes import plot_study, study_losses
 
-    res = study_losses(sweep, max_tokens=int(settings.get("max_tokens", DEFAULT_MAX_TOKENS)), on_fraction=tick)
+    res = study_losses(sweep, max_tokens=settings.max_tokens, on_fraction=tick)
     if res is None:
         return None
     res["plot"] = f"{name}.png"
@@ -100,15 +142,15 @@ def study_section(name: str, sweep: str, title: str, weight: float, rank: int, a
         return b
 
     return Section(name, run, weight, needs=(sweep,), settings=("overrides",), render=render, report_rank=rank,
-                   plots=(f"{sweep}.png",))
+                   plots=(f"{sweep}.png",), key=sweep, options=StudySettings)
 
 
-ASPECT = optional_training("aspect", 0.10)
+ASPECT = optional_training("aspect", 0.10, StudySettings)
 ASPECT_LOSS = study_section(
     "aspect_loss", "aspect", "Shape: aspect ratio (d_model / n_layers at one size)", 0.01, 8,
     "Every shape has about the same non-embedding parameters and trains on the same tokens (the paper's 1B study: "
     "d/l = 1536/32, 1792/24, 2048/18, 3072/8). Scored at the training context.")
-CONTEXT = optional_training("context", 0.06)
+CONTEXT = optional_training("context", 0.06, StudySettings)
 CONTEXT_LOSS = study_section(
     "context_loss", "context", "Shape: training context length", 0.01, 9,
     "One model trained at each context on the same tokens with the same tokens per step (the paper's 1B model at "
@@ -118,7 +160,7 @@ CONTEXT_LOSS = study_section(
 
 # ---- MossNet's ladder ---------------------------------------------------------------------------------------------
 
-MOSSNET = optional_training("mossnet", 0.08)
+MOSSNET = optional_training("mossnet", 0.08, LadderSettings)
 MOSSNET_PLOT = "mossnet_loss_vs_compute.png"
 
 

@@ -8,12 +8,50 @@ until the cluster has run them. Either way the section is done only when every r
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from linlm import outputs
 from linlm.errors import ConfigError, LinlmError
-from linlm.reproduce.section import Section, Tick
+from linlm.reproduce.section import Section, Tick, setting
+
+
+@dataclass
+class ScalingSettings:
+    """The recipe's ``scaling:``."""
+
+    ladder: str = setting(dataclasses.MISSING, "the scaling ladder: a built-in ladder of linlm/scaling/ladders/")
+
+    def validate(self) -> "ScalingSettings":
+        from linlm.scaling.ladder import load_ladder
+
+        try:
+            load_ladder(self.ladder)
+        except ConfigError as e:
+            raise ConfigError(f"ladder: {str(e).removeprefix('--ladder: ')}") from None
+        return self
+
+
+@dataclass
+class CompareSettings:
+    """The recipe's ``compare:``: a ladder mapping (linlm.scaling.ladder.ladder_from_dict: name, archs, rungs,
+    train, jobs, ...) of one rung, trained once per seed, plus ``seeds``."""
+
+    seeds: int = setting(1, "trainings of each architecture, with train config seeds 0, 1, ... past the ladder's "
+                            "own (linlm.reproduce.seeds)")
+    ladder: dict = setting({}, "the rest of the mapping: the comparison's ladder (name, archs, rungs, train, ...)")
+
+    @classmethod
+    def from_recipe(cls, data: dict, where: str) -> "CompareSettings":
+        from linlm.reproduce.seeds import seed_count, seeded_ladder
+        from linlm.scaling.ladder import ladder_from_dict
+
+        seeds = seed_count(data, f"{where}.seeds")
+        ladder = {k: v for k, v in data.items() if k != "seeds"}
+        ladder_from_dict(seeded_ladder(ladder, seeds), "compare", where)
+        return cls(seeds, ladder)
 
 
 def train_sweep(ladder, out: Path, tick: Tick, say: Callable[[str], None], overrides: dict,
@@ -94,5 +132,7 @@ def training_section(name: str, weight: float, settings: tuple[str, ...]) -> Sec
                    check=lambda job, kept, replace: check(job, name, kept, replace), trees=(name,))
 
 
-SCALING = training_section("scaling", 0.55, ("overrides", "scaling_dir"))
-COMPARE = training_section("compare", 0.21, ("overrides", "seeds"))
+SCALING = dataclasses.replace(training_section("scaling", 0.55, ("overrides", "scaling_dir")), key="scaling",
+                              options=ScalingSettings)
+COMPARE = dataclasses.replace(training_section("compare", 0.21, ("overrides", "seeds")), key="compare",
+                              options=CompareSettings)
