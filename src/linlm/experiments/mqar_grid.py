@@ -165,8 +165,16 @@ def matched_runs(d: int, experts: Sequence[int], archs: Sequence[str], shape: di
     runs = [equal_params_run(a, d, shape, target) for a in candidates]
     n = ModelConfig(arch="mossnet").d_state
     for e in (e for e in dict.fromkeys(experts) if e >= 2):
-        runs += [MQARRun(a, d, f"{a}-N{e * n}-d{d}", {"d_state": e * n}) for a in ssms]
+        runs += [MQARRun(a, d, equal_state_label(a, e, d), {"d_state": e * n}) for a in ssms]
     return runs
+
+
+def equal_state_label(arch: str, experts: int, d: int = 0) -> str:
+    """The name of ``arch`` with ``experts`` times MossNet's d_state (equal state per layer to MossNet-E), at width
+    ``d`` (0: without the width)."""
+    from linlm.models.model_config import ModelConfig
+
+    return f"{arch}-N{experts * ModelConfig(arch='mossnet').d_state}" + (f"-d{d}" if d else "")
 
 
 def default_archs() -> list[str]:

@@ -82,7 +82,7 @@ def cmd_reproduce(args) -> int:
         return 130
     print(f"\nclaims ({args.recipe}):")
     for c in result["claims"]:
-        print(f"  {c.verdict:<30} {c.claim}")
+        print(f"  {c.verdict:<12} {c.claim}" + (f" ({c.why})" if c.why else ""))
     for name, why in result["waiting"].items():
         print(f"{name}: not run yet: {why}")
     rest = [n for n in result["pending"] if n not in result["waiting"]]

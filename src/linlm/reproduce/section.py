@@ -225,10 +225,11 @@ def missing(job, name: str, pending: list[str]) -> Optional[str]:
 def spread_blocks(spreads: dict, what: str, spec: str = ".4f") -> Blocks:
     """The table of a number's mean and spread over seeds per group (architecture), when some group has seeds."""
     if not spreads or max(s["n"] for s in spreads.values()) < 2:
-        return [("p", f"One seed per model: no spread over seeds of the {what} (one seed: no spread), so no "
-                      "difference between these models can count as beyond seed noise.")]
+        return [("p", f"One seed per model: no spread over seeds of the {what}, so a claim about a difference "
+                      "between these models cannot tell (one seed).")]
     rows = [[g, str(s["n"]), fmt(s["mean"], spec), fmt(s["std"], spec), fmt(s["min"], spec), fmt(s["max"], spec)]
             for g, s in spreads.items()]
     return [("p", f"The {what} over seeds: the mean, the sample standard deviation (n - 1) and the range (min-max); "
-                  "the claims count a difference only beyond it (the rule in the claims table)."),
+                  "the claims judge a difference by its interval over the seeds (paired where they share the data "
+                  "order: the rule above the claims table)."),
             ("table", ["model", "seeds", "mean", "std", "min", "max"], rows)]
