@@ -64,7 +64,7 @@ def test_a_finished_job_is_published_with_its_claims_and_times(tmp_path):
     row = next(line for line in page.splitlines() if line.startswith("| MossNet beats transformer"))
     assert "| for |" in row and "a test computes every verdict again from it" in page
     assert "| compare_quality | 2026-01-01T10:30:00+00:00 | 18.0 |" in page
-    assert "## What the recipe's size gives up" in page and "probability 1/20" in page  # the cpu recipe's
+    assert "## What the recipe's size gives up" in page and "2 degrees of freedom" in page  # the cpu recipe's
 
 
 @pytest.mark.parametrize("state", [{"pending": ["mqar"]}, {"failed": {"niah": "DataError: x"}}])

@@ -96,8 +96,17 @@ def test_smoke_recipe_end_to_end_then_resumed(tmp_path, text_file, monkeypatch):
     n = len(names)
     assert any(f"[1/{n}] scaling" in s for s in said) and any(f"[{names.index('decode') + 1}/{n}] decode" in s
                                                                 for s in said)
-    # The smoke recipe names no study: those sections say so, and train nothing.
-    assert "Skipped: recipe smoke gives no aspect ladder" in md and not (out / "aspect").exists()
+    # The retrieval studies ran (a table per study, with every run: its learning rate and whether it plateaued);
+    # the smoke recipe names no MossNet ladder: that section says so and trains nothing.
+    for study in ("aspect", "context"):
+        res = json.loads((out / "sections" / f"{study}.json").read_text())
+        assert {r["arch"] for r in res["runs"]} == {"llama", "cosformer2"} and len(res["levels"]) == 2
+        assert all(r["steps"] == 8 and isinstance(r["plateaued"], bool) for r in res["runs"])
+    assert "Shape: aspect ratio (retrieval)" in md and "| plateaued |" in md
+    mqar = json.loads((out / "sections" / "mqar.json").read_text())
+    assert set(mqar["lr_sweep"]) == {c["name"] for c in mqar["rows"]} and "mossnet-E1-wide-d16" in mqar["lr_sweep"]
+    assert all(r["lr"] == mqar["lr_sweep"][r["name"]]["chosen"] for r in mqar["runs"])
+    assert "Skipped: recipe smoke gives no mossnet ladder" in md and not (out / "mossnet").exists()
 
     # The same command again: every finished section is read back; no optimizer step is taken, and no section's
     # result or training file is written again.

@@ -97,15 +97,12 @@ def test_the_section_refuses_a_seed_count_below_one_before_training(tmp_path):
     import pytest
 
     from linlm.errors import ConfigError
-    from linlm.reproduce.sections.mqar import run_settings
-
     smoke = load_recipe("smoke")
     for seeds in (0, -1, "3"):  # refused as the recipe is read, before any job exists
         with pytest.raises(ConfigError, match=r"recipe smoke: mqar\.?:? ?seeds"):
             smoke.with_settings(mqar={**SETTINGS, "seeds": seeds})
-    plan = run_settings(smoke.with_settings(mqar={**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"],
-                                                  "seeds": 2, "seed": 5}).mqar)
-    assert plan["seeds"] == [5, 6]
-    assert [r.dir_name() for r in plan["runs"]][:5] == ["llama-d16-s5", "tnl-d16-s5", "mossnet-E1-d16-s5",
-                                                        "mossnet-E2-routed-k1-d16-s5", "llama-eqparams-d16-s5"]
-    assert all(r.seed == 6 for r in plan["runs"][len(plan["runs"]) // 2:])
+    m = smoke.with_settings(mqar={**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"], "seeds": 2,
+                                  "seed": 5}).mqar
+    assert m.seed_list == [5, 6]
+    assert [r.name() for r in m.configs()][:5] == ["llama-d16", "tnl-d16", "mossnet-E1-d16",
+                                                   "mossnet-E2-routed-k1-d16", "llama-eqparams-d16"]

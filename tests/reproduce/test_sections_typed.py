@@ -36,8 +36,11 @@ def recipe_dir(tmp_path, monkeypatch) -> Path:
 def no_timing(monkeypatch):
     """The dry run's step timing (it trains a few steps of every run) left out: these tests read the plan's text."""
     import linlm.scaling.estimate
+    from linlm.reproduce.sections import mqar, retrieval_studies
 
     monkeypatch.setattr(linlm.scaling.estimate, "estimate", lambda rows, *a, **k: rows)
+    for module in (mqar, retrieval_studies):
+        monkeypatch.setattr(module, "seconds", lambda settings, task, configs: 60.0 * len(configs))
 
 
 def test_a_key_no_section_reads_is_one_line_and_exit_2_before_any_work(recipe_dir, tmp_path, capsys):
@@ -107,8 +110,29 @@ def test_the_dry_run_prints_no_none_for_any_recipe(tmp_path, capsys, no_timing):
     for name in recipe_names():
         assert main(["reproduce", "--recipe", name, "--out", str(tmp_path / name), "--dry-run"]) == 0
         text = capsys.readouterr().out
-        assert "[evaluation]" in text and not re.search(r"\bNone\b", text), (name, text)
+        assert "[evaluation and retrieval]" in text and not re.search(r"\bNone\b", text), (name, text)
         assert not (tmp_path / name).exists()
+
+
+def test_the_dry_run_says_which_claims_the_settings_cannot_decide(tmp_path, capsys, no_timing):
+    from linlm.reproduce.claims import CLAIMS
+
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(tmp_path / "s"), "--dry-run"]) == 0
+    claims = capsys.readouterr().out.split("[claims]", 1)[1]
+    assert all(c.statement in claims for c in CLAIMS)
+    assert ("Linear models scale like transformers: cannot tell with these settings: no size of the scaling ladder "
+            "is trained with a second seed") in claims
+    assert "MossNet beats transformer and SSM baselines: cannot tell with these settings: the comparison trains one " \
+           "seed per architecture" in claims
+    # --seeds 3 gives the comparison a spread; the cpu recipe can decide every claim but MossNet's scaling.
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(tmp_path / "s"), "--dry-run", "--seeds", "3"]) == 0
+    assert "MossNet beats transformer and SSM baselines: can be decided" in capsys.readouterr().out
+    assert main(["reproduce", "--recipe", "cpu", "--out", str(tmp_path / "c"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    lines = [ln for ln in text.split("[claims]", 1)[1].splitlines() if "cannot tell" in ln]
+    assert lines == ["  MossNet scales at least as well as its baselines: cannot tell with these settings: the recipe "
+                     "trains no mossnet ladder"]
+    assert "(at most 7 min here" in text  # the MQAR section's time (7 configurations, 60 s each here) is counted
 
 
 def test_the_dry_run_makes_the_real_runs_checks_and_writes_nothing(tmp_path, capsys):

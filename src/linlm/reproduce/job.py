@@ -149,9 +149,8 @@ class Job:
         return self.out / "sections" / f"{name}.json"
 
     def scaling_ladder(self):
-        from linlm.scaling.ladder import load_ladder
-
-        return load_ladder(self.recipe.scaling.ladder)
+        """The recipe's scaling ladder, with the seed rungs its ``scaling.seeds`` adds."""
+        return self.recipe.scaling.load()
 
     @property
     def seed_count(self) -> int:

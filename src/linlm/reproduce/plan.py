@@ -58,16 +58,23 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
         totals["training_flops"] += training_flops(rows)
         totals["seconds"] += wall_seconds([r.seconds or 0.0 for r in rows if r.status != "done"], ladder.jobs)
     p = recipe
-    print("\n[evaluation]", file=file)
+    print("\n[evaluation and retrieval]", file=file)
     for section in sections.SECTIONS:
-        if section.plan is not None:
-            print(f"  {section.plan(p)}", file=file)
+        if section.plan is None:
+            continue
+        line = section.plan(p)
+        if local and section.estimate is not None:
+            took = section.estimate(p)
+            totals["seconds"] += took
+            line += f" (at most {took / 60:.0f} min here, its steps timed now)" if took else ""
+        print(f"  {line}", file=file)
+    print_claims(job, file)
     print(f"\ntotal: {totals['runs']} training runs, C = {totals['compute_flops']:.3e} FLOPs = "
           f"{totals['compute_flops'] / PFLOPS_DAY:.3e} PFLOP/s-days (paper convention); "
           f"{totals['training_flops']:.3e} FLOPs with the LM head", file=file)
     if local:
-        print(f"training time here: about {totals['seconds'] / 60:.0f} min (steps timed now; the evaluation "
-              f"sections add about {100 * (1 - _training_share()):.0f} % on top)", file=file)
+        print(f"training time here: about {totals['seconds'] / 60:.0f} min (steps timed now, MQAR's runs each at its "
+              f"max_steps; the other sections add about {100 * (1 - _training_share()):.0f} % on top)", file=file)
     else:
         gpu = p.gpu
         hours = totals["training_flops"] / (gpu.peak_flops * gpu.mfu) / 3600
@@ -80,4 +87,17 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
 
 
 def _training_share() -> float:
-    return sum(s.weight for s in sections.SECTIONS if s.training) / sum(s.weight for s in sections.SECTIONS)
+    """The share of a local job's time in the sections whose training the plan times."""
+    timed = [s for s in sections.SECTIONS if s.training or s.estimate is not None]
+    return sum(s.weight for s in timed) / sum(s.weight for s in sections.SECTIONS)
+
+
+def print_claims(job, file) -> None:
+    """Which claims this recipe's settings cannot decide, and why: they will say "cannot tell" whatever the data."""
+    from linlm.reproduce.claims import CLAIMS
+
+    print("\n[claims]", file=file)
+    for claim in CLAIMS:
+        why = claim.undecidable(job)
+        print(f"  {claim.statement}: " + (f"cannot tell with these settings: {why}" if why else
+                                          "can be decided, if the data separate it"), file=file)

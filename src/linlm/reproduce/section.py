@@ -58,6 +58,9 @@ class Section:
     render: Optional[Callable[[Any, list[str]], Blocks]] = None
     report_rank: int = 0
     plan: Optional[Callable[[Any], str]] = None  # (recipe) -> its line in `linlm reproduce --dry-run`
+    # (recipe) -> at most how many seconds it trains here, timed now (--dry-run), for a section that trains models
+    # outside the training sections (MQAR's)
+    estimate: Optional[Callable[[Any], float]] = None
     trees: tuple[str, ...] = ()  # directories of DIR it builds from nothing (--overwrite clears them whole)
     plots: tuple[str, ...] = ()  # the names (fnmatch patterns) of its PNGs in DIR/plots
     copies: tuple[str, ...] = ()  # paths of DIR the job itself writes for it (besides sections/NAME.json)

@@ -3,10 +3,13 @@ baseline and its SSMs."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from linlm.reproduce.claims.evidence import Fits, Retrieval, seeded
 from linlm.reproduce.claims.record import Claim
 from linlm.reproduce.claims.rule import AGAINST, FOR, Assessment, Difference
-from linlm.reproduce.claims.scaling_laws import ACC_MARGIN, ALPHA_MARGIN, LOSS_MARGIN, accuracy_part, baseline
+from linlm.reproduce.claims.scaling_laws import (ACC_MARGIN, ALPHA_MARGIN, LOSS_MARGIN, accuracy_part, baseline,
+                                                 fits_undecidable, mqar_undecidable)
 
 PAPER = "MossNet (arXiv 2510.26182)"
 CONSTANT_STATE = 1.01  # state(longest context) / state(shortest) at most this is constant
@@ -100,22 +103,37 @@ def scales_as_well(results: dict) -> Assessment:
     return Assessment(parts, numbers, fits.scale() + ", active parameters")
 
 
+def compare_undecidable(job) -> Optional[str]:
+    if "mossnet" not in job.compare_ladder().archs:
+        return "the comparison trains no MossNet"
+    return "the comparison trains one seed per architecture" if job.seed_count < 2 else None
+
+
+def decode_undecidable(job) -> Optional[str]:
+    d = job.recipe.decode
+    archs = d.archs or job.compare_ladder().archs
+    if "mossnet" not in archs or len(set(d.contexts)) < 2:
+        return "the decode profile has no MossNet at two contexts"
+    return None
+
+
 CLAIMS = [
     Claim("mossnet-beats", "MossNet beats transformer and SSM baselines", PAPER,
           "MossNet above LLaMA and Mamba of similar size and data on the paper's benchmarks",
           f"validation loss of MossNet minus each baseline's at equal active parameters and tokens, paired by seed; "
-          f"alike within ±{LOSS_MARGIN} nats", ("compare_quality",), beats_baselines),
+          f"alike within ±{LOSS_MARGIN} nats", ("compare_quality",), beats_baselines, compare_undecidable),
     Claim("constant-memory", "MossNet decodes with constant memory", PAPER,
           "constant-size recurrent state on a phone and an A100",
           f"MossNet's decoding state at the longest profiled context over the shortest: for at most "
-          f"{CONSTANT_STATE}x (a measured size, no noise)", ("decode",), constant_memory),
+          f"{CONSTANT_STATE}x (a measured size, no noise)", ("decode",), constant_memory, decode_undecidable),
     Claim("heads", "SSM experts act as heads (MossNet's E experts recall better than one)", PAPER,
           "several SSM experts combined per token act as the heads of multi-head attention",
           f"MQAR accuracy of MossNet E = 4, k = 2 minus one expert widened to equal active parameters, and minus "
           f"Mamba of equal state per layer, paired by seed; alike within ±{ACC_MARGIN}", ("mqar",),
-          experts_act_as_heads),
+          experts_act_as_heads, lambda job: mqar_undecidable(job, (HEADS, ONE_WIDE))),
     Claim("mossnet-scales", "MossNet scales at least as well as its baselines", PAPER,
           "MossNet's loss falls with compute at least as fast as its baselines'",
           f"MossNet's L(C) exponent minus each baseline's on MossNet's ladder (active parameters): for when lower "
-          f"or alike within ±{ALPHA_MARGIN}", ("mossnet_fits",), scales_as_well),
+          f"or alike within ±{ALPHA_MARGIN}", ("mossnet_fits",), scales_as_well,
+          lambda job: fits_undecidable(job, "mossnet")),
 ]

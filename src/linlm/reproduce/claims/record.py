@@ -24,6 +24,8 @@ class Claim:
     difference: str  # what this job judges it by
     reads: tuple[str, ...]  # the sections whose results it reads
     assess: Callable[[dict], Assessment]  # (the job's results by section) -> its differences
+    # (the job, before it runs) -> why its recipe's settings cannot decide this claim, or None (--dry-run says it)
+    undecidable: Callable[[object], Optional[str]] = lambda job: None
 
 
 @dataclass

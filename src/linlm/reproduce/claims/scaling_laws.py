@@ -223,32 +223,82 @@ def context_matters(results: dict) -> Assessment:
     return _study(results, "context", "context", "context")
 
 
+# ---- what a recipe's settings can decide (linlm reproduce --dry-run) ---------------------------------------------
+
+
+def fits_undecidable(job, name: str = "scaling") -> Optional[str]:
+    """Why the fits of the training section ``name`` cannot decide a claim, before anything is trained."""
+    from collections import Counter
+
+    if not job.has_ladder(name):
+        return f"the recipe trains no {name} ladder"
+    ladder = job.ladder(name)
+    sizes = {r.name for r in ladder.rungs if r.archs is None}
+    if len(sizes) < 3:
+        return f"the {name} ladder has {len(sizes)} size(s); an envelope fit needs at least 3"
+    seeded = Counter(a for r in ladder.rungs if r.archs is not None for a in r.archs)
+    if not seeded:
+        return (f"no size of the {name} ladder is trained with a second seed: no seed spread, so no fit has an "
+                "interval (scaling: {seeds: ...})")
+    return None
+
+
+def _mqar_undecidable(settings, section: str) -> Optional[str]:
+    if settings.seeds < 2:
+        return f"{section} trains one seed per configuration"
+    if settings.plateau is None:
+        return f"{section} trains a fixed number of steps, not to a plateau (no plateau rule)"
+    return None
+
+
+def mqar_undecidable(job, archs: tuple[str, ...]) -> Optional[str]:
+    m = job.recipe.mqar
+    names = {c.name().rsplit("-d", 1)[0] for c in m.configs()}
+    missing = [a for a in archs if a not in names]
+    if missing:
+        return f"mqar trains no {', '.join(missing)}"
+    return _mqar_undecidable(m, "mqar")
+
+
+def study_undecidable(job, section: str) -> Optional[str]:
+    s = getattr(job.recipe, section)
+    levels = s.shapes if section == "aspect" else s.gaps
+    if not levels:
+        return f"the recipe runs no {section} study"
+    if baseline() not in s.archs or not set(s.archs) & set(linear_archs()):
+        return f"the {section} study trains no {baseline()} beside a linear model"
+    return _mqar_undecidable(s, section)
+
+
 CLAIMS = [
     Claim("scale-alike", "Linear models scale like transformers", PAPER,
           "Table 3: L(C) = beta C^alpha with alpha -0.0798 (LLaMA), -0.0768 (TNL), -0.0753 (HGRN2), -0.0756 "
           "(cosFormer2), 70M-7B, 300B tokens",
-          f"each linear model's L(C) exponent minus LLaMA's; alike within ±{ALPHA_MARGIN}", ("fits",), scale_alike),
+          f"each linear model's L(C) exponent minus LLaMA's; alike within ±{ALPHA_MARGIN}", ("fits",), scale_alike,
+          fits_undecidable),
     Claim("lower-loss", "At equal compute, linear models reach lower loss", PAPER,
           "Table 3's L(C): the linear models' beta below LLaMA's, so lower loss at equal FLOPs over its range",
           f"fitted loss at C*, a compute inside every fit's range, minus LLaMA's; alike within ±{LOSS_MARGIN} nats",
-          ("fits",), lower_loss),
+          ("fits",), lower_loss, fits_undecidable),
     Claim("weaker-retrieval", "Linear models are weaker at retrieval", PAPER,
           "NIAH at 7B: LLaMA 59.7 weighted against TNL 20.5, HGRN2 30.8, cosFormer2 23.6",
           f"MQAR accuracy (key-value pairs beyond a small state) minus LLaMA's, paired by seed, each model at its "
-          f"own learning rate and trained to a plateau; alike within ±{ACC_MARGIN}", ("mqar",), weaker_at_retrieval),
+          f"own learning rate and trained to a plateau; alike within ±{ACC_MARGIN}", ("mqar",), weaker_at_retrieval,
+          lambda job: mqar_undecidable(job, (baseline(), *linear_archs()))),
     Claim("decay", "Data-dependent decay helps retrieval", PAPER,
           "HGRN2 (data-dependent decay) above TNL (fixed decay) in NIAH: 30.8 against 20.5 at 7B",
-          "MQAR accuracy of HGRN2 minus TNL's, paired by seed", ("mqar",), decay_helps_retrieval),
+          "MQAR accuracy of HGRN2 minus TNL's, paired by seed", ("mqar",), decay_helps_retrieval,
+          lambda job: mqar_undecidable(job, ("hgrn2", "tnl"))),
     Claim("optimum", "At the compute optimum, linear models use more parameters and more tokens", PAPER,
           "Table 3's N_opt(C) and D_opt(C): the linear models' above LLaMA's over the paper's compute range",
           f"log N_opt and log D_opt at C* (read at that compute) minus LLaMA's; alike within a factor "
-          f"{math.exp(RATIO_MARGIN):.2f}", ("fits",), more_params_and_tokens),
+          f"{math.exp(RATIO_MARGIN):.2f}", ("fits",), more_params_and_tokens, fits_undecidable),
     Claim("aspect", "Shape (aspect ratio) matters more for linear models than for LLaMA", PAPER,
           "the 1B aspect study (d/l 1536/32 to 3072/8): cosFormer2's retrieval collapses at the shallowest shape",
           "spread of MQAR accuracy across shapes of equal size (>= 3 layers) minus LLaMA's, per seed",
-          ("aspect",), shape_matters),
+          ("aspect",), shape_matters, lambda job: study_undecidable(job, "aspect")),
     Claim("context", "Shape (context length) matters more for linear models than for LLaMA", PAPER,
           "the 1B model trained at 2K, 4K and 16K: the linear models' retrieval depends on the context length",
           "spread of MQAR accuracy across contexts (pairs and queries apart by a gap) minus LLaMA's, per seed",
-          ("context",), context_matters),
+          ("context",), context_matters, lambda job: study_undecidable(job, "context")),
 ]

@@ -1,6 +1,6 @@
 """The sections of ``linlm reproduce``, in the order the job runs them: one module each (training holds both
-training sections, quality both quality sections, shape the optional studies and the sections that read them),
-each defining its :class:`linlm.reproduce.section.Section`.
+training sections, quality both quality sections, retrieval_studies the aspect and context studies, mossnet_ladder
+MossNet's optional ladder and its fits), each defining its :class:`linlm.reproduce.section.Section`.
 
 Adding a section: write its module here (its settings dataclass, its ``measure``, its ``run`` from the job, its
 ``render``, the record naming its recipe key and settings) and add the record to :data:`SECTIONS`. The recipes
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError
 from linlm.reproduce.section import Section, option_rows
-from linlm.reproduce.sections import decode, fits, mqar, niah, quality, shape, training, zeroshot
+from linlm.reproduce.sections import (decode, fits, mossnet_ladder, mqar, niah, quality, retrieval_studies, training,
+                                      zeroshot)
 
 SECTIONS: tuple[Section, ...] = (training.SCALING, training.COMPARE, fits.SECTION, quality.QUALITY,
                                  quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, mqar.SECTION,
-                                 decode.SECTION, shape.ASPECT, shape.ASPECT_LOSS, shape.CONTEXT, shape.CONTEXT_LOSS,
-                                 shape.MOSSNET, shape.MOSSNET_FITS)
+                                 decode.SECTION, retrieval_studies.ASPECT, retrieval_studies.CONTEXT,
+                                 mossnet_ladder.MOSSNET, mossnet_ladder.MOSSNET_FITS)
 
 
 def get(name: str) -> Section:
