@@ -60,7 +60,8 @@ def test_lower_loss_is_judged_at_a_compute_inside_every_fit():
     v = verdict("lower-loss", lower)
     assert v.verdict == "for" and "C* = 1.000e-07" in v.numbers
     higher = fits({a: -0.08 for a in ("llama", *LINEAR)},
-                  losses={"llama": (2.0, 0.002), "tnl": (2.2, 0.01), "hgrn2": (2.21, 0.01), "cosformer2": (2.001, 0.002)})
+                  losses={"llama": (2.0, 0.002), "tnl": (2.2, 0.01), "hgrn2": (2.21, 0.01),
+                          "cosformer2": (2.001, 0.002)})
     v = verdict("lower-loss", higher)
     assert v.verdict == "mixed" and v.why.endswith("cosformer2 - llama alike")
     none = fits({"llama": -0.08, "tnl": -0.08}, c_star=None)

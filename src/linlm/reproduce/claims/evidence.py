@@ -65,15 +65,16 @@ class Fits:
         for arch, f in (result.get("archs") or {}).items():
             env = f.get("envelope") or {}
             law = env.get("L(C)")
+            why = f.get("errors") or {}
             if law is None:
-                errors[arch] = "; ".join((f.get("errors") or {}).values()) or "no L(C) fit"
+                errors[arch] = why.get("envelope") or "no L(C) fit"
                 continue
             reps = env.get("replicates") or {}
             laws[arch] = Law(law["alpha"], law["beta"], law.get("samples") or [], env.get("runs", 0),
                              env.get("sizes", 0), env.get("points", 0), reps.get("failed", 0),
                              (reps.get("spread") or {}).get("source"))
             if not law.get("samples"):
-                errors[arch] = "; ".join((f.get("errors") or {}).values()) or "its fit has no seed replicates"
+                errors[arch] = why.get("intervals") or "its fit has no seed replicates"
         opt = result.get("compute_optimal") or {}
         optimum = {a: Optimum(r.get("loss"), r.get("loss_samples") or [], r.get("N_opt"), r.get("D_opt"),
                               r.get("N_opt_samples") or [], r.get("D_opt_samples") or [], r.get("why"))

@@ -9,7 +9,7 @@ from linlm.reproduce.claims.evidence import Fits, Retrieval, seeded
 from linlm.reproduce.claims.record import Claim
 from linlm.reproduce.claims.rule import AGAINST, FOR, Assessment, Difference
 from linlm.reproduce.claims.scaling_laws import (ACC_MARGIN, ALPHA_MARGIN, LOSS_MARGIN, accuracy_part, baseline,
-                                                 fits_undecidable, mqar_undecidable)
+                                                 fits_undecidable, mqar_undecidable, seeds_text)
 
 PAPER = "MossNet (arXiv 2510.26182)"
 CONSTANT_STATE = 1.01  # state(longest context) / state(shortest) at most this is constant
@@ -39,7 +39,7 @@ def beats_baselines(results: dict) -> Assessment:
                                     a_values=losses["mossnet"], b_values=losses[arch],
                                     note=f" (active {active['mossnet']:,} against {active[arch]:,})"))
     numbers = "validation loss over seeds: " + ", ".join(
-        f"{a} {sum(v.values()) / len(v):.4f} ({len(v)} seeds)" for a, v in losses.items())
+        f"{a} {sum(v.values()) / len(v):.4f} ({seeds_text(len(v))})" for a, v in losses.items())
     return Assessment(parts, numbers, f"{active['mossnet'] / 1e6:.2g}M active parameters, equal tokens")
 
 

@@ -127,9 +127,9 @@ def more_params_and_tokens(results: dict) -> Assessment:
                                     value=math.log(a / b)))
         if arch in PAPER_TABLE3 and base in PAPER_TABLE3:
             lo, hi = PAPER_COMPUTE_RANGE
-            quoted.append(f"{arch} N_opt {paper_ratio(arch, base, 'N_opt(C)', lo):.2f}x-"
-                          f"{paper_ratio(arch, base, 'N_opt(C)', hi):.2f}x, D_opt "
-                          f"{paper_ratio(arch, base, 'D_opt(C)', lo):.2f}x-{paper_ratio(arch, base, 'D_opt(C)', hi):.2f}x")
+            ratios = [f"{paper_ratio(arch, base, f'{k}(C)', lo):.2f}x-{paper_ratio(arch, base, f'{k}(C)', hi):.2f}x"
+                      for k in ("N_opt", "D_opt")]
+            quoted.append(f"{arch} N_opt {ratios[0]}, D_opt {ratios[1]}")
     numbers = ("at C*: " + ", ".join(f"{a} N_opt {o.n_opt:.3g} D_opt {o.d_opt:.3g}" if o.n_opt else f"{a}: {o.why}"
                                      for a, o in opt.items()))
     if quoted:
@@ -169,7 +169,7 @@ def _accuracies(r: Retrieval, configs) -> str:
     for c in configs:
         v = r.values(c)
         if v:
-            shown.append(f"{c} {sum(v.values()) / len(v):.3f} ({len(v)} seeds)")
+            shown.append(f"{c} {sum(v.values()) / len(v):.3f} ({seeds_text(len(v))})")
     return (f"MQAR, {r.pairs} pairs, d={r.width()}, chance {r.chance:.3f}: " + ", ".join(shown)) if shown else ""
 
 
@@ -302,3 +302,7 @@ CLAIMS = [
           "spread of MQAR accuracy across contexts (pairs and queries apart by a gap) minus LLaMA's, per seed",
           ("context",), context_matters, lambda job: study_undecidable(job, "context")),
 ]
+
+
+def seeds_text(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")

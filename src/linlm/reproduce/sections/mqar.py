@@ -106,8 +106,8 @@ def render(job, pending: list[str]) -> Blocks:
         return b
     b.append(("p", f"Multi-query associative recall: {m['task']['num_kv']} key-value pairs, vocabulary "
                    f"{m['task']['vocab_size']}, chance {m['chance']:.3f}. Each model is trained on MQAR and tested "
-                   f"on held-out sequences: {m.get('training', '')}. Accuracy is the seeds' mean, with their min and max; the "
-                   "groups compare models at equal active parameters and at equal state per layer."))
+                   f"on held-out sequences: {m.get('training', '')}. Accuracy is the seeds' mean, with their min and "
+                   "max; the groups compare models at equal active parameters and at equal state per layer."))
     if m["rows"]:
         b.append(("table", *config_table(m["rows"])))
     if m.get("groups"):

@@ -58,8 +58,9 @@ class TrainSettings:
 
     def how(self) -> str:
         """How the models train, in a sentence of the report."""
-        lr = (f"each configuration at the best of learning rates {', '.join(f'{x:g}' for x in self.lrs)} after "
-              f"{self.sweep_steps} steps on seed 0 (the sweep's table below)" if self.lrs else f"learning rate {self.lr:g}")
+        lrs = ", ".join(f"{x:g}" for x in self.lrs)
+        lr = (f"each configuration at the best of learning rates {lrs} after {self.sweep_steps} steps on seed 0 (the "
+              "sweep's table below)" if self.lrs else f"learning rate {self.lr:g}")
         steps = self.plateau.text() if self.plateau else f"{self.steps} steps (cosine schedule)"
         return f"{self.seeds} seed(s); {lr}; {steps}"
 
