@@ -102,6 +102,9 @@ def test_a_new_section_is_one_module_and_one_line(recipe_dir, tmp_path, monkeypa
     assert json.loads((out / "results.json").read_text())["sections"]["toy"] == {"said": "hi hi hi"}
     again = run("toy", out, say=lambda text: None)  # resumed: read back, not run again
     assert toy_section.CALLS == ["hi"] and "The toy said: hi hi hi." in again["report"].md.read_text()
+    capsys.readouterr()
+    assert main(["reproduce", "--recipe", "toy", "--out", str(out), "--dry-run"]) == 0  # the job's own plan
+    assert "toy: says 'hi' 3 times (done)" in capsys.readouterr().out and toy_section.CALLS == ["hi"]
     # docs/reproduce.md's table would list it: its rows come from the dataclass.
     assert ["toy", "toy", "greeting", "hello", "what the toy section says"] in sections.settings_rows()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from linlm.reproduce import sections
+from linlm.reproduce.layout import finished_sections
 from linlm.scaling.fits import PFLOPS_DAY
 
 
@@ -58,12 +59,15 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
         totals["training_flops"] += training_flops(rows)
         totals["seconds"] += wall_seconds([r.seconds or 0.0 for r in rows if r.status != "done"], ladder.jobs)
     p = recipe
+    done = finished_sections(out) if setup.marker is not None else []
     print("\n[evaluation and retrieval]", file=file)
     for section in sections.SECTIONS:
         if section.plan is None:
             continue
         line = section.plan(p)
-        if local and section.estimate is not None:
+        if section.name in done:
+            line += " (done)"
+        elif local and section.estimate is not None:
             took = section.estimate(p)
             totals["seconds"] += took
             line += f" (at most {took / 60:.0f} min here, its steps timed now)" if took else ""
