@@ -209,13 +209,31 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
     judged = data.get("judged_at")
     judged = (judged[:7] if judged else "not recorded") + (" (with uncommitted changes)" if data.get("judged_dirty")
                                                            else "")
-    out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its claims "
-            f"were judged from its saved sections by linlm/reproduce/claims.py at revision {judged}"
-            " (benchmarks/publish_reproduce.py). Each verdict follows the rule beside it; the job's own report "
-            "holds every section's tables and plots.", ""]
-    out += ["## Claims", ""]
-    out += table(["claim", "paper", "verdict", "evidence", "rule"],
-                 [[c["claim"], c["paper"], c["verdict"], c["evidence"], c["rule"]] for c in data.get("claims", [])])
+    claims = data.get("claims", [])
+    if "evidence" in data:  # judged by the one rule; the file holds what every verdict needs to be computed again
+        out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its "
+                f"claims were judged from its saved sections by linlm/reproduce/claims/ at revision {judged} "
+                "(benchmarks/publish_reproduce.py), by one rule: each difference's 95 % interval over the unit that "
+                "varies (seeds, or seed replicates of a fit), Holm's correction over every difference, 'alike' only "
+                "by two one-sided tests within a stated margin. This file holds the per-seed values, replicates "
+                "and fitted points the verdicts rest on, and a test computes every verdict again from it. The "
+                "job's own report holds every section's tables and plots.", ""]
+        out += ["## Claims", ""]
+        out += table(["claim", "verdict", "scale", "differences (95 % interval, p) and numbers", "judged by"],
+                     [[c["claim"], c["verdict"] + (f": {c['why']}" if c.get("why") else ""), c.get("scale") or "-",
+                       c["evidence"], c["difference"]] for c in claims])
+    else:
+        out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its "
+                f"claims were judged from its saved sections by linlm/reproduce/claims.py at revision {judged}"
+                " (benchmarks/publish_reproduce.py). Each verdict follows the rule beside it; the job's own report "
+                "holds every section's tables and plots.", "",
+                "These verdicts follow the rules of that revision, before linlm judged every claim by one rule "
+                "(intervals over seeds or seed replicates, Holm's correction, 'alike' only by an equivalence test). "
+                "This file keeps the verdicts, not the per-seed values, replicates and fitted points the current "
+                "rule needs, so they cannot be judged again from it; a new run of the recipe replaces them.", ""]
+        out += ["## Claims", ""]
+        out += table(["claim", "paper", "verdict", "evidence", "rule"],
+                     [[c["claim"], c["paper"], c["verdict"], c["evidence"], c["rule"]] for c in claims])
     if recipe.get("tradeoffs"):
         out += ["", "## What the recipe's size gives up", "",
                 "Each choice lowers the power of the claims that rest on that section (the recipe's `tradeoffs`).", ""]
