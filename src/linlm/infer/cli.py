@@ -55,6 +55,16 @@ def register(subparsers) -> None:
                    help="plot latency and memory against context into the PNG file OUT.png")
     p.set_defaults(func=cmd_profile)
 
+    p = subparsers.add_parser("quantize", help="write a copy of a model with 8-bit weights",
+                              description="Quantize MODEL's weights to int8 (one scale per output channel) into the "
+                                          "new model directory OUT, which every command that loads a model takes "
+                                          "as it is. See docs/inference.md.")
+    p.add_argument("model", metavar="MODEL", help="saved model, checkpoint or run directory")
+    p.add_argument("--to", required=True, choices=["int8"], help="the weights' format")
+    p.add_argument("--out", required=True, metavar="DIR", help="the quantized model's directory (new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model directory linlm wrote at OUT")
+    p.set_defaults(func=cmd_quantize)
+
     p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
                               description="Write OUT.prefill.FMT, OUT.step.FMT and OUT.json: torch.export programs "
                                           "(pt2) or ONNX graphs (onnx; needs the export extra). See "
@@ -213,4 +223,11 @@ def cmd_export(args) -> int:
         print(f"linlm export: error: the exported programs differ from eager by {worst:.2e} > --tolerance "
               f"{args.tolerance:g}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    from linlm.infer.quantize import quantize
+
+    print(f"wrote {quantize(args.model, args.out, args.to, overwrite=args.overwrite)}")
     return 0

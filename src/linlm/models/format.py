@@ -40,8 +40,10 @@ def config_checksum(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-    """Write model.safetensors and config.json (with both checksums) into ``directory``."""
+def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any],
+                      quantization: Mapping[str, Any] | None = None) -> None:
+    """Write model.safetensors and config.json (with both checksums) into ``directory``; ``quantization`` (a
+    quantized model's description, linlm.models.quant) is stored beside the config."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": FORMAT})
     meta = {
@@ -51,6 +53,8 @@ def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], c
         "config_sha256": config_checksum(config),
         "weights_sha256": sha256_file(directory / WEIGHTS),
     }
+    if quantization is not None:
+        meta["quantization"] = dict(quantization)
     (directory / CONFIG).write_text(outputs.dumps(meta, indent=2), encoding="utf-8")
 
 
@@ -110,7 +114,7 @@ def save_model(model, path, *, overwrite: bool = False, files: tuple[Path, ...] 
         raise CheckpointError(f"{path}: cannot be written ({e.strerror or e}); choose a writable directory "
                               f"(nothing was written)") from None
     try:
-        write_model_files(tmp, model.state_dict(), model.config.to_dict())
+        write_model_files(tmp, model.state_dict(), model.config.to_dict(), getattr(model, "quantization", None))
         for f in files:
             (tmp / f.name).write_bytes(f.read_bytes())
         outputs.commit_dir(tmp, path)

@@ -19,6 +19,7 @@ from linlm.models.block import Block
 from linlm.models.model_config import ModelConfig
 from linlm.models.format import save_model
 from linlm.models.presets import preset_config
+from linlm.models.quant import head_logits
 from linlm.models.registry import get_arch
 from linlm.ops.fused import linear_cross_entropy
 
@@ -83,6 +84,11 @@ class CausalLM(nn.Module):
     def head_weight(self) -> torch.Tensor:
         """The LM head [V, d]: the embeddings when tied, else the head's own weight."""
         return self.embed.weight if self.head is None else self.head.weight
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of hidden states h [..., d]: h @ head_weight^T, or the int8 head of a quantized model."""
+        quantized = head_logits(self, h)
+        return F.linear(h, self.head_weight) if quantized is None else quantized
 
     @property
     def device(self) -> torch.device:
@@ -210,7 +216,7 @@ class CausalLM(nn.Module):
                 h = h[logits_at[0], logits_at[1]]
             elif logits_to_keep > 0:
                 h = h[:, -logits_to_keep:]
-            logits = F.linear(h, self.head_weight) if apply_head else h
+            logits = (self._head(h) if apply_head else h)
             if not (return_state or return_aux):
                 return logits
         new_state = (ModelState(layer_states, offset + input_ids.shape[1], extra, self.state_signature())
