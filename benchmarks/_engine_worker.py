@@ -9,7 +9,7 @@ The same protocol for both engines, at batch 1 and the given threads:
 3. for each context n of ``--contexts`` (ascending): prefill a seeded random prompt of n ids (timed: tokens/s), then
    decode ``--decode-tokens`` tokens one at a time, each the argmax of the last logits (timed, after one untimed
    step: the median per token);
-4. the process's peak resident set (ru_maxrss), which includes the interpreter and the engine's runtime.
+4. the process's peak resident set (VmHWM), which includes the interpreter and the engine's runtime.
 
 Each timing is taken on the wall clock and on the process's CPU clock. At one thread the CPU clock is the robust
 number on a shared machine (time spent descheduled is not counted); at more threads the wall clock is the latency.
@@ -33,6 +33,15 @@ class Clock:
 
     def stop(self) -> tuple[float, float]:
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def peak_rss() -> int:
+    """This process's peak resident set, VmHWM (ru_maxrss would carry over the parent's peak through fork)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -136,7 +145,7 @@ def main() -> None:
             "decode_ms_wall": 1e3 * statistics.median(walls), "decode_ms_cpu": 1e3 * statistics.median(cpus),
             "state_bytes": engine.state_bytes(),
         }
-    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["peak_rss_bytes"] = peak_rss()
     print(json.dumps(out))
 
 

@@ -6,12 +6,14 @@ Nothing in linlm or its tests needs llama.cpp. The benchmark makes, once, a virt
 - llama-cpp-python, built from its PyPI source distribution (pinned below) for this CPU: llama.cpp's own build,
   with its default flags (``GGML_NATIVE``: the instructions of the machine that builds it). On two cores the build
   takes tens of minutes; later runs find it there.
-- What llama.cpp's converter needs: torch (the CPU build linlm pins), numpy, sentencepiece, and ``gguf`` from PyPI
-  (the converter itself imports the copy of gguf-py that ships beside it, as it does in llama.cpp's tree).
+- What llama.cpp's converter needs: torch (the CPU build linlm pins), numpy, sentencepiece, transformers (the
+  version its requirements pin), and ``gguf`` from PyPI (the converter itself imports the copy of gguf-py that ships
+  beside it, as it does in llama.cpp's tree).
 - llama.cpp's converter, ``convert_hf_to_gguf.py`` with its ``conversion/`` package and ``gguf-py/``, taken from
   the same source distribution (``vendor/llama.cpp``), so that converter and engine are one revision.
 
-A ready environment carries a stamp file naming the pinned version; a missing stamp means it is made again.
+A ready environment carries a stamp file naming the pinned packages; a missing or different stamp means it is made
+again (llama-cpp-python is rebuilt only when its version differs).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = "0.3.36"
 TORCH = "torch==2.13.0"
 # The converter's own packages; gguf-py ships beside it, gguf from PyPI brings the same dependencies.
-CONVERTER_PACKAGES = ("gguf", "sentencepiece", "numpy", TORCH)
+CONVERTER_PACKAGES = ("gguf", "sentencepiece", "numpy", "transformers==4.57.6", TORCH)
 VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
@@ -60,7 +62,8 @@ def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
     python = venv / "bin" / "python"
     stamp = venv / f".linlm-ready-{LLAMA_CPP_PYTHON}"
     env = LlamaCppEnv(python, tree / "convert_hf_to_gguf.py", LLAMA_CPP_PYTHON)
-    if stamp.is_file() and env.converter.is_file():
+    wanted = "\n".join([LLAMA_CPP_PYTHON, *CONVERTER_PACKAGES]) + "\n"
+    if stamp.is_file() and stamp.read_text() == wanted and env.converter.is_file():
         return env
     root.mkdir(parents=True, exist_ok=True)
     sdist_dir = root / "sdist"
@@ -86,5 +89,5 @@ def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
         tar.extractall(tmp, members=members, filter="data")
     shutil.rmtree(tree, ignore_errors=True)
     tmp.rename(tree)
-    stamp.write_text(LLAMA_CPP_PYTHON + "\n")
+    stamp.write_text(wanted)
     return env

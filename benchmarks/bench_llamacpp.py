@@ -9,8 +9,9 @@
 2. It is converted twice: by ``linlm convert`` (fp32; then ``linlm quantize --to int8``) and by llama.cpp's own
    ``convert_hf_to_gguf.py`` (``--outtype f32`` and ``q8_0``). llama.cpp comes from llama-cpp-python, built from
    source into an environment of its own on first use (benchmarks/_llamacpp_env.py); nothing else needs it.
-3. Both engines must give the same greedy tokens for a seeded prompt at fp32 (checked: the run stops otherwise);
-   for 8-bit weights the agreement with Q8_0 is reported (the two quantise differently).
+3. Both engines must give the same greedy tokens for a seeded prompt at fp32 (checked: the run exits with an error
+   otherwise, after writing its JSON); for 8-bit weights the agreement with Q8_0 is reported (the two quantise
+   differently).
 4. Rounds: in each, every (engine, precision, threads) runs once as its own process (benchmarks/_engine_worker.py),
    the two engines of a precision back to back, in an order that alternates between rounds. Each process loads
    the model, prefills each context's prompt (tokens/s), decodes tokens after it (ms/token, median) and reports
@@ -67,7 +68,7 @@ def build_checkpoint(out: Path, env, shape: dict) -> Path:
     from linlm.data.corpus import load_builtin_corpus
 
     text = out / "corpus.txt"
-    text.write_text("\n".join(load_builtin_corpus().values())[:4_000_000], encoding="utf-8")
+    text.write_text(load_builtin_corpus()[:4_000_000], encoding="utf-8")
     pieces = min(TOKENIZER_PIECES, shape["vocab_size"])
     code = ("import sentencepiece as s, sys; s.SentencePieceTrainer.train(input=sys.argv[1], model_prefix=sys.argv[2],"
             f" vocab_size={pieces}, model_type='bpe', byte_fallback=True, num_threads=1, minloglevel=2)")

@@ -40,6 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default="paper-70m", help="size preset (see `linlm archs`)")
     p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
     p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
+    p.add_argument("--batch", default="1", metavar="N[,N]",
+                   help="sequences decoded together, e.g. 1,8,32: one row each, with aggregate tokens/s and memory")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -139,6 +141,7 @@ def cmd_profile(args) -> int:
     check_numbers(("--threads", args.threads, 1, False), ("--decode-tokens", args.decode_tokens, 1, False))
     contexts = comma_list(args.contexts, "--contexts", item=int, what="integers >= 1", example="512,2048",
                           minimum=1)
+    args.batches = comma_list(args.batch, "--batch", item=int, what="integers >= 1", example="1,8,32", minimum=1)
     check_output_files(args, "--json", "--plot")
     if args.threads is None:
         return _profile(args, contexts)
@@ -175,7 +178,7 @@ def _profile(args, contexts: list[int]) -> int:
         if row.error:
             print(f"{label(row):>18} n={row.context:>6}: {row.error}", flush=True)
         else:
-            print(f"{label(row):>18} n={row.context:>6}: prefill {fmt(row.prefill_tokens_per_s, '9.0f')} tok/s, "
+            print(f"{label(row):>18} n={row.context:>6} b={row.batch:>3}: prefill {fmt(row.prefill_tokens_per_s, '9.0f')} tok/s, "
                   f"decode {row.decode_ms_per_token:7.2f} ms/token, peak "
                   f"{fmt(row.peak_memory_bytes, '8.0f', 2**20)} MiB, state {row.state_bytes / 2**20:8.2f} MiB",
                   flush=True)
@@ -183,12 +186,13 @@ def _profile(args, contexts: list[int]) -> int:
     exported = comma_list(args.exported, "--exported", empty_ok=True)
     rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
                    decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show,
-                   exported=exported)
-    print_table(["arch", "context", "prefill tok/s", "decode ms/token", "decode tok/s", "peak MiB", "state MiB"],
-                [[label(r), r.context, *(("-",) * 5 if r.error else (
+                   exported=exported, batches=args.batches)
+    print_table(["arch", "context", "batch", "prefill tok/s", "decode ms/step", "decode tok/s", "peak MiB",
+                 "state MiB"],
+                [[label(r), r.context, r.batch, *(("-",) * 5 if r.error else (
                     fmt(r.prefill_tokens_per_s, ".0f"), f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
                     fmt(r.peak_memory_bytes, ".0f", 2**20), f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
-                title=f"{args.preset} on {args.device}, {args.dtype}, batch 1"
+                title=f"{args.preset} on {args.device}, {args.dtype}"
                       + (" (an exported step's prompt is prefilled eagerly)" if exported else ""))
     if args.json is not None:
         payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),

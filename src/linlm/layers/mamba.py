@@ -262,9 +262,9 @@ class MambaMixer(nn.Module):
         a decoding step reads every weight once, and below the matrix-vector products the rest is per-op
         overhead."""
         Din, N, R = self.d_inner, self.d_state, self.dt_rank
-        xz = F.linear(x, self.in_proj.weight)
+        xz = self.in_proj(x)  # modules, not their .weight: a quantized layer computes in int8
         u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
-        dt_low, Bm, Cm = F.linear(u, self.x_proj.weight).split([R, N, N], dim=-1)
+        dt_low, Bm, Cm = self.x_proj(u).split([R, N, N], dim=-1)
         if u.dtype == self.dt_weight.dtype == torch.float32 and not torch.is_autocast_enabled(u.device.type):
             dt = torch.addmm(self.dt_bias, dt_low, self.dt_weight.t())  # what dt_preactivation computes here
         else:
@@ -272,7 +272,7 @@ class MambaMixer(nn.Module):
         y, ssm = scan_step_unchecked(u, dt, self._decay(), Bm, Cm, self.D, state["ssm"], True)
         # y * silu(z) in two ops: at one row the gate kernel's call costs more than its arithmetic.
         gated = F.silu(xz[:, Din:]).mul_(y)
-        return F.linear(gated, self.out_proj.weight), {"conv": conv_state, "ssm": ssm}
+        return self.out_proj(gated), {"conv": conv_state, "ssm": ssm}
 
     def _decay(self) -> torch.Tensor:
         """decay_rate(A_log), recomputed only when A_log changed (its version counter or storage); while torch
