@@ -67,6 +67,18 @@ def register(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a model directory linlm wrote at OUT")
     p.set_defaults(func=cmd_quantize)
 
+    p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server for a model",
+                              description="Serve MODEL over HTTP: /v1/completions and /v1/chat/completions (with a "
+                                          "chat template), streaming, requests decoded in one batch. Needs the "
+                                          "serve extra. See docs/inference.md.")
+    p.add_argument("model", metavar="MODEL", help="saved model, checkpoint or run directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the one beside the weights)")
+    p.add_argument("--max-batch", type=int, default=32, help="requests decoded together at most")
+    p.add_argument("--max-tokens", type=int, default=4096, help="the largest max_tokens a request may ask for")
+    p.set_defaults(func=cmd_serve)
+
     p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
                               description="Write OUT.prefill.FMT, OUT.step.FMT and OUT.json: torch.export programs "
                                           "(pt2) or ONNX graphs (onnx; needs the export extra). See "
@@ -234,4 +246,15 @@ def cmd_quantize(args) -> int:
     from linlm.infer.quantize import quantize
 
     print(f"wrote {quantize(args.model, args.out, args.to, overwrite=args.overwrite)}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from linlm.cli_args import check_numbers
+    from linlm.infer.serve import serve
+
+    check_numbers(("--port", args.port, 1, False), ("--max-batch", args.max_batch, 1, False),
+                  ("--max-tokens", args.max_tokens, 1, False))
+    serve(args.model, host=args.host, port=args.port, tokenizer=args.tokenizer, max_batch=args.max_batch,
+          max_tokens_limit=args.max_tokens)
     return 0
