@@ -114,7 +114,9 @@ def save_model(model, path, *, overwrite: bool = False, files: tuple[Path, ...] 
         raise CheckpointError(f"{path}: cannot be written ({e.strerror or e}); choose a writable directory "
                               f"(nothing was written)") from None
     try:
-        write_model_files(tmp, model.state_dict(), model.config.to_dict(), getattr(model, "quantization", None))
+        quantization = getattr(model, "quantization", None)
+        write_model_files(tmp, model.state_dict(), model.config.to_dict(),
+                          **({"quantization": quantization} if quantization is not None else {}))
         for f in files:
             (tmp / f.name).write_bytes(f.read_bytes())
         outputs.commit_dir(tmp, path)
