@@ -29,8 +29,32 @@ def register(subparsers) -> None:
 def cmd_check(args) -> int:
     from linlm.cli_args import comma_lists
 
-    run_check(archs=comma_lists(args.archs, "--archs"), preset=args.preset)
+    archs = comma_lists(args.archs, "--archs")
+    for name, status in kernel_report().items():
+        print(f"{name}: {status}")
+    run_check(archs=archs, preset=args.preset)
     return 0
+
+
+def kernel_report() -> dict[str, str]:
+    """Which compiled kernels this process runs on: linlm's C kernels (scan, conv, gates, gather-sum), the int8
+    GEMM of quantized models, and the CPU capability torch dispatches to."""
+    from linlm.models.quant import kernels_available
+    from linlm.ops import kernel_library
+
+    backend = kernel_library.backend()
+    if kernel_library.available():
+        c = f"active ({'OpenMP' if kernel_library.openmp() else 'no OpenMP: Python threads'})"
+    elif backend == "torch":
+        c = "off (LINLM_SCAN_BACKEND=torch): the pure-torch ops run"
+    else:
+        c = "not built here (no C compiler, or its build failed: see the warning): the pure-torch ops run"
+    return {
+        "C kernels": c,
+        "int8 GEMM (fbgemm)": "available" if kernels_available() else "not in this torch build: int8 models "
+                                                                    "do not load",
+        "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:

@@ -12,11 +12,16 @@ from linlm.layers.norm import RMSNorm
 
 
 def lrpe_factors(theta: torch.Tensor, offset, T: int, dtype: torch.dtype) -> torch.Tensor:
-    """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K]."""
+    """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K].
+    With per-row offsets (a LongTensor [B]: a batch of sequences of different lengths) it is [B, T, H, 2, K]."""
     # offset may be a 0-d tensor (an exported step takes the position as an input).
-    t = torch.arange(T, device=theta.device, dtype=torch.float32) + offset
-    angle = t[:, None, None] * theta.float()[None]  # [T, H, K]
-    return torch.stack([angle.cos(), angle.sin()], dim=2).to(dtype)
+    t = torch.arange(T, device=theta.device, dtype=torch.float32)
+    if isinstance(offset, torch.Tensor) and offset.dim() == 1:
+        t = t[None] + offset.to(theta.device, torch.float32)[:, None]  # [B, T]
+    else:
+        t = t + offset
+    angle = t[..., None, None] * theta.float()  # [(B,) T, H, K]
+    return torch.stack([angle.cos(), angle.sin()], dim=-2).to(dtype)
 
 
 def lrpe(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
@@ -43,7 +48,8 @@ class CosFormer2Mixer(TokenMixer):
         B, T, d = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim)
         # q and k together: silu, then one product with the position factors, shared by both.
-        factors = lrpe_factors(self.theta, offset, T, qkv.dtype)[:, None]  # [T, 1, H, 2, K]
+        factors = lrpe_factors(self.theta, offset, T, qkv.dtype)
+        factors = factors[:, None] if factors.dim() == 4 else factors[:, :, None]  # [(B,) T, 1, H, 2, K]
         q, k = lrpe(F.silu(qkv[:, :, :2]), factors).unbind(2)
         v = qkv[:, :, 2]
         o, new_state = run_gla(q, k, v, None, state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size)
