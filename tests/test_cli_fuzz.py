@@ -87,6 +87,7 @@ def base_argv(words: tuple[str, ...], w: dict, tmp: Path) -> list[str]:
                                 "0", "--parametric-bootstrap", "0"],
         ("scaling", "study"): ["scaling", "study", str(tmp)],
         ("reproduce",): ["reproduce", "--out", str(tmp / "job"), "--dry-run"],
+        ("serve",): ["serve", model, "--port", "8000"],
     }[words]
 
 
@@ -94,6 +95,9 @@ def base_argv(words: tuple[str, ...], w: dict, tmp: Path) -> list[str]:
 def test_every_numeric_flag_is_refused_in_one_line_or_honoured(world, tmp_path, monkeypatch, capsys, cache_env,
                                                                 words, flag):
     monkeypatch.chdir(tmp_path)
+    # a server that starts would wait for requests: it starts nothing here, and returns at once
+    monkeypatch.setitem(sys.modules, "uvicorn", type(sys)("uvicorn"))
+    sys.modules["uvicorn"].run = lambda *a, **k: None
     for value in VALUES:
         argv = base_argv(words, world, tmp_path / f"v{VALUES.index(value)}") + [flag, value]
         started = time.perf_counter()

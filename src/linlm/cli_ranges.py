@@ -127,6 +127,33 @@ class NumberList:
             raise argparse.ArgumentTypeError(f"{e} in {text!r}") from None
 
 
+@dataclass(frozen=True)
+class Grid(NumberList):
+    """A grid of numbers: a comma-separated list of ``item``s, or ``LO:HI:N`` (N points from LO to HI, each end an
+    ``item``, N in ``count``'s range). Checked here and returned as written; the command spaces the points
+    (``linlm niah --lengths 1000:16000:35``)."""
+
+    count: Number = Number(int, 1, 10**4)
+
+    def describe(self) -> str:
+        return f"{NumberList.describe(self)}, or LO:HI:N with N {self.count.describe()[len(_INT) + 1:]}"
+
+    def __call__(self, text: str) -> str:
+        parts = str(text).split(":")
+        if len(parts) == 1:
+            NumberList.__call__(self, text)
+            return str(text)
+        try:
+            if len(parts) != 3:
+                raise ValueError(f"expected {self.describe()}, got {text!r}")
+            for p in parts[:2]:
+                self.item.parse(p)
+            self.count.parse(parts[2])
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{e} in {text!r}" if len(parts) == 3 else str(e)) from None
+        return str(text)
+
+
 SEED_MAX = 2**32 - 1  # numpy's RandomState takes seeds below 2**32
 BIG = 10**9  # a count of work or a size: beyond it a command would run for years, or need terabytes
 HUGE = 10**15  # a limit that only stops early (documents, tokens): any value is honoured
@@ -145,6 +172,8 @@ RANGES: dict[str, Number] = {
     "threads": Number(int, 1, 4096),
     "jobs": Number(int, 1, 4096),
     "workers": Number(int, 1, 4096),
+    "port": Number(int, 1, 65535),
+    "requests": Number(int, 1, 4096),
     "fraction": Number(float, 0, 1, high_open=True),
     "temperature": Number(float, 0, 1000, note="0 is greedy"),
     "top_k": Number(int, 0, 2**31 - 1, note="0 keeps every token"),
@@ -167,6 +196,8 @@ RANGES: dict[str, Number] = {
     "experts": Number(int, 0, 1024, note="0 alone: no MossNet runs"),
     "chars": Number(int, 1, 2**30),
     "eval_tokens": Number(int, 2, HUGE),
+    "context": Number(int, 16, 2**30),  # niah: a needle and its question need 16 tokens
+    "percent": Number(float, 0, 100),
 }
 
 

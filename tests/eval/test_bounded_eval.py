@@ -94,3 +94,38 @@ def test_max_tokens_is_a_total_over_the_documents(model_dir, tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["tokens"] == 25 and res["documents"] == 1
     assert 0 < res["bytes"] < len(text.read_text()) / 2
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--lengths", "16:32:1000000000"], "argument --lengths: expected a whole number from 1 to 10000, got "
+                                        "'1000000000' in '16:32:1000000000'"),
+    (["--lengths", "16:1e12:3"], "argument --lengths: expected a whole number from 16 to 1073741824, got '1e12'"),
+    (["--lengths", "8,64"], "argument --lengths: expected a whole number from 16 to 1073741824, got '8'"),
+    (["--depths", "0:100:0"], "argument --depths: expected a whole number from 1 to 10000, got '0'"),
+    (["--depths", "50,101"], "argument --depths: expected a number from 0 to 100, got '101'"),
+    (["--depths", "1:2"], "argument --depths: expected comma-separated, each a number from 0 to 100, or LO:HI:N"),
+])
+def test_niah_grids_are_bounded_by_the_parser(model_dir, tmp_path, capsys, monkeypatch, flags, expected):
+    """A grid of a billion points took minutes to space before any check; a length past 2**30 was built as a
+    haystack. Both are the parser's one-line refusal now, like every other numeric flag."""
+    forbid(monkeypatch, "linlm.eval.niah.run_niah", why="a refused grid scores nothing")
+    started = time.perf_counter()
+    assert main(["niah", "--model", str(model_dir), "--json", str(tmp_path / "n.json"), *flags]) == 2
+    assert time.perf_counter() - started < 5
+    one_line_error(capsys.readouterr().err, expected)
+    assert not (tmp_path / "n.json").exists()
+
+
+def test_niah_length_beyond_memory_is_refused_before_any_haystack(model_dir, text_file, tmp_path, capsys,
+                                                                  monkeypatch):
+    """TNL has no position limit, so only memory bounds a length: the estimate refuses it before the haystack of
+    2**30 tokens is read and tokenized."""
+    import linlm.resources
+
+    monkeypatch.setattr(linlm.resources, "available_memory", lambda device=None: (2**30, "a test"))
+    forbid(monkeypatch, "linlm.eval.niah.build_haystack", why="no haystack may be built for a refused length")
+    assert main(["niah", "--model", str(model_dir), "--haystack", str(text_file), "--lengths", "64,1073741824",
+                 "--depths", "50", "--json", str(tmp_path / "n.json")]) == 2
+    one_line_error(capsys.readouterr().err, "--lengths 1073741824: 4 haystacks of 1,073,741,824 tokens needs at "
+                   "least", "1.0 GiB is available (a test)", "give shorter --lengths or a smaller --batch-size")
+    assert not (tmp_path / "n.json").exists()

@@ -19,7 +19,7 @@ def test_profile_of_a_context_beyond_memory_is_refused_at_once(tmp_path, capsys,
                  "--json", str(tmp_path / "p.json")]) == 2
     assert time.perf_counter() - started < 10
     one_line_error(capsys.readouterr().err, "--contexts 1000000000: a prefill of 1,000,000,000 tokens of tnl needs at "
-                   "least", "GiB of memory;", "is available (", "give shorter contexts")
+                   "least", "GiB of memory;", "is available (", "give shorter contexts or a smaller batch")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -38,11 +38,11 @@ def test_an_allocation_failure_in_a_context_is_its_row_and_the_others_run(monkey
 
     real = prof.profile_one
 
-    def fail_at_64(runner, vocab, context, device, decode_tokens):
+    def fail_at_64(runner, vocab, context, device, decode_tokens, batch=1):
         if context == 64:
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
                                "tried to allocate 999 bytes")
-        return real(runner, vocab, context, device, decode_tokens)
+        return real(runner, vocab, context, device, decode_tokens, batch)
 
     monkeypatch.setattr(prof, "profile_one", fail_at_64)
     rows = prof.profile(["tnl"], "tiny", [16, 64, 32], decode_tokens=1)
@@ -99,3 +99,12 @@ def test_max_new_tokens_has_a_documented_bound(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir), "--max-new-tokens", str(2**20 + 1)]) == 2
     one_line_error(capsys.readouterr().err, "argument --max-new-tokens: expected a whole number from 0 to 1048576")
     assert torch.get_num_threads() >= 1
+
+
+def test_profile_estimate_counts_the_largest_batch(monkeypatch, capsys):
+    """--batch multiplies the prefill: a context that fits alone is refused at a batch that cannot fit."""
+    forbid(monkeypatch, "linlm.infer.profile.build", why="no model may be built for a refused batch")
+    assert main(["profile", "--archs", "tnl", "--preset", "tiny", "--no-hf", "--contexts", "1000000",
+                 "--batch", "1,1000000"]) == 2
+    one_line_error(capsys.readouterr().err, "--contexts 1000000 --batch 1000000: a prefill of 1,000,000 x 1,000,000 "
+                   "tokens of tnl needs at least", "give shorter contexts or a smaller batch")

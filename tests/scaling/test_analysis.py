@@ -20,13 +20,21 @@ FAST = FitOptions(bootstrap=50, parametric_bootstrap=2)
 def test_fit_json_recovers_the_law(sweep, capsys):
     assert main(["scaling", "fit", str(sweep), "--json", "--bootstrap", "50", "--parametric-bootstrap", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert sorted(out["archs"]) == ["llama", "tnl"] and len(out["runs"]) == 20 and not out["skipped"]
+    # 10 sizes each, four of LLaMA's trained with a second seed.
+    assert sorted(out["archs"]) == ["llama", "tnl"] and len(out["runs"]) == 24 and not out["skipped"]
     for k, arch in enumerate(("llama", "tnl")):
         fits = out["archs"][arch]
         b = arch_beta(k)
         law = fits["envelope"]["L(C)"]
         assert law["alpha"] == pytest.approx(-ALPHA * b / (ALPHA + b), rel=0.02)
         assert law["alpha_ci"][0] < law["alpha"] < law["alpha_ci"][1] and law["r2"] > 0.99
+        # Each fit says what it rests on: its points, runs and sizes, and its replicates (kept, with the failed).
+        env = fits["envelope"]
+        assert env["sizes"] == 10 and env["runs"] == (14 if arch == "llama" else 10) and env["points"] >= 3
+        reps = env["replicates"]
+        assert reps["drawn"] == 50 and reps["used"] + reps["failed"] == 50 and len(law["samples"]) == reps["used"]
+        # LLaMA's spread is its own seeds'; TNL, with one seed per size, takes it pooled from LLaMA's.
+        assert reps["spread"]["source"] == ("its own seeds" if arch == "llama" else "pooled from the seeds of llama")
         assert fits["parametric"]["a"] == pytest.approx(ALPHA, rel=0.05)
         assert fits["paper"]["L(C)"]["alpha"] < 0
     (cross,) = out["crossovers"]
@@ -219,27 +227,17 @@ print("matplotlib.pyplot" in sys.modules, matplotlib.get_backend())
     assert run.stdout.split() == ["False", "svg"]
 
 
+
 def test_a_copied_run_is_refused_naming_both_directories(sweep, capsys):
-    """A run directory copied inside the sweep (same arch, same rung) would be a second point at the same place and
-    pull the fitted exponent towards it: the fit refuses it, naming both, and changes nothing."""
+    """A run directory copied inside the sweep (same arch, same size, same seed) would be a second point at the
+    same place and fake a seed spread of zero: fit and report refuse it, naming both, and write nothing."""
     import shutil
 
     shutil.copytree(sweep / "runs" / "llama-3", sweep / "runs" / "llama-3-copy")
     for command in (["scaling", "fit", str(sweep)], ["scaling", "report", str(sweep), "--out", str(sweep / "rep")]):
         assert main([*command, "--bootstrap", "0", "--parametric-bootstrap", "0"]) == 2
-        one_line_error(capsys.readouterr().err, f"{sweep}/runs/llama-3 and {sweep}/runs/llama-3-copy are the same "
-                       "run (llama at rung llama-3", "Move one of them out")
+        one_line_error(capsys.readouterr().err, "runs llama-3 and llama-3-copy: one size", "one run given twice",
+                       "Move one of them out")
     assert not (sweep / "rep").exists()
     shutil.rmtree(sweep / "runs" / "llama-3-copy")
     assert main(["scaling", "fit", str(sweep), "--bootstrap", "0", "--parametric-bootstrap", "0"]) == 0
-
-
-def test_plain_runs_are_one_point_per_config():
-    from linlm.scaling.runs import run_identity
-
-    a = {"arch": "llama", "rung": "a", "identity": '{"seed": 0}'}
-    assert run_identity(a) == run_identity({**a, "rung": "b"})  # a copied plain run: another name, the same config
-    assert run_identity(a) != run_identity({**a, "identity": '{"seed": 1}'})
-    swept = {"ladder": "cpu", "arch": "tnl", "rung": "xs"}
-    assert run_identity(swept) != run_identity({**swept, "rung": "s"})
-    assert run_identity(swept) != run_identity({**swept, "study": {"seed": 1}})

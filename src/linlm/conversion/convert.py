@@ -84,29 +84,14 @@ def _write_foreign(config: dict, tensors: dict, out: Path, overwrite: bool, file
     return out
 
 
-def source_dir(src: Path) -> Path:
-    """The directory to read: a linlm run directory (or its checkpoints/, or one training checkpoint) stands for its
-    newest checkpoint that verifies, as everywhere a model directory is accepted; any other path is itself."""
-    from linlm.io_utils import MANIFEST
-    from linlm.train.checkpoint import resolve_checkpoint
-
-    src = src.expanduser()
-    if (src / CONFIG).is_file() and not (src / MANIFEST).is_file():
-        return src
-    if (src / MANIFEST).is_file() or (src / "checkpoints").is_dir() or src.name == "checkpoints":
-        return resolve_checkpoint(src)
-    return src
-
-
 def convert(src, out, *, layout: Optional[str] = None, to: Optional[str] = None, overwrite: bool = False) -> Path:
     """Convert the checkpoint directory ``src`` into a linlm model directory at ``out`` (its layout detected from
     config.json, or ``layout``: one of :data:`LAYOUTS`), or, with ``to``, the linlm model at ``src`` into a directory
-    of that layout; a linlm run directory stands for its newest valid checkpoint (:func:`source_dir`). The source's
-    tokenizer files are copied as they are. ``out`` must be new or empty, or, with
+    of that layout. The source's tokenizer files are copied as they are. ``out`` must be new or empty, or, with
     ``overwrite``, a directory linlm wrote; nothing is written when any check fails."""
     from linlm.models.io import load
 
-    src, out = source_dir(Path(src)), Path(out)
+    src, out = Path(src), Path(out)
     files = tokenizer_files(src) if src.is_dir() else []
     if to is not None:
         target = get_layout(to)

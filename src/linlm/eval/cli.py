@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from linlm.cli_ranges import RANGES
+from linlm.cli_ranges import RANGES, Grid
 
 DATA_ENV = "LINLM_EVAL_DATA"
 OUTPUT_RULE = "a new file, or one linlm wrote; checked before the model loads"
@@ -242,8 +242,10 @@ def register_niah(subparsers) -> None:
         source_default="shakespeare", modes=(MODES, "standard"),
         mode_help="standard: the needle states the number; easy: it also holds the question",
         json_help="write the grid and the scores as JSON", func=cmd_niah)
-    p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
-    p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
+    p.add_argument("--lengths", type=Grid(RANGES["context"]), default="1000:16000:35",
+                   help="context lengths: a list or LO:HI:N (geometric)")
+    p.add_argument("--depths", type=Grid(RANGES["percent"]), default="0:100:35",
+                   help="needle depths in percent: a list or LO:HI:N (linear)")
     p.add_argument("--trials", type=RANGES["trials"], default=1, help="needles per cell")
     p.add_argument("--seed", type=RANGES["seed"], default=0)
     p.add_argument("--length-ratio", type=RANGES["ratio"], default=4.0, help="weight of the longest length / the shortest")
@@ -272,9 +274,10 @@ def cmd_niah(args) -> int:
 
 
 def _niah(args, cfg) -> int:
-    from linlm.eval.niah import plot_heatmap, run_niah
+    from linlm.eval.niah import check_niah_memory, plot_heatmap, run_niah
 
     source, model, tok = _source_and_model(args, "haystack")
+    check_niah_memory(model, cfg, args.batch_size)
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)
     print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "

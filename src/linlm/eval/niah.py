@@ -223,6 +223,23 @@ def niah_requests(tokenizer, haystack: list[int], cfg: NIAHConfig, lengths: list
     return out
 
 
+def check_niah_memory(model, cfg: NIAHConfig, batch_size: int) -> None:
+    """Refuse (ResourceError, before any haystack is built) a grid whose longest context the model would run at
+    but that cannot fit in memory: a pass over ``batch_size`` needles of that length (lengths past a
+    position-limited model's max_seq_len are skipped, not run, and so not counted)."""
+    from linlm.models.memory import inference_floor
+    from linlm.resources import check_memory
+
+    limit = model_max_length(model)
+    run = [n for n in cfg.lengths if limit is None or n <= limit]
+    if not run:
+        return
+    longest, param = max(run), next(model.parameters())
+    check_memory(inference_floor(model.config, batch_size, longest, param.dtype.itemsize),
+                 f"--lengths {longest}: {batch_size} haystacks of {longest:,} tokens",
+                 "give shorter --lengths or a smaller --batch-size", param.device)
+
+
 def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] = None, *, batch_size: int = 4,
              progress=None) -> dict:
     """Score the grid; returns accuracy[depth][length], the mean and weighted scores, and the settings."""

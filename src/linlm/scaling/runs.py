@@ -19,6 +19,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -86,32 +87,22 @@ def _meta_from_config(path: Path) -> dict:
     raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
     cfg = build_config(None, raw)
     cost = plan_cost(cfg.model_config, cfg.batch_size, cfg.data.seq_len)
-    trained = {k: v for k, v in raw.items() if k != "out_dir"} if isinstance(raw, dict) else raw
     return {"arch": cfg.model.arch, "rung": path.name, "params": cost.params, FLOPS_KEY: cost.paper_flops_per_token,
             "tokens_per_step": cfg.batch_size * cfg.data.seq_len, "steps": cfg.steps,
-            "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer},
-            "identity": json.dumps(trained, sort_keys=True, default=str)}
+            "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer}}
 
 
-def run_identity(meta: dict) -> str:
-    """What makes a run one point of a fit: a sweep's run is its (ladder, architecture, rung, study shape); a plain
-    training run is its whole config but the directory it was written to. Two runs alike are one run copied."""
-    if "identity" in meta:
-        return meta["identity"]
-    return json.dumps([meta.get("ladder"), meta.get("arch"), meta.get("rung"), meta.get("study")], sort_keys=True,
-                      default=str)
+def train_seed(path: Path) -> Optional[int]:
+    """The train config's seed of a run directory (its config.yaml), or None when it cannot be read: the fits
+    tell seeds of one size apart by it (linlm.scaling.fits_seeds)."""
+    import yaml
 
-
-def refuse_copies(root: Path, runs: list[RunRecord]) -> None:
-    """Refuse (DataError naming both directories) two runs of one architecture and rung: a copied run directory
-    would count one point twice and pull the fitted exponents towards it."""
-    seen: dict[str, RunRecord] = {}
-    for r in runs:
-        first = seen.setdefault(run_identity(r.meta), r)
-        if first is not r:
-            raise DataError(f"{root}: {first.path} and {r.path} are the same run ({r.meta.get('arch')} at rung "
-                            f"{r.meta.get('rung')}, the same settings): a copy would count one point twice in the "
-                            "fits. Move one of them out of the directory and fit again")
+    try:
+        raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    seed = raw.get("seed", 0) if isinstance(raw, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def read_losses(path: Path) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -209,7 +200,7 @@ def load_runs(root: str | Path, *, strict: bool = False, include_unfinished: boo
             continue
         try:
             curve = Curve(name, meta["arch"], float(meta["params"]), float(meta[flops_key(meta)]), tokens,
-                          loss)
+                          loss, seed=train_seed(path))
             steps = int(meta.get("steps", 0))
         except (AttributeError, KeyError, TypeError, ValueError) as e:  # no arch, params, FLOPs per token, steps
             skip(name, f"unreadable run description ({path / META_FILE}: {type(e).__name__} {e})")
@@ -220,7 +211,6 @@ def load_runs(root: str | Path, *, strict: bool = False, include_unfinished: boo
                        "`linlm scaling run` or pass --include-unfinished")
             continue
         loaded.runs.append(RunRecord(name, path, meta, curve, finished))
-    refuse_copies(root, loaded.runs)
     groups: dict[str, list[str]] = {}
     for r in loaded.runs:
         groups.setdefault(data_identity(r.meta), []).append(r.name)
