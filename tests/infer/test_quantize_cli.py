@@ -26,3 +26,24 @@ def test_generate_and_perplexity_take_a_quantized_model(model_dir, tmp_path, cap
         assert main(["perplexity", "--model", str(model), "--source", str(text)]) == 0
     printed = capsys.readouterr().out
     assert printed.count("perplexity") >= 2, printed
+
+
+def test_quantizing_a_model_onto_itself_is_refused_and_keeps_the_float_weights(model_dir, tmp_path, capsys):
+    """--out MODEL --overwrite replaced the float weights by their int8 copy: the float model was lost, and it is
+    the only thing a quantization can be made from again."""
+    import shutil
+
+    from output_asserts import one_line_error, snapshot
+
+    src = tmp_path / "float"
+    shutil.copytree(model_dir, src)
+    before = snapshot(src)
+    for out in (src, tmp_path / "." / "float"):
+        assert main(["quantize", str(src), "--to", "int8", "--out", str(out), "--overwrite"]) == 2
+        one_line_error(capsys.readouterr().err, f"--out {out}: is the model being quantized", "would be replaced by "
+                       "the int8 copy and lost", "Give a new directory")
+    assert snapshot(src) == before
+    # without --overwrite, an existing model at --out names the command's flag, not the Python argument
+    assert main(["quantize", str(src), "--to", "int8", "--out", str(tmp_path / "q")]) == 0
+    assert main(["quantize", str(src), "--to", "int8", "--out", str(tmp_path / "q")]) == 2
+    one_line_error(capsys.readouterr().err, "holds a saved model already", "--overwrite")

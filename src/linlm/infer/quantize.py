@@ -9,6 +9,14 @@ from linlm.errors import ConfigError
 from linlm.models.quant import METHODS, is_quantized, quantize_model
 
 
+def _refuse_onto_source(src: Path, out: Path) -> None:
+    """``out`` may not be the model read: with overwrite it would replace the float weights by their int8 copy, and
+    the float model (the only thing a quantization can be made from again) would be lost."""
+    if out.expanduser().resolve() == src.expanduser().resolve():
+        raise ConfigError(f"--out {out}: is the model being quantized ({src}); its float weights would be replaced "
+                          "by the int8 copy and lost. Give a new directory (nothing was written)")
+
+
 def quantize(src, out, method: str = "int8", *, overwrite: bool = False) -> Path:
     """Quantize the model at ``src`` (a saved model, checkpoint or run directory) into a new model directory
     ``out``; the source's tokenizer files are copied beside it. A model that is already quantized is refused."""
@@ -18,7 +26,9 @@ def quantize(src, out, method: str = "int8", *, overwrite: bool = False) -> Path
 
     if method not in METHODS:
         raise ConfigError(f"--to: {method!r} is not a quantization linlm has; valid choices are {', '.join(METHODS)}")
+    _refuse_onto_source(Path(src), Path(out))
     model, model_dir = load_model(src)
+    _refuse_onto_source(Path(model_dir), Path(out))
     if is_quantized(model):
         raise ConfigError(f"{src}: is already quantized ({model.quantization['method']}); quantize the float model "
                           f"it was made from")

@@ -85,8 +85,8 @@ def check_save_target(path: Path, overwrite: bool, also: tuple[str, ...] = ()) -
         raise CheckpointError(f"{path}: is a non-empty directory that is not a saved linlm model (it holds {shown}); "
                               f"choose a new or empty directory (nothing was written)")
     if not overwrite:
-        raise CheckpointError(f"{path}: holds a saved model already; pass overwrite=True to replace it, "
-                              f"or choose a new path (nothing was written)")
+        raise CheckpointError(f"{path}: holds a saved model already; pass overwrite=True (a command's --overwrite) to "
+                              "replace it, or choose a new path (nothing was written)")
     foreign = sorted(set(outputs.foreign_entries(path)) | {n for n in entries if n not in (*MODEL_FILES, *also)})
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
