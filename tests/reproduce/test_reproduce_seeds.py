@@ -97,8 +97,9 @@ def test_seeds_below_one_on_the_command_line_are_one_line_and_exit_2(dry, tmp_pa
     out = tmp_path / "job"
     assert main(["reproduce", "--recipe", "smoke", "--out", str(out), "--seeds", "0", *dry]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.splitlines() == [err] and "--seeds: give a whole number of training seeds from 1 to 100, got 0" in err
-    assert not out.exists()
+    # the parser's own refusal, with the range of the table (the same 1..100 the recipe's compare.seeds takes)
+    assert err.splitlines() == [err] and "argument --seeds: expected a whole number from 1 to 100" in err
+    assert "got '0'" in err and not out.exists()
 
 
 def test_seeds_given_train_the_comparison_per_seed_and_are_kept_by_the_job(fakes, tmp_path):
@@ -233,3 +234,14 @@ def test_the_report_says_what_the_recipes_size_gives_up():
     long = load_recipe("cpu-long").tradeoffs
     assert "2M tokens" in long["compare"] and "0.25" in long["niah"]  # its own compare, the cpu recipe's NIAH
     assert tradeoff_blocks(load_recipe("smoke")) == []
+
+
+def test_a_set_seed_is_refused_where_a_ladder_has_seed_rungs(tmp_path, capsys):
+    """With --seeds 1 the comparison takes a --set seed, but the cpu sweep's seed rungs (RUNG-s1) would all get
+    that one seed: trained for hours, then refused by the fits as copies of their first seed."""
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "cpu", "--out", str(out), "--seeds", "1", "--set", "seed=3",
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("linlm: error: --set seed") and err.count("\n") == 1, err
+    assert "gives rungs seeds of their own" in err and "-s1" in err and not out.exists()

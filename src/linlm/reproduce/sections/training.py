@@ -148,6 +148,11 @@ def check(job, name: str, kept: Callable[[str], str], replace: bool) -> None:
         raise ConfigError(f"--set seed{kept('overrides')}: the comparison trains each architecture once per seed "
                           f"({job.seed_count} seeds); a --set seed would give every run the same one. Drop it, or "
                           "give --seeds 1 (nothing was changed)")
+    seeded = sorted(r.name for r in ladder.rungs if "seed" in r.train)
+    if "seed" in job.overrides and seeded and job.seed_count == 1:  # more seeds: refused as the comparison's
+        raise ConfigError(f"--set seed{kept('overrides')}: {name}'s ladder {ladder.name} gives rungs seeds of their "
+                          f"own ({', '.join(seeded[:3])}): a --set seed would give them all one seed, and the fits "
+                          "would refuse their runs as copies after they trained. Drop it (nothing was changed)")
     try:
         runs = plan_runs(ladder, None, job.sweep(name), job.overrides)
     except ConfigError as e:
