@@ -106,12 +106,8 @@ class _StatePass(torch.autograd.Function):
         prev[0] = s0
         for n in range(N):
             torch.baddbmm(U[n], W[n], prev[n], alpha=-1.0, out=u[n])
-            nxt = prev[n + 1] if n + 1 < N else final
-            if g is None:
-                nxt.copy_(prev[n])
-            else:
-                torch.mul(prev[n], g[n], out=nxt)
-            nxt.baddbmm_(Ke[n].transpose(-1, -2), u[n])
+            kept = prev[n] if g is None else prev[n] * g[n]
+            torch.baddbmm(kept, Ke[n].transpose(-1, -2), u[n], out=prev[n + 1] if n + 1 < N else final)
         ctx.save_for_backward(W, Ke, g, prev, u)
         return prev, u, final
 
@@ -125,12 +121,8 @@ class _StatePass(torch.autograd.Function):
         d_s0 = _empty(d_final, d_final.shape)
         for n in range(N - 1, -1, -1):
             torch.baddbmm(d_u[n], Ke[n], d_next[n], out=du[n])
-            out = d_next[n - 1] if n > 0 else d_s0
-            if g is None:
-                torch.add(d_prev[n], d_next[n], out=out)
-            else:
-                torch.addcmul(d_prev[n], d_next[n], g[n], out=out)
-            out.baddbmm_(W[n].transpose(-1, -2), du[n], alpha=-1.0)
+            kept = d_prev[n] + d_next[n] if g is None else torch.addcmul(d_prev[n], d_next[n], g[n])
+            torch.baddbmm(kept, W[n].transpose(-1, -2), du[n], alpha=-1.0, out=d_next[n - 1] if n > 0 else d_s0)
         dW = torch.matmul(du, prev.transpose(-1, -2)).neg_() if ctx.needs_input_grad[1] else None
         dKe = torch.matmul(u, d_next.transpose(-1, -2)) if ctx.needs_input_grad[2] else None
         dg = (prev * d_next).sum((-1, -2), keepdim=True) if g is not None and ctx.needs_input_grad[3] else None
