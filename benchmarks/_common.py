@@ -40,7 +40,8 @@ git_state()
 
 
 # Environment variables that change what a benchmark measures; meta() records those that are set.
-RECORDED_ENV = ("OMP_NUM_THREADS", "LINLM_ALLOCATOR", "LINLM_SCAN_BACKEND", "LINLM_GPU_KERNELS", "PYTHONPATH")
+RECORDED_ENV = ("OMP_NUM_THREADS", "LINLM_ALLOCATOR", "LINLM_SCAN_BACKEND", "LINLM_GPU_KERNELS", "PYTHONPATH",
+                "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def command() -> str:

@@ -7,9 +7,10 @@
 Writes docs/results/reproduce_<recipe>.json (--out for another path): the environment the job's last run recorded
 (revision, CPU, torch), the command given, the recipe, each section's finishing time (from the times its result
 files were written: the sections run one after another, so the differences are their durations; a job stopped and
-continued counts the pause too) and the claims, judged from the job's saved sections by this checkout's
-linlm/reproduce/claims.py (its revision is recorded as judged_at). A job with a section pending or failed is
-refused: a stopped job is not a result.
+continued counts the pause too), the claims, judged from the job's saved sections by this checkout's
+linlm/reproduce/claims/ (its revision is recorded as judged_at), and ``evidence``: the parts of the sections the
+claims read (per-seed values, seed replicates, fitted points), from which a test computes every verdict again.
+A job with a section pending or failed is refused: a stopped job is not a result.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def section_times(job: Path, created: str) -> list[dict]:
 
 def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
     from linlm.reproduce.claims import judge
+    from linlm.reproduce.claims.evidence import published
     from linlm.reproduce.recipes import load_recipe
 
     marker_path, results_path = job / "reproduce.json", job / "results.json"
@@ -78,6 +80,7 @@ def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
         "sections": times,
         "total_minutes": sum(r["minutes"] for r in times),
         "claims": [c.to_dict() for c in judge(results["sections"])],
+        "evidence": published(results["sections"]),
     }
 
 

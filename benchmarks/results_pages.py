@@ -209,13 +209,31 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
     judged = data.get("judged_at")
     judged = (judged[:7] if judged else "not recorded") + (" (with uncommitted changes)" if data.get("judged_dirty")
                                                            else "")
-    out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its claims "
-            f"were judged from its saved sections by linlm/reproduce/claims.py at revision {judged}"
-            " (benchmarks/publish_reproduce.py). Each verdict follows the rule beside it; the job's own report "
-            "holds every section's tables and plots.", ""]
-    out += ["## Claims", ""]
-    out += table(["claim", "paper", "verdict", "evidence", "rule"],
-                 [[c["claim"], c["paper"], c["verdict"], c["evidence"], c["rule"]] for c in data.get("claims", [])])
+    claims = data.get("claims", [])
+    if "evidence" in data:  # judged by the one rule; the file holds what every verdict needs to be computed again
+        out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its "
+                f"claims were judged from its saved sections by linlm/reproduce/claims/ at revision {judged} "
+                "(benchmarks/publish_reproduce.py), by one rule: each difference's 95 % interval over the unit that "
+                "varies (seeds, or seed replicates of a fit), Holm's correction over every difference, 'alike' only "
+                "by two one-sided tests within a stated margin. This file holds the per-seed values, replicates "
+                "and fitted points the verdicts rest on, and a test computes every verdict again from it. The "
+                "job's own report holds every section's tables and plots.", ""]
+        out += ["## Claims", ""]
+        out += table(["claim", "verdict", "scale", "differences (95 % interval, p) and numbers", "judged by"],
+                     [[c["claim"], c["verdict"] + (f": {c['why']}" if c.get("why") else ""), c.get("scale") or "-",
+                       c["evidence"], c["difference"]] for c in claims])
+    else:
+        out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its "
+                f"claims were judged from its saved sections by linlm/reproduce/claims.py at revision {judged}"
+                " (benchmarks/publish_reproduce.py). Each verdict follows the rule beside it; the job's own report "
+                "holds every section's tables and plots.", "",
+                "These verdicts follow the rules of that revision, before linlm judged every claim by one rule "
+                "(intervals over seeds or seed replicates, Holm's correction, 'alike' only by an equivalence test). "
+                "This file keeps the verdicts, not the per-seed values, replicates and fitted points the current "
+                "rule needs, so they cannot be judged again from it; a new run of the recipe replaces them.", ""]
+        out += ["## Claims", ""]
+        out += table(["claim", "paper", "verdict", "evidence", "rule"],
+                     [[c["claim"], c["paper"], c["verdict"], c["evidence"], c["rule"]] for c in claims])
     if recipe.get("tradeoffs"):
         out += ["", "## What the recipe's size gives up", "",
                 "Each choice lowers the power of the claims that rest on that section (the recipe's `tradeoffs`).", ""]
@@ -267,10 +285,43 @@ def _records(data: dict, key: str, field: str) -> bool:
 
 # name -> (renderer, whether a file of that benchmark has the shape the renderer reads: a benchmark's other modes,
 # such as bench_train_step.py --memory, write other records and get the generic page)
+def render_llamacpp(data: dict, path: Path) -> list[str]:
+    shape, contexts = data.get("shape", {}), data.get("contexts", [])
+    out = header("linlm against llama.cpp", path.name, data.get("meta", {}))
+    out += [f"`benchmarks/bench_llamacpp.py`: one Mamba checkpoint (d {shape.get('hidden_size')}, "
+            f"{shape.get('num_hidden_layers')} layers, vocabulary {shape.get('vocab_size')}, random weights) converted "
+            f"by `linlm convert` (+ `linlm quantize --to int8`) and by llama.cpp's `convert_hf_to_gguf.py` (F32, Q8_0), "
+            f"llama-cpp-python {data.get('llama_cpp_python')}. Batch 1; {data.get('rounds')} rounds, engines "
+            "alternating, each run a process of its own; medians over rounds. At 1 thread the process CPU clock, at "
+            "more the wall clock. Peak RSS is the process's VmHWM (the interpreter and runtime included).", ""]
+    out += ["## Per engine", ""]
+    out += table(["variant@threads", *[f"decode ms after {n}" for n in contexts],
+                  f"prefill tok/s at {contexts[-1] if contexts else ''}", "peak RSS MiB", "bandwidth floor ms",
+                  *[f"state MiB after {n}" for n in contexts]],
+                 [[k, *[num(v.get(f"decode_ms_{n}")) for n in contexts],
+                   num(v.get(f"prefill_tokens_per_s_{contexts[-1]}")) if contexts else "",
+                   num(v["peak_rss_bytes"] / 2**20),
+                   num(data.get("floor_ms", {}).get(k.split("@")[1], {}).get(k.split("@")[0])),
+                   *[num(v[f"state_bytes_{n}"] / 2**20) if v.get(f"state_bytes_{n}") else "" for n in contexts]]
+                  for k, v in data.get("summary", {}).items()]) + [""]
+    out += ["## Ratios against the targets", ""]
+    out += table(["threads", "what", "linlm", "llama.cpp", "linlm / llama.cpp", "target", "met"],
+                 [[r["threads"], r["what"], num(r["linlm"]), num(r["llamacpp"]), ratio(r["ratio"]), r["target"],
+                   "yes" if r["met"] else "no"] for r in data.get("ratios", [])]) + [""]
+    bw = data.get("bandwidth", {})
+    out += ["Memory read bandwidth in the same run (GB/s; the floor is the weights' bytes over it): "
+            + "; ".join(f"{t} thread(s): {num(b.get('gb_per_s_cpu'))} (CPU clock), {num(b.get('gb_per_s_wall'))} (wall)"
+                        for t, b in bw.items()), ""]
+    out += ["Greedy agreement over the first tokens of a seeded prompt: "
+            + "; ".join(f"{k} {pct(v)}" for k, v in data.get("greedy_agreement", {}).items()), ""]
+    return out
+
+
 RENDERERS: dict[str, tuple[Callable[[dict, Path], list[str]], Callable[[dict], bool]]] = {
     "bench_train_step": (render_train_step, lambda d: _records(d, "results", "tokens_per_s")),
     "bench_eval": (render_eval, lambda d: _records(d, "results", "items_per_s")),
     "bench_decode": (render_decode, lambda d: _records(d, "rows", "decode_ms_per_token")),
+    "bench_llamacpp": (render_llamacpp, lambda d: isinstance(d.get("ratios"), list)),
     "linlm-mqar": (render_mqar, lambda d: _records(d, "runs", "accuracy")),
     "linlm-reproduce": (render_reproduce, lambda d: _records(d, "claims", "verdict")),
 }

@@ -1,5 +1,6 @@
 """benchmarks/publish_reproduce.py: a finished reproduce job becomes a results file whose claims are judged from its
-sections, with each section's time; an unfinished one is refused; the page shows the verdicts."""
+sections, with each section's time and the evidence the verdicts rest on; an unfinished one is refused; the page
+shows the verdicts; and every published verdict is computed again from its file by the current judging code."""
 
 from __future__ import annotations
 
@@ -50,16 +51,20 @@ def test_a_finished_job_is_published_with_its_claims_and_times(tmp_path):
                                                                                   ("compare_quality", 18.0)]
     assert data["total_minutes"] == pytest.approx(30.0)
     verdicts = {c["claim"]: c["verdict"] for c in data["claims"]}
-    assert verdicts["MossNet beats transformer and SSM baselines"] == "supported"
-    assert verdicts["Linear models scale like transformers"] == "not measured"
+    assert verdicts["MossNet beats transformer and SSM baselines"] == "for"
+    assert verdicts["Linear models scale like transformers"] == "cannot tell"
+    # The evidence: what the claims read, per seed, and nothing of the sections they do not read.
+    models = data["evidence"]["compare_quality"]["models"]
+    assert models["mossnet-0.8m-s1"] == {"arch": "mossnet", "group": None, "seed": 1, "val_loss": 3.01, "params": 1000}
+    assert set(data["evidence"]) == {"compare_quality"}
     path = tmp_path / "reproduce_cpu.json"
     path.write_text(json.dumps(data))
     page = render_results.render(path)
     assert "# linlm reproduce: recipe cpu" in page and "30.0 minutes in all" in page
     row = next(line for line in page.splitlines() if line.startswith("| MossNet beats transformer"))
-    assert "| supported |" in row
+    assert "| for |" in row and "a test computes every verdict again from it" in page
     assert "| compare_quality | 2026-01-01T10:30:00+00:00 | 18.0 |" in page
-    assert "## What the recipe's size gives up" in page and "probability 1/20" in page  # the cpu recipe's
+    assert "## What the recipe's size gives up" in page and "2 degrees of freedom" in page  # the cpu recipe's
 
 
 @pytest.mark.parametrize("state", [{"pending": ["mqar"]}, {"failed": {"niah": "DataError: x"}}])
@@ -69,3 +74,37 @@ def test_an_unfinished_job_is_refused(tmp_path, state):
         publish_reproduce.publish(job, "linlm reproduce --recipe cpu")
     with pytest.raises(SystemExit, match="is not a reproduce job"):
         publish_reproduce.publish(tmp_path, "linlm reproduce --recipe cpu")
+
+
+def recomputed(data: dict) -> list[dict]:
+    """The file's claims judged again from its evidence by this checkout's code, as the file stores them."""
+    from linlm.reproduce.claims import judge
+    from linlm.outputs import dumps
+
+    return json.loads(dumps([c.to_dict() for c in judge(data["evidence"])]))
+
+
+def test_every_published_verdict_is_the_current_codes_from_its_file():
+    """Each results file of a reproduce job that holds its evidence: every claim, verdict, reason, difference and
+    interval is what the current judging code computes from that evidence. A file from before the one rule keeps
+    only its verdicts, and its page says they cannot be judged again."""
+    pages = sorted((ROOT / "docs" / "results").glob("reproduce_*.json"))
+    assert pages
+    for path in pages:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if "evidence" in data:
+            assert recomputed(data) == data["claims"], f"{path.name}: a verdict differs from the current rule's"
+        else:
+            page = path.with_suffix(".md").read_text(encoding="utf-8")
+            assert "cannot be judged again from it" in page, path.name
+
+
+def test_the_recomputation_catches_a_changed_number(tmp_path):
+    data = json.loads(json.dumps(publish_reproduce.publish(fake_job(tmp_path / "job"), "linlm reproduce")))
+    assert recomputed(data) == data["claims"]
+    models = data["evidence"]["compare_quality"]["models"]
+    for i in range(3):  # MossNet's seeds now above LLaMA's: the verdict the file states no longer follows
+        models[f"mossnet-0.8m-s{i}"]["val_loss"] = 3.5 + 0.01 * i
+    again = recomputed(data)
+    assert again != data["claims"]
+    assert next(c for c in again if c["key"] == "mossnet-beats")["verdict"] == "against"

@@ -103,7 +103,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tune_allocator()
     from linlm.cli_args import exit_status
 
-    return exit_status("linlm", lambda: args.func(args))
+    return exit_status("linlm", lambda: _run(args))
+
+
+def _run(args) -> int:
+    """Load the architecture plugins (a refused one stops here, before any work), then run the command."""
+    from linlm.models.plugins import load_plugins
+
+    load_plugins()
+    return args.func(args)
 
 
 if __name__ == "__main__":

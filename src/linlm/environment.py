@@ -102,13 +102,13 @@ def environment() -> dict[str, Any]:
     import numpy
     import torch
 
-    import linlm
+    from linlm.version import __version__
 
     rev, dirty = git_state()
     cpu_fields = cpu()
     cuda = torch.cuda.is_available()
     return {
-        "linlm_version": linlm.__version__,
+        "linlm_version": __version__,
         "git_revision": rev,
         "git_dirty": dirty,
         "torch_version": torch.__version__,

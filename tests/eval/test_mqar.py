@@ -112,3 +112,18 @@ def test_test_set_and_task_settings_mean_what_they_say():
     assert cfg.fingerprint() == old
     with pytest.raises(ConfigError, match="num_queries"):
         MQARConfig(num_kv=4, num_queries=0).validate()
+
+
+def test_a_gap_puts_filler_between_the_pairs_and_the_queries():
+    plain, gapped = MQARConfig(vocab_size=64, num_kv=4), MQARConfig(vocab_size=64, num_kv=4, gap=5)
+    assert plain.fingerprint() == MQARConfig(vocab_size=64, num_kv=4).fingerprint()  # the old identity is kept
+    assert gapped.fingerprint() != plain.fingerprint() and gapped.seq_len == plain.seq_len + 5 == 21
+    ids, targets = mqar_batch(gapped, 3, torch.Generator().manual_seed(0))
+    assert ids.shape == (3, 21) and (ids[:, 8:13] == 0).all() and (ids[:, :8] > 0).all() and (ids[:, 13:] > 0).all()
+    for b in range(3):  # each answer follows its key, after the gap
+        table = dict(zip(ids[b, 0:8:2].tolist(), ids[b, 1:8:2].tolist()))
+        for t in range(13, 21, 2):
+            assert targets[b, t] == table[int(ids[b, t])]
+        assert (targets[b, :13] == -100).all() and (targets[b, 14::2] == -100).all()
+    with pytest.raises(ConfigError, match="gap"):
+        MQARConfig(gap=-1).validate()

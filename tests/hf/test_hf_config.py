@@ -3,6 +3,7 @@ names where they exist), defaults from linlm's preset, models built from AutoCon
 against the weights it comes with, and config.json files of the earlier format (linlm's ModelConfig nested in a
 ``linlm`` field) still read."""
 
+import dataclasses
 import json
 
 import pytest
@@ -13,9 +14,10 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from linlm.errors import CheckpointError, ConfigError  # noqa: E402
-from linlm.hf.configuration import CONFIG_CLASSES, DEFAULT_PRESET, HF_NAMES, hf_config_for  # noqa: E402
+from linlm.hf.configuration import CONFIG_CLASSES, DEFAULT_PRESET, HF_NAMES, hf_config_for, hf_name  # noqa: E402
 from linlm.hf.modeling import MODEL_CLASSES, to_hf  # noqa: E402
 from linlm.models.archs.tnl import TNLOptions  # noqa: E402
+from linlm.models.model_config import ModelConfig  # noqa: E402
 from linlm.models.presets import preset_config  # noqa: E402
 from linlm.models.registry import ARCHITECTURES  # noqa: E402
 from hf_helpers import tiny  # noqa: E402
@@ -55,15 +57,17 @@ def test_defaults_are_the_preset_and_each_setting_is_one_attribute(arch):
     keys = set(cfg.to_dict())
     assert "linlm" not in keys and not keys & set(HF_NAMES)  # the linlm names are aliases, never stored
     scratch = CONFIG_CLASSES[arch]()
-    for linlm_name, name in HF_NAMES.items():
-        assert name in keys
-        setattr(scratch, linlm_name, 3)
-        assert getattr(scratch, name) == 3
+    options = {f for f in ARCHITECTURES[arch].options.__dataclass_fields__}
+    mine = {*(f.name for f in dataclasses.fields(ModelConfig)), *options}
+    for linlm_name, name in HF_NAMES.items():  # a field or an option of this architecture: under its HF name
+        assert (name in keys) is (linlm_name in mine)
+        if linlm_name in mine:
+            setattr(scratch, linlm_name, 3)
+            assert getattr(scratch, name) == 3
     cfg.n_layers = 5
     assert cfg.num_hidden_layers == 5 and cfg.to_linlm().n_layers == 5
     assert transformers.AutoConfig.for_model(f"linlm_{arch}", d_model=48).hidden_size == 48
-    options = {f for f in ARCHITECTURES[arch].options.__dataclass_fields__}
-    assert options <= keys
+    assert {hf_name(f"options.{o}") for o in options} <= keys
 
 
 def test_options_are_plain_attributes():

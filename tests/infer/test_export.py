@@ -65,9 +65,10 @@ def test_onnx_prefill_and_steps_match_eager_in_onnxruntime(tmp_path, arch):
     torch.manual_seed(0)
     kw = dict(n_kv_heads=1) if arch == "llama" else {}  # grouped-query attention in the exported cache
     model = create_model(arch, preset="tiny", n_layers=1, **kw).eval()
-    paths = export(model, tmp_path / "m", "onnx", prefill_len=10)
+    paths = export(model, tmp_path / "m", "onnx", prefill_len=10, batch=2)  # onnxruntime steps 2 rows at once
     assert [p.name for p in paths] == ["m.prefill.onnx", "m.step.onnx", "m.json"]
     meta = json.loads(paths[2].read_text())
+    assert meta["batch"] == 2
     assert meta["step"]["inputs"][:2] == ["token_ids", "position"]
     assert meta["step"]["outputs"] == ["logits", *(f"present.{n}" for n in meta["state_names"])]
     diffs = check(model, paths, steps=4)

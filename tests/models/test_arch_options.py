@@ -15,10 +15,13 @@ from linlm.errors import ConfigError
 from linlm.models.archs.base import ArchSpec, NoOptions
 from linlm.models.archs.cosformer2 import CosFormer2Options
 from linlm.models.archs.hgrn2 import HGRN2Options
+from linlm.models.archs.llama import LlamaOptions
+from linlm.models.archs.mamba import MambaOptions
 from linlm.models.archs.tnl import TNLMixer, TNLOptions
 from linlm.models.model_config import ModelConfig, model_keys, resume_options
 from linlm.models.format import config_checksum
 from linlm.models.lm import CausalLM, create_model
+from linlm.models.registry import ARCHITECTURES
 from linlm.train.config_sources import build_config, build_model_config, load_train_config
 
 # A model config as linlm wrote it in config.json before options were nested: every option a flat field, those of
@@ -84,7 +87,7 @@ def test_cosformer2_without_tpe_has_no_embedding_mixer():
     assert create_model("cosformer2", preset="tiny").embed_mixer is not None
 
 
-def test_errors_name_the_key_as_it_was_spelled():
+def test_errors_name_the_key_as_it_was_spelled(monkeypatch):
     with pytest.raises(ConfigError, match=r"^tnl_v_silu: expected true or false, got 'no'$") as e:
         ModelConfig.from_dict({"arch": "tnl", "tnl_v_silu": "no"})
     assert e.value.key == "tnl_v_silu"
@@ -94,9 +97,14 @@ def test_errors_name_the_key_as_it_was_spelled():
     # Another architecture's flat option is checked for its type, as it always was, and otherwise ignored.
     with pytest.raises(ConfigError, match=r"^cosformer2_gate_before_norm: expected true or false, got 1$"):
         ModelConfig.from_dict({"arch": "llama", "cosformer2_gate_before_norm": 1})
-    assert ModelConfig.from_dict({"arch": "llama", "tnl_slopes": "linear"}).options == NoOptions()
-    with pytest.raises(ConfigError, match=r"^options.slopes: unknown key 'slopes'; architecture 'llama' has no "):
+    assert ModelConfig.from_dict({"arch": "llama", "tnl_slopes": "linear"}).options == LlamaOptions()
+    with pytest.raises(ConfigError, match=r"^options.slopes: unknown key 'slopes'; valid keys here are: 'n_kv_heads'"):
         ModelConfig.from_dict({"arch": "llama", "options": {"slopes": "pow2"}})
+    # An architecture without options of its own says so.
+    monkeypatch.setitem(ARCHITECTURES, "plain", ArchSpec("plain", TNLMixer, None, "rms", "no options"))
+    assert ModelConfig.from_dict({"arch": "plain", "tnl_slopes": "linear"}).options == NoOptions()
+    with pytest.raises(ConfigError, match=r"^options.slopes: unknown key 'slopes'; architecture 'plain' has no "):
+        ModelConfig.from_dict({"arch": "plain", "options": {"slopes": "pow2"}})
     with pytest.raises(ConfigError, match=r"^options.slope: unknown key 'slope'; did you mean 'slopes'\?"):
         ModelConfig.from_dict({"arch": "tnl", "options": {"slope": "pow2"}})
     with pytest.raises(ConfigError, match=r"^options: got 'pow2', expected a mapping of TNLOptions keys$"):
@@ -110,7 +118,7 @@ def test_replace_keeps_merges_or_resets_the_options():
     assert cfg.replace(tnl_v_silu=True).options == TNLOptions("pow2", True)
     assert cfg.replace(arch="cosformer2").options == CosFormer2Options()  # the new architecture's defaults
     assert cfg.replace(arch="hgrn2").options == HGRN2Options()
-    assert cfg.replace(arch="mamba").options == NoOptions()
+    assert cfg.replace(arch="mamba").options == MambaOptions()
 
 
 def test_yaml_configs_and_overrides_take_both_spellings(tmp_path):

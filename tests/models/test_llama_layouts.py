@@ -75,9 +75,10 @@ def test_checkpoint_without_the_new_fields_loads_as_before(tmp_path):
     model = model_with()
     model.save(tmp_path / "m")
     meta = json.loads((tmp_path / "m" / "config.json").read_text())
-    for key in ("n_kv_heads", "tie_embeddings", "rope_scaling", "rope_factor", "rope_low_freq_factor",
-                "rope_high_freq_factor", "rope_original_max_len"):
-        del meta["config"][key]
+    del meta["config"]["tie_embeddings"]
+    for key in ("n_kv_heads", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                "rope_original_max_len"):  # LLaMA's options since they left the flat fields
+        del meta["config"]["options"][key]
     meta["format_version"] = 1  # written before config checksums existed
     meta.pop("config_sha256", None)
     (tmp_path / "m" / "config.json").write_text(json.dumps(meta))

@@ -1,7 +1,10 @@
-"""An architecture is one module-like object and one registry line: a toy one, added here, is seen everywhere.
+"""docs/code-layout.md's "Adding an architecture", followed to the letter with a toy architecture: a mixer derived
+from TokenMixer, an ArchSpec, and one register() line; the toy is then seen everywhere.
 
-The toy mixes tokens with a running mean of decay ``options.decay``: h_t = a h_(t-1) + (1 - a) x_t (h restarts at
-a document start), y_t = W h_t. It has an option of its own, so that its options travel as the built-in ones do.
+The toy mixes tokens with a running mean per channel: h_t = a_c h_(t-1) + (1 - a_c) x_t (h restarts at a document
+start), y_t = W h_t. The per-channel decays a_c = decay^(1 + c/d) are computed, not learned (a non-persistent buffer
+that init_buffers() fills), and ``decay`` is an option of its own, so that its options travel as the built-in
+ones do.
 """
 
 import importlib.util
@@ -14,8 +17,10 @@ import pytest
 import torch
 from torch import nn
 
+import linlm
 from linlm.cli import main
 from linlm.schema import config_error
+from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.models.archs.base import ArchSpec, sglu
 from linlm.models.lm import create_model
 from linlm.models.registry import ARCHITECTURES, arch_color, arch_names
@@ -32,36 +37,88 @@ class ToyOptions:
             raise config_error("options.decay", f"must be in [0, 1), got {self.decay}")
 
 
-class ToyMixer(nn.Module):
+# Step 1 (layers/NAME.py): the token mixer.
+class ToyMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
-        self.decay = cfg.options.decay
+        super().__init__(cfg, layer_idx)
+        self.base, self.d_model = cfg.options.decay, cfg.d_model
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.register_buffer("decay", torch.empty(cfg.d_model), persistent=False)  # filled by init_buffers
+
+    def init_buffers(self) -> None:
+        c = torch.arange(self.d_model, dtype=torch.float32, device=self.decay.device)
+        with torch.no_grad():
+            self.decay.copy_(self.base ** (1 + c / self.d_model))
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
-        h = x.new_zeros(x.shape[0], x.shape[2]) if state is None else state
+        h = x.new_zeros(x.shape[0], x.shape[2], dtype=self.decay.dtype) if state is None else state
         ys = []
         for t in range(x.shape[1]):
             if reset is not None:
                 h = torch.where(reset[:, t, None], torch.zeros_like(h), h)
             h = self.decay * h + (1 - self.decay) * x[:, t]
             ys.append(h)
-        return self.out(torch.stack(ys, dim=1)), (h if return_state else None)
+        return self.out(torch.stack(ys, dim=1).to(x.dtype)), (h if return_state else None)
+
+    def state_spec(self, batch, context, dtype):
+        return meta(batch, self.d_model, dtype=float32_at_least(dtype))
+
+    def mixing_flops_per_token(self, seq_len):
+        return 3.0 * self.d_model  # a h, (1 - a) x and their sum; the output projection is an nn.Linear
 
 
+# Step 2 (models/archs/NAME.py): its ArchSpec.
 TOY = ArchSpec("toy", ToyMixer, sglu, "srms", "Toy: a running mean of the past tokens", color="tab:olive",
                scaling_study=True, options=ToyOptions, flat_options={"toy_decay": "decay"},
                saved_before={"decay": 0.25})
 
 
 @pytest.fixture
-def toy(monkeypatch):
-    """The toy's registry line, for this test only."""
+def toy():
+    """Step 3 (models/registry.py): its register() line, for this test only."""
     assert "toy" not in ARCHITECTURES
-    monkeypatch.setitem(ARCHITECTURES, "toy", TOY)
+    linlm.register(TOY)
     yield TOY
-    monkeypatch.undo()
-    assert "toy" not in ARCHITECTURES
+    del ARCHITECTURES["toy"]
+
+
+def _hand_count(cfg) -> float:
+    """Forward FLOPs per token of the toy's body, by hand: per layer the mixer's output projection (2 d^2) and its
+    recurrence (3 d), the SGLU's two projections (2 d 2h + 2 h d); norms and the embeddings count nothing."""
+    d, h = cfg.d_model, cfg.glu_hidden
+    return cfg.n_layers * (2.0 * d * d + 3.0 * d + 2.0 * d * 2 * h + 2.0 * h * d)
+
+
+def test_the_toy_is_counted_by_its_flop_hook(toy, capsys):
+    assert main(["count", "--arch", "toy", "--preset", "tiny", "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out)
+    cfg = create_model("toy", preset="tiny").config
+    assert counted["forward_flops_per_token"] == _hand_count(cfg) == 2 * (2 * 64 * 64 + 3 * 64 + 6 * 64 * 128)
+    assert counted["counted_flops_per_token"] == 3 * _hand_count(cfg)
+    assert counted["flops_per_step_source"] == "counted from layer shapes"  # no paper formula: C is the count
+
+
+def test_the_toy_decodes_as_one_full_pass(toy):
+    """prefill + steps give the full pass's logits, the state is what state_spec says, and the decays are the
+    computed ones (a model built on the meta device and materialised gets them from init_buffers)."""
+    model = create_model("toy", preset="tiny", options={"decay": 0.8}).eval()
+    ids = torch.randint(0, 512, (2, 11))
+    with torch.no_grad():
+        full = model(ids)
+        logits, state = model.prefill(ids[:, :6])
+        steps = [logits]
+        for t in range(6, 11):
+            logits, state = model.step(ids[:, t], state)
+            steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, dim=1), full[:, 5:], rtol=0, atol=1e-5)
+    assert state.nbytes() == model.state_nbytes(2, 11) == 2 * 2 * 64 * 4
+    want = 0.8 ** (1 + torch.arange(64) / 64)
+    torch.testing.assert_close(model.layers[1].mixer.decay, want, rtol=0, atol=0)
+    with torch.device("meta"):
+        shell = create_model("toy", preset="tiny", options={"decay": 0.8})
+    shell = shell.to_empty(device="cpu")
+    shell.init_buffers()
+    assert torch.equal(shell.layers[0].mixer.decay, model.layers[0].mixer.decay)
 
 
 def test_the_toy_is_listed_counted_and_checked(toy, capsys, monkeypatch):
@@ -89,7 +146,7 @@ def test_the_toy_options_are_read_validated_and_saved(toy, tmp_path):
     from linlm.models.model_config import ModelConfig
 
     model = create_model("toy", preset="tiny", options={"decay": 0.9})
-    assert model.layers[0].mixer.decay == 0.9
+    assert model.layers[0].mixer.base == 0.9 and float(model.layers[0].mixer.decay[0]) == pytest.approx(0.9)
     assert create_model("toy", preset="tiny", toy_decay=0.8).config.options == ToyOptions(0.8)  # its flat spelling
     with pytest.raises(linlm.errors.ConfigError, match=r"^toy_decay: must be in \[0, 1\), got 1.5$"):
         create_model("toy", toy_decay=1.5)
@@ -115,6 +172,9 @@ def test_the_toy_has_transformers_classes(toy, tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(back) is MODEL_CLASSES["toy"] and type(back).__name__ == "LinlmToyForCausalLM"
     assert back.model.config.options == ToyOptions(0.75)
+    # The computed decays are in no weights file: transformers' wrapper recomputes them (init_buffers).
+    assert "model.layers.0.mixer.decay" not in back.state_dict()
+    assert torch.equal(back.model.layers[1].mixer.decay, model.layers[1].mixer.decay)
     ids = torch.randint(0, 512, (1, 7))
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, model(ids), rtol=0, atol=0)

@@ -96,7 +96,7 @@ def test_cache_key_changes_with_the_sources_flags_and_compiler(monkeypatch, tmp_
     monkeypatch.setattr(kernel_library, "KERNEL_DIR", tmp_path)
     assert [p.name for p in kernel_library.sources()] == [
         "_conv_kernel.c", "_gate_kernel.c", "_gather_sum_kernel.c", "_scan_kernel.c"]
-    flags = kernel_library.FLAGS
+    flags = kernel_library.BASE_FLAGS + kernel_library.tuning_flags()[0]
     keys = {kernel_library.cache_key("cc", flags)}
     assert kernel_library.cache_key("cc", flags) in keys  # the same inputs, the same key
     keys.add(kernel_library.cache_key("gcc", flags))
@@ -123,8 +123,9 @@ def test_builds_from_an_empty_cache(monkeypatch, tmp_path):
     try:
         assert kernel_library.available()
         built = [p.name for p in tmp_path.iterdir()]
-        flags = kernel_library.FLAGS + (kernel_library.OPENMP_FLAGS[0] if kernel_library.openmp()
-                                        else kernel_library.OPENMP_FLAGS[1])
+        flags = (kernel_library.BASE_FLAGS + kernel_library.tuning_flags()[0]
+                 + (kernel_library.OPENMP_FLAGS[0] if kernel_library.openmp() else kernel_library.OPENMP_FLAGS[1]))
+        assert kernel_library.library().flags == flags
         assert built == [f"linlm_kernels_{kernel_library.cache_key(kernel_library._compiler(), flags)}.so"]
         got = selective_scan_kernel(**x)[0]
         torch.testing.assert_close(got, selective_scan_chunked(**x)[0], rtol=1e-9, atol=1e-10)
@@ -132,3 +133,54 @@ def test_builds_from_an_empty_cache(monkeypatch, tmp_path):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     finally:
         kernel_library.library.cache_clear()
+
+
+def _picky_compiler(tmp_path, refused: tuple[str, ...]) -> str:
+    """A C compiler (a script around the real one) that refuses the given options as an old or a non-x86 compiler
+    does: exit 1 with gcc's message, before compiling anything."""
+    real = kernel_library._compiler()
+    script = tmp_path / "picky-cc"
+    cases = "\n".join(f"    {flag}) echo \"cc: error: unrecognized command-line option '{flag}'\" >&2; exit 1;;"
+                      for flag in refused)
+    script.write_text(f'#!/bin/sh\nfor a in "$@"; do\n  case "$a" in\n{cases}\n  esac\ndone\nexec {real} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(kernel_library._compiler() is None, reason="no C compiler")
+@pytest.mark.parametrize("refused", [("-mprefer-vector-width=512",), ("-mprefer-vector-width=512", "-march=native")],
+                         ids=["no-512-bit-preference", "no-native-tuning"])
+def test_a_compiler_that_refuses_the_tuning_flags_builds_without_them(monkeypatch, tmp_path, caplog, refused):
+    """On x86, the kernels ask for -march=native -mprefer-vector-width=512; a compiler that refuses those (clang or
+    gcc for another CPU) must still build the kernels, with the next set of flags it takes, say so in one logged
+    line, and compute what the torch path computes."""
+    import logging
+
+    monkeypatch.setattr(kernel_library.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("CC", _picky_compiler(tmp_path, refused))
+    monkeypatch.setenv("LINLM_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LINLM_SCAN_BACKEND", raising=False)
+    kernel_library.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="linlm.ops"):
+            assert kernel_library.available()
+        lines = [r.getMessage() for r in caplog.records if r.name == "linlm.ops"]
+        dropped = " ".join(f for f in ("-march=native", "-mprefer-vector-width=512") if f in refused)
+        assert len(lines) == 1 and lines[0].startswith(f"linlm: the C kernels were built without {dropped}, "), lines
+        assert "unrecognized command-line option" in lines[0], lines
+        assert not set(refused) & set(kernel_library.library().flags)
+        x = make_inputs(T=20, seed=33)
+        torch.testing.assert_close(selective_scan_kernel(**x)[0], selective_scan_chunked(**x)[0], rtol=1e-9,
+                                   atol=1e-10)
+        assert all(p.suffix == ".so" and not p.name.startswith(".") for p in (tmp_path / "cache").iterdir())
+    finally:
+        kernel_library.library.cache_clear()
+
+
+def test_tuning_flags_ask_for_512_bit_vectors_only_on_x86(monkeypatch):
+    monkeypatch.setattr(kernel_library.platform, "machine", lambda: "aarch64")
+    assert kernel_library.tuning_flags() == (("-march=native",), ())
+    monkeypatch.setattr(kernel_library.platform, "machine", lambda: "x86_64")
+    assert kernel_library.tuning_flags()[0] == ("-march=native", "-mprefer-vector-width=512")
+    assert kernel_library.tuning_flags()[-1] == ()

@@ -3,7 +3,6 @@ to the job (exit 130), and the next run of the section resumes the stopped run f
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -21,18 +20,18 @@ from linlm.reproduce.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 100
-SETTINGS = {"task": {"vocab_size": 32, "num_kv": 3}, "widths": [16], "experts": 0, "archs": ["llama", "tnl"],
+SETTINGS = {"task": {"vocab_size": 32, "num_kv": 3}, "widths": [16], "experts": [], "archs": ["llama", "tnl"],
             "steps": STEPS, "batch_size": 4, "lr": 3e-3, "n_layers": 1, "head_dim": 8, "test_sequences": 64}
 # The job's section in a process of its own, stopped as `linlm reproduce` stops (KeyboardInterrupt: exit 130).
 SCRIPT = """
-import dataclasses, json, sys
+import json, sys
 from pathlib import Path
 from linlm.reproduce.job import Job
 from linlm.reproduce.recipes import load_recipe
 from linlm.train.cli import setup_logging
 
 setup_logging()
-job = Job(dataclasses.replace(load_recipe("smoke"), mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
+job = Job(load_recipe("smoke").with_settings(mqar=json.loads(sys.argv[2])), Path(sys.argv[1]))
 try:
     job.run_section("mqar", lambda fraction: None)
 except KeyboardInterrupt as e:
@@ -75,7 +74,7 @@ def test_ctrl_c_in_the_mqar_section_saves_nothing_and_the_rerun_resumes(tmp_path
     assert not (out / "mqar" / "tnl-d16-s0" / "config.yaml").exists() and not (out / "plots" / "mqar.png").exists()
 
     # The job runs the section again (here, in this process): the stopped run resumes from its checkpoint.
-    job = Job(dataclasses.replace(load_recipe("smoke"), mqar=SETTINGS), out)
+    job = Job(load_recipe("smoke").with_settings(mqar=SETTINGS), out)
     threads = torch.get_num_threads()
     caplog.set_level(logging.INFO, logger="linlm")
     try:
@@ -98,51 +97,12 @@ def test_the_section_refuses_a_seed_count_below_one_before_training(tmp_path):
     import pytest
 
     from linlm.errors import ConfigError
-    from linlm.reproduce.sections.mqar import measure, run_settings
-
-    for seeds in (0, -1, "3"):
-        with pytest.raises(ConfigError, match="seeds"):
-            measure({**SETTINGS, "seeds": seeds}, tmp_path / "mqar", tmp_path, lambda f: None)
-    assert not (tmp_path / "mqar").exists()
-    plan = run_settings({**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"], "seeds": 2, "seed": 5})
-    assert plan["seeds"] == [5, 6]
-    assert [r.dir_name() for r in plan["runs"]][:5] == ["llama-d16-s5", "tnl-d16-s5", "mossnet-E1-d16-s5",
-                                                        "mossnet-E2-routed-k1-d16-s5", "llama-eqparams-d16-s5"]
-    assert all(r.seed == 6 for r in plan["runs"][len(plan["runs"]) // 2:])
-
-
-def _heads(acc: dict, width: int = 64, active: dict = None) -> dict:
-    """An MQAR section result of MossNet configurations: {(E, policy): (accuracy min, max)}, two seeds each."""
-    rows = []
-    for (e, policy), (lo, hi) in acc.items():
-        rows.append({"name": f"mossnet-E{e}-{policy}-d{width}", "arch": "mossnet", "d_model": width, "experts": e,
-                     "policy": policy, "accuracy": (lo + hi) / 2, "accuracy_min": lo, "accuracy_max": hi,
-                     "seeds": [0, 1], "active_params": (active or {}).get((e, policy), 1000)})
-    return {"chance": 0.03, "rows": rows}
-
-
-def test_ssm_experts_act_as_heads_follows_equal_active_parameters_against_the_seed_spread():
-    from linlm.reproduce import claims as C
-
-    judge = C.ssm_experts_act_as_heads
-    # E4 routed-k1 (E1's active size) above E1 by more than either spread: supported.
-    assert judge(_heads({(1, "dense"): (0.30, 0.34), (4, "routed-k1"): (0.50, 0.56)})).verdict == "supported"
-    # Above, but by less than the spread: not supported; a k = 2 model of more active parameters does not decide.
-    big = {(4, "routed-k2"): 1130}
-    close = judge(_heads({(1, "dense"): (0.30, 0.40), (4, "routed-k1"): (0.38, 0.44), (4, "routed-k2"): (0.9, 0.95)},
-                         active=big))
-    assert close.verdict == "not supported"
-    assert "E4 routed-k2 0.925 [0.900-0.950, 2 seeds] (+0.575 against a spread of 0.100; active x1.130, not judged)" \
-        in close.evidence
-    # Only models of other active sizes, or one seed: the measurement cannot tell.
-    only_big = _heads({(1, "dense"): (0.30, 0.32), (4, "routed-k2"): (0.5, 0.52)}, active=big)
-    assert judge(only_big).verdict == "not supported at this scale"
-    one = _heads({(1, "dense"): (0.30, 0.30), (4, "routed-k1"): (0.5, 0.5)})
-    for r in one["rows"]:
-        r["seeds"] = [0]
-    assert judge(one).verdict == "not supported at this scale"
-    near_chance = _heads({(1, "dense"): (0.03, 0.031), (4, "routed-k1"): (0.05, 0.051)})
-    assert judge(near_chance).verdict == "not supported at this scale"
-    assert judge(None).verdict == "not measured"
-    assert judge(_heads({(1, "dense"): (0.3, 0.3)})).verdict == "not measured"
-    assert any("SSM experts act as heads" in c.claim for c in C.judge({}))
+    smoke = load_recipe("smoke")
+    for seeds in (0, -1, "3"):  # refused as the recipe is read, before any job exists
+        with pytest.raises(ConfigError, match=r"recipe smoke: mqar\.?:? ?seeds"):
+            smoke.with_settings(mqar={**SETTINGS, "seeds": seeds})
+    m = smoke.with_settings(mqar={**SETTINGS, "experts": [1, 2], "policies": ["routed-k1"], "seeds": 2,
+                                  "seed": 5}).mqar
+    assert m.seed_list == [5, 6]
+    assert [r.name() for r in m.configs()][:5] == ["llama-d16", "tnl-d16", "mossnet-E1-d16",
+                                                   "mossnet-E2-routed-k1-d16", "llama-eqparams-d16"]

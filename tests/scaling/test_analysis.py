@@ -20,13 +20,21 @@ FAST = FitOptions(bootstrap=50, parametric_bootstrap=2)
 def test_fit_json_recovers_the_law(sweep, capsys):
     assert main(["scaling", "fit", str(sweep), "--json", "--bootstrap", "50", "--parametric-bootstrap", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert sorted(out["archs"]) == ["llama", "tnl"] and len(out["runs"]) == 20 and not out["skipped"]
+    # 10 sizes each, four of LLaMA's trained with a second seed.
+    assert sorted(out["archs"]) == ["llama", "tnl"] and len(out["runs"]) == 24 and not out["skipped"]
     for k, arch in enumerate(("llama", "tnl")):
         fits = out["archs"][arch]
         b = arch_beta(k)
         law = fits["envelope"]["L(C)"]
         assert law["alpha"] == pytest.approx(-ALPHA * b / (ALPHA + b), rel=0.02)
         assert law["alpha_ci"][0] < law["alpha"] < law["alpha_ci"][1] and law["r2"] > 0.99
+        # Each fit says what it rests on: its points, runs and sizes, and its replicates (kept, with the failed).
+        env = fits["envelope"]
+        assert env["sizes"] == 10 and env["runs"] == (14 if arch == "llama" else 10) and env["points"] >= 3
+        reps = env["replicates"]
+        assert reps["drawn"] == 50 and reps["used"] + reps["failed"] == 50 and len(law["samples"]) == reps["used"]
+        # LLaMA's spread is its own seeds'; TNL, with one seed per size, takes it pooled from LLaMA's.
+        assert reps["spread"]["source"] == ("its own seeds" if arch == "llama" else "pooled from the seeds of llama")
         assert fits["parametric"]["a"] == pytest.approx(ALPHA, rel=0.05)
         assert fits["paper"]["L(C)"]["alpha"] < 0
     (cross,) = out["crossovers"]

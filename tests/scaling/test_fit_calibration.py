@@ -1,15 +1,15 @@
 """The fits use every point they are given, and their intervals are drawn by the right unit: L(N, D) recovers a
-known law on a tiny ladder, a short run loses no point, the bootstrap draws whole runs, and the interval of the
-envelope's N_opt(C) does not shrink when the envelope is read on a finer grid."""
+known law on a tiny ladder, a short run loses no point, the bootstrap draws whole runs, the envelope fits'
+intervals (seed replicates) do not shrink when the envelope is read on a finer grid, and architectures are
+compared at one compute inside every fitted range."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from linlm.scaling.fits import (Curve, compute_optimal, fit_envelope, fit_runs_parametric, parametric_points,
-                                resample_groups)
-from linlm.scaling.paper import PAPER_TABLE3
+from linlm.scaling.fits import (PFLOPS_DAY, Curve, SeedSpread, compute_optimal, fit_envelope, fit_runs_parametric,
+                                parametric_points, resample_groups)
 
 E, A, B, ALPHA, BETA = 1.69, 406.4, 410.7, 0.34, 0.28
 
@@ -73,37 +73,56 @@ def envelope_ladder(seed: int, sizes: int = 6, scale: float = 1.0, arch: str = "
     return out
 
 
-def test_the_n_opt_interval_does_not_shrink_on_a_finer_grid():
+SPREAD = SeedSpread(offset=0.01, wiggle=0.005, phi=0.9, dof=6, sizes=3, source="test")
+
+
+def test_the_intervals_do_not_shrink_on_a_finer_grid():
+    """The replicates draw seeds, not envelope points: reading the envelope on 4x the grid adds no data, and the
+    intervals stay as wide (the old point-resampled ones were half as wide at 240 points as at 60)."""
     curves = envelope_ladder(0)
     width = {}
-    for resample in ("points", "runs"):
-        for points in (60, 240):
-            fit = fit_envelope(curves, points=points, smooth_window=5, bootstrap=100, seed=0, resample=resample)
-            lo, hi = fit.params.alpha_ci
-            width[resample, points] = hi - lo
-            if resample == "runs":
-                assert fit.resampled == "runs" and fit.replicates + fit.failed == 100
-                assert lo <= BETA / (ALPHA + BETA) <= hi
-    assert width["points", 240] < 0.6 * width["points", 60]  # the old intervals: narrower with no new data
-    assert width["runs", 240] == pytest.approx(width["runs", 60], rel=0.3)
+    for points in (60, 240):
+        fit = fit_envelope(curves, points=points, smooth_window=5, bootstrap=100, seed=0, spread=SPREAD)
+        assert fit.replicates + fit.failed == 100
+        width["alpha", points] = np.subtract(*fit.loss.alpha_ci[::-1])
+        width["n_opt", points] = np.subtract(*fit.params.alpha_ci[::-1])
+        lo, hi = fit.loss.alpha_ci
+        assert lo <= -ALPHA * BETA / (ALPHA + BETA) <= hi
+    for q in ("alpha", "n_opt"):
+        assert width[q, 240] == pytest.approx(width[q, 60], rel=0.3), q
 
 
-def test_compute_optimal_compares_architectures_at_one_compute():
-    fits = {"llama": fit_envelope(envelope_ladder(0, sizes=10, arch="llama"), smooth_window=5, bootstrap=100),
-            "tnl": fit_envelope(envelope_ladder(1, sizes=10, scale=8.0, arch="tnl"), smooth_window=5, bootstrap=100)}
-    out = compute_optimal(fits, PAPER_TABLE3)
+def test_compute_optimal_compares_architectures_at_one_compute_inside_every_fit():
+    fits = {"llama": fit_envelope(envelope_ladder(0, sizes=10, arch="llama"), smooth_window=5, bootstrap=60,
+                                  spread=SPREAD),
+            "tnl": fit_envelope(envelope_ladder(1, sizes=10, scale=8.0, arch="tnl"), smooth_window=5, bootstrap=60,
+                                spread=SPREAD)}
+    out = compute_optimal(fits)
     c = out["compute_pflops_days"]
-    tops = [f.envelope.compute[f.envelope.interior].max() / 8.64e19 for f in fits.values()]
-    assert c == pytest.approx(min(tops))
+    lo = max(f.compute_range[0] for f in fits.values())
+    hi = min(f.compute_range[1] for f in fits.values())
+    assert lo < c < hi and c == pytest.approx((lo * hi) ** 0.5)
     llama, tnl = out["archs"]["llama"], out["archs"]["tnl"]
-    for row, f in ((llama, fits["llama"]), (tnl, fits["tnl"])):
-        assert row["N_opt"] == pytest.approx(f.params(c)) and row["D_opt"] == pytest.approx(f.tokens(c))
-        lo, hi = row["N_opt_ci"]
-        assert lo <= row["N_opt"] * (1 + 1e-9) and row["N_opt"] <= hi * (1 + 1e-9)
+    for row, f, scale in ((llama, fits["llama"], 1.0), (tnl, fits["tnl"], 8.0)):
+        assert row["loss"] == pytest.approx(float(f.loss(c)))
+        assert row["loss_ci"][0] <= row["loss"] <= row["loss_ci"][1] and len(row["loss_samples"]) == f.replicates
+        # The optimum read at C* lies within 10 % of the law's (N_opt = G (C/6)^(b/(a+b)), G = (a A/(b B))^(1/(a+b))).
+        g = (ALPHA * scale * A / (BETA * B)) ** (1 / (ALPHA + BETA))
+        want = g * (c * PFLOPS_DAY / 6) ** (BETA / (ALPHA + BETA))
+        assert row["N_opt"] == pytest.approx(want, rel=0.1)
+        assert row["D_opt"] == pytest.approx(c * PFLOPS_DAY / (6 * row["N_opt"]), rel=1e-6)
+        assert row["N_opt_ci"][0] <= row["N_opt"] <= row["N_opt_ci"][1]
+        assert len(row["N_opt_samples"]) + row["failed"] == f.replicates + f.failed
     # 8x the N term moves N_opt up by 8^(1/(a+b)), about 28x: the intervals are apart.
     assert tnl["N_opt_ci"][0] > llama["N_opt_ci"][1]
-    beta, alpha = PAPER_TABLE3["tnl"]["N_opt(C)"]
-    assert tnl["paper_N_opt"] == pytest.approx(beta * c ** alpha)
+
+
+def test_ranges_that_do_not_overlap_have_no_common_compute():
+    small = fit_envelope(envelope_ladder(0, sizes=8, arch="a"), smooth_window=5, bootstrap=0)
+    shifted = [Curve(c.name, "b", c.params, c.paper_flops_per_token, c.tokens * 1e6, c.loss)
+               for c in envelope_ladder(1, sizes=8, arch="b")]
+    out = compute_optimal({"a": small, "b": fit_envelope(shifted, smooth_window=5, bootstrap=0)})
+    assert out["compute_pflops_days"] is None and "do not overlap" in out["why"] and out["archs"] == {}
 
 
 def test_a_long_ladder_starts_from_a_subsample_and_lands_on_the_same_optimum(monkeypatch):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from linlm.errors import DataError
-from linlm.scaling.fits import (PFLOPS_DAY, Curve, crossover, crossover_between, envelope, fit_envelope,
-                                fit_parametric, fit_power_law, fit_runs_parametric, isoflop)
+from linlm.scaling.fits import (ONE_SIZE, PFLOPS_DAY, Curve, SeedSpread, crossover, crossover_between, envelope,
+                                fit_envelope, fit_parametric, fit_power_law, fit_runs_parametric, isoflop)
 from linlm.scaling.paper import PAPER_TABLE3, paper_law
 
 # Hoffmann et al.'s fitted law (their Table A3 / approach 3); with E = 0 the compute-optimal envelope of
@@ -36,9 +36,13 @@ def within(got, want, rel):
     assert abs(got - want) <= rel * abs(want), f"{got} is not within {rel:.0%} of {want}"
 
 
+# A seed spread as the fits measure one (1 % offset, 0.5 % AR(1) wiggle, measured on 4 degrees of freedom).
+SPREAD = SeedSpread(offset=0.01, wiggle=0.005, phi=0.9, dof=4, sizes=4, source="test")
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_envelope_recovers_exponents_within_2_percent(seed):
-    fit = fit_envelope(synthetic(seed=seed), bootstrap=100, seed=seed)
+    fit = fit_envelope(synthetic(seed=seed), bootstrap=100, seed=seed, spread=SPREAD)
     within(fit.loss.alpha, -ALPHA * BETA / (ALPHA + BETA), 0.02)
     within(fit.params.alpha, BETA / (ALPHA + BETA), 0.02)
     within(fit.tokens.alpha, ALPHA / (ALPHA + BETA), 0.02)
@@ -136,21 +140,44 @@ def test_envelope_picks_lowest_run_and_converts_units():
     assert math.isclose(PFLOPS_DAY, 8.64e19)
 
 
-def test_an_envelope_on_one_size_fits_loss_but_not_the_optimal_size():
-    """When every bracketed envelope point lies on one size, N_opt(C) is flat by construction: it is not fitted
-    (nor D_opt), and the report says why; L(C) still is."""
+def test_an_envelope_on_one_size_is_refused():
+    """When every bracketed envelope point lies on one size, L(C) is one run's learning curve and N_opt(C) flat by
+    construction: the fit is refused ("cannot tell: one size"), and the analysis says why."""
     compute = np.geomspace(1e9, 1e12, 40)
     curves = []
     for n, loss in ((1e4, lambda c: 3.0 + 0 * c), (2e4, lambda c: 2.0 * (c / 1e9) ** -0.05),
                     (4e4, lambda c: 3.5 + 0 * c)):
         curves.append(Curve(f"r{int(n)}", "x", n, 6 * n, compute / (6 * n), loss(compute)))
-    fit = fit_envelope(curves, bootstrap=0)
-    assert fit.params is None and fit.tokens is None
-    assert fit.loss.alpha == pytest.approx(-0.05, abs=1e-6)
-    d = fit.to_dict()
-    assert d["N_opt(C)"] is None and d["D_opt(C)"] is None and d["L(C)"]["alpha"] == pytest.approx(-0.05, abs=1e-6)
+    with pytest.raises(DataError, match=f"{ONE_SIZE}: every fitted envelope point lies on one size "
+                                        r"\(20,000 parameters\)"):
+        fit_envelope(curves, bootstrap=0)
 
     from linlm.scaling.analysis import FitOptions, fit_arch
 
     out = fit_arch("x", curves, FitOptions(bootstrap=0, parametric_bootstrap=0))
-    assert "every fitted envelope point lies on one size (20,000 parameters)" in out.errors["N_opt"]
+    assert out.envelope is None and ONE_SIZE in out.errors["envelope"] and out.env is not None
+
+
+def test_two_runs_of_one_size_with_one_seed_are_one_run_given_twice():
+    runs = synthetic(sizes=4)
+    twin = Curve("copy", "x", runs[1].params, runs[1].paper_flops_per_token, runs[1].tokens, runs[1].loss, seed=0)
+    runs[1].seed = 0
+    with pytest.raises(DataError, match=r"runs x-1 and copy: one size .* trained twice with seed 0"):
+        fit_envelope([*runs, twin], bootstrap=0)
+
+
+def test_a_fit_without_a_seed_spread_has_no_interval_and_one_with_seeds_measures_its_own():
+    plain = fit_envelope(synthetic(sizes=8), bootstrap=20)
+    assert plain.spread is None and np.isnan(plain.loss.alpha_ci).all() and plain.loss.samples is None
+    rng = np.random.default_rng(5)
+    seeded = synthetic(sizes=8)
+    for c in seeded[2:6]:  # a second seed of four sizes, 1 % off in level
+        seeded.append(Curve(c.name + "-s1", "x", c.params, c.paper_flops_per_token, c.tokens,
+                            c.loss * np.exp(rng.normal(0, 0.01)), seed=1))
+        c.seed = 0
+    fit = fit_envelope(seeded, bootstrap=40)
+    assert fit.spread is not None and fit.spread.dof == 4 and fit.spread.source == "its own seeds"
+    assert fit.replicates + fit.failed == 40 and len(fit.loss.samples) == fit.replicates
+    d = fit.to_dict()
+    assert d["runs"] == 12 and d["sizes"] == 8 and d["replicates"]["spread"]["dof"] == 4
+    assert len(d["L(C)"]["samples"]) == fit.replicates and sum(d["envelope"]["fitted"]) == d["points"]

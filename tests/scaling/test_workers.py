@@ -56,7 +56,8 @@ def test_two_at_once_trains_what_one_by_one_trains(tmp_path, text_file):
 
 
 def test_sigterm_stops_every_worker_with_a_checkpoint_and_the_rerun_resumes(tmp_path, text_file):
-    path = tiny_ladder(tmp_path / "tiny.yaml", tokens=150_000)
+    # The first rung is long enough to be interrupted; the second, which only the rerun trains, is short.
+    path = tiny_ladder(tmp_path / "tiny.yaml", tokens=150_000, tokens_b=4096)
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "linlm", "scaling", "run", "--ladder", str(path), "--out", str(out),
            "--set", f"data.source={text_file}", "--jobs", "2"]

@@ -191,22 +191,31 @@ class _StopAt(linlm.train.TrainHooks):
             raise KeyboardInterrupt
 
 
-def test_a_loss_that_keeps_rising_stops_and_a_resumed_run_stops_at_the_same_step(make_config, tiny_data):
-    """lr=3 reached over 100 steps: the loss climbs slowly (about 4.1 to 5.2 nats/token), far below the ceiling.
-    The rule, replayed over metrics.jsonl, trips at the step the run stopped; the advice names the newest
-    checkpoint within a nat of the lowest block mean; and a run interrupted before the climb and resumed stops at
-    the same step for the same reason (the watch's state is in each checkpoint)."""
+def test_a_loss_made_to_rise_stops_and_a_resumed_run_stops_at_the_same_step(make_config, tiny_data, monkeypatch):
+    """Gradient ascent from step 20 on (the learning rate's sign flipped, so every update raises the loss): the run
+    must stop with TrainingDiverged, whichever of the watch's rules the climb meets first (that depends on the
+    CPU's rounding, not on linlm). The rule, replayed over metrics.jsonl, trips at the step the run stopped, with
+    the message the run gave; the advice names the newest checkpoint within a nat of the lowest block mean; the run
+    is not recorded as finished; and a run interrupted mid-climb and resumed stops at the same step for the same
+    reason (the watch's state is in each checkpoint)."""
+    import linlm.train.trainer as trainer
     from linlm.train.guard import LossWatch
 
-    settings = dict(steps=100, optim__lr=3, schedule__warmup_steps=100, checkpoint__every=10, eval__every=0)
+    ascent_from = 20
+    real = trainer.lr_at
+    monkeypatch.setattr(trainer, "lr_at", lambda step, *a: -1e-3 if step >= ascent_from else real(step, *a))
+    settings = dict(steps=100, checkpoint__every=10, eval__every=0)
     whole = make_config("a", **settings)
     with pytest.raises(TrainingDiverged) as e:
         train(whole, verbose=False)
     message = str(e.value)
     recs = read_metrics(Path(whole.out_dir) / "metrics.jsonl")
+    assert not any(r["skipped"] for r in recs)  # every number stayed finite: the watch, not the bad-step rule
+    assert max(r["loss"] for r in recs[ascent_from:]) > min(r["loss"] for r in recs[:ascent_from]) + 1
     watch = LossWatch(_model_vocab(tiny_data))
-    tripped = next(r["step"] for r in recs if not r["skipped"] and watch.check(r["loss"]))
-    assert message.startswith(f"stopped at step {tripped}: the loss kept rising") and tripped == len(recs) < 100
+    tripped, why = next((r["step"], w) for r in recs if (w := watch.check(r["loss"])))
+    assert tripped == len(recs) < 100
+    assert message.startswith(f"stopped at step {tripped}: {why} (lr=-0.001); ")
     named = Path(message.split("the last good checkpoint is ")[1].split(". ")[0])
     assert ckpt.read_state(named)["loss"] <= watch.good_loss()
     assert all(ckpt.read_state(p)["loss"] > watch.good_loss()
@@ -214,12 +223,14 @@ def test_a_loss_that_keeps_rising_stops_and_a_resumed_run_stops_at_the_same_step
     _assert_not_recorded_as_finished(Path(whole.out_dir), message)
 
     interrupted = make_config("b", **settings)
+    stop_at = ascent_from + max(1, (tripped - ascent_from) // 2)  # mid-climb, after the checkpoint at step 20
     with pytest.raises(KeyboardInterrupt):
-        train(interrupted, verbose=False, hooks=_StopAt(tripped - 25))
+        train(interrupted, verbose=False, hooks=_StopAt(stop_at))
     with pytest.raises(TrainingDiverged) as again:
         train(interrupted, resume=True, verbose=False)
     assert str(again.value).split("; ")[0] == message.split("; ")[0]
     assert len(read_metrics(Path(interrupted.out_dir) / "metrics.jsonl")) == tripped
+    _assert_not_recorded_as_finished(Path(interrupted.out_dir), str(again.value))
 
 
 @pytest.mark.parametrize("settings", [dict(steps=60), dict(steps=40, optim__lr=0.3, schedule__kind="constant",
@@ -272,3 +283,59 @@ def test_the_loss_watch_rule():
     assert _first_trip(head, losses[:23]) is None
     restored = LossWatch(320, json.loads(json.dumps(head.state_dict())))
     assert 23 + _first_trip(restored, losses[23:]) == _first_trip(LossWatch(320), losses) == 40
+
+
+# ---- the guard's rules, each on a loss sequence built for it (no training, so no CPU's rounding) ----------------
+
+
+def _first_stop(steps: list, max_bad_steps: int = 3, vocab: int = 320) -> Optional[tuple]:
+    """Feed a Guard the steps, each (loss, grad_norm, weights' norm after the update), as the trainer does: a bad
+    step is skipped, a good one judged. Returns (1-based step, why) of the first stop, or None."""
+    from linlm.train.guard import Guard, LossWatch, bad_step
+
+    judge = Guard(LossWatch(vocab), max_bad_steps, weight_norm=1.0)
+    for n, (loss, grad_norm, weight_norm) in enumerate(steps, 1):
+        why = bad_step(loss, grad_norm)
+        stop = judge.bad(why) if why else judge.good(loss, weight_norm)
+        if stop is not None:
+            return n, stop
+    return None
+
+
+def _good(*losses: float) -> list:
+    return [(loss, 0.5, 1.0) for loss in losses]
+
+
+def test_the_guard_stops_a_slow_rise_by_the_rising_rule():
+    assert _first_stop(_good(*_blocks(4.0, 4.4, 4.8, 5.2))) == (
+        40, "the loss kept rising for 30 steps, to 1.2 nats above its lowest: means of 10 steps 4.4, 4.8, 5.2 after 4")
+    assert _first_stop(_good(*_blocks(4.0, 4.4, 4.8, 4.9, 4.95))) is None  # rising, under a nat above the lowest
+
+
+def test_the_guard_stops_a_jump_at_the_step_it_happens():
+    ceiling = ("the loss {} nats/token passed 11.5, far above the 5.77 of a uniform guess over the vocabulary")
+    assert _first_stop(_good(*[4.0] * 15, 12.5, 4.0)) == (16, ceiling.format("12.5"))  # a loss that leaps at once
+    weights = [(4.0, 0.5, 1.0)] * 5 + [(4.1, 0.5, 10.5)]  # an update that grew the weights' norm over 10 times
+    assert _first_stop(weights) == (6, "the update grew the weights' norm from 1 to 10.5")
+    assert _first_stop([(4.0, 0.5, 1.0), (4.0, 0.5, float("nan"))]) == (2, "the weights became non-finite")
+    assert _first_stop([(4.0, 0.5, 1.0), (4.0, 0.5, 9.9)]) is None  # under 10 times: a big step, not an explosion
+
+
+def test_the_guard_stops_a_climb_at_the_ceiling_before_the_rising_rule_can():
+    climb = [4.0 + 0.5 * i for i in range(30)]  # 0.5 nats a step: past 2 ln 320 = 11.5 at step 17, before 3 blocks
+    assert _first_stop(_good(*climb)) == (
+        17, "the loss 12 nats/token passed 11.5, far above the 5.77 of a uniform guess over the vocabulary")
+    assert _first_stop(_good(*climb[:16])) is None  # 11.5 itself does not pass it
+
+
+def test_the_guard_skips_non_finite_steps_and_stops_after_max_bad_steps_in_a_row():
+    nan, inf = float("nan"), float("inf")
+    steps = _good(4.0, 4.0) + [(nan, 0.5, 1.0), (4.0, inf, 1.0), (4.0, 0.0, 1.0)]
+    assert _first_stop(steps) == (5, "3 steps in a row were bad (zero gradient; max_bad_steps=3)")
+    assert _first_stop(_good(4.0) + [(nan, nan, 1.0)] * 4, max_bad_steps=4) == (
+        5, "4 steps in a row were bad (non-finite loss; max_bad_steps=4)")
+    broken = [(nan, 0.5, 1.0), (4.0, inf, 1.0)] + _good(4.0) + [(inf, 0.5, 1.0), (nan, 0.5, 1.0)]
+    assert _first_stop(broken) is None  # a good step in between resets the streak
+    # A skipped step never reaches the loss watch: the non-finite losses left no mark on its blocks.
+    assert _first_stop([(nan, 0.5, 1.0)] * 2 + _good(*_blocks(4.0, 4.4, 4.8, 5.2)), max_bad_steps=3) == (
+        42, "the loss kept rising for 30 steps, to 1.2 nats above its lowest: means of 10 steps 4.4, 4.8, 5.2 after 4")

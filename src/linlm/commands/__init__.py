@@ -2,3 +2,7 @@
 
 They sit above train, infer and models, so nothing below ever imports them.
 """
+
+from linlm.exports import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {})

@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from linlm.errors import ShapeError
+from linlm.layers.mixer import spec_mismatch
 from linlm.models.counting import count
 from linlm.models.lm import create_model
 from linlm.models.registry import arch_names
@@ -27,12 +29,37 @@ def register(subparsers) -> None:
 def cmd_check(args) -> int:
     from linlm.cli_args import comma_lists
 
-    run_check(archs=comma_lists(args.archs, "--archs"), preset=args.preset)
+    archs = comma_lists(args.archs, "--archs")
+    for name, status in kernel_report().items():
+        print(f"{name}: {status}")
+    run_check(archs=archs, preset=args.preset)
     return 0
 
 
+def kernel_report() -> dict[str, str]:
+    """Which compiled kernels this process runs on: linlm's C kernels (scan, conv, gates, gather-sum), the int8
+    GEMM of quantized models, and the CPU capability torch dispatches to."""
+    from linlm.models.quant import kernels_available
+    from linlm.ops import kernel_library
+
+    backend = kernel_library.backend()
+    if kernel_library.available():
+        c = f"active ({'OpenMP' if kernel_library.openmp() else 'no OpenMP: Python threads'})"
+    elif backend == "torch":
+        c = "off (LINLM_SCAN_BACKEND=torch): the pure-torch ops run"
+    else:
+        c = "not built here (no C compiler, or its build failed: see the warning): the pure-torch ops run"
+    return {
+        "C kernels": c,
+        "int8 GEMM (fbgemm)": "available" if kernels_available() else "not in this torch build: int8 models "
+                                                                    "do not load",
+        "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
-    """Max |logit difference| between prefill + token-by-token steps and one full pass, and state bytes."""
+    """Max |logit difference| between prefill + token-by-token steps and one full pass, and state bytes; a state
+    that differs from what the mixers' state_spec says is a ShapeError naming the layer."""
     with torch.no_grad():
         full = model(ids)
         out = model(ids[:, :prefill], return_state=True)
@@ -42,6 +69,11 @@ def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
             pieces.append(step.logits)
             state = step.state
         inc = torch.cat(pieces, dim=1)
+    spec = model.state_spec(ids.shape[0], ids.shape[1])
+    wrong = spec_mismatch(spec.layers + [spec.extra], state.layers + [state.extra], "layer")
+    if wrong is not None:
+        raise ShapeError(f"{model.config.arch}: its decoding state breaks the token-mixer contract: {wrong} "
+                         "(layer[n_layers] is the embeddings' state); fix state_spec() or the state forward returns")
     return float((inc - full).abs().max()), state.nbytes()
 
 

@@ -2,6 +2,9 @@
 (hf_llama, hf_mamba, mamba_ssm, fla_hgrn2), listed in registry.py; :func:`convert` is the one entry point, and
 ``linlm convert`` its command."""
 
-from linlm.conversion.convert import convert, detect, load_foreign  # noqa: F401
+from linlm.exports import exports
 
-__all__ = ["convert", "detect", "load_foreign"]
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "convert": "linlm.conversion.convert", "detect": "linlm.conversion.convert",
+    "load_foreign": "linlm.conversion.convert",
+})

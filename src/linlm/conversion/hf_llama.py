@@ -20,7 +20,7 @@ from linlm.models.lm import CausalLM
 
 
 def _rope_fields(hf_config) -> dict:
-    """linlm's rope_* fields from a LlamaConfig (transformers 5 ``rope_parameters`` or 4.x ``rope_scaling``)."""
+    """linlm's rope_* options from a LlamaConfig (transformers 5 ``rope_parameters`` or 4.x ``rope_scaling``)."""
     params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     out = {"rope_theta": float(theta if theta is not None else 10000.0)}
@@ -52,11 +52,12 @@ def hf_config_from(cfg: ModelConfig):
     if cfg.norm_type not in ("auto", "rms"):
         raise ConfigError(f"norm_type: LlamaForCausalLM uses RMSNorm, got norm_type={cfg.norm_type!r}; only "
                           f"norm_type 'auto' or 'rms' converts")
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling == "llama3":
-        rope.update(rope_type="llama3", factor=cfg.rope_factor, low_freq_factor=cfg.rope_low_freq_factor,
-                    high_freq_factor=cfg.rope_high_freq_factor,
-                    original_max_position_embeddings=cfg.rope_original_max_len)
+    o = cfg.options
+    rope = {"rope_type": "default", "rope_theta": o.rope_theta}
+    if o.rope_scaling == "llama3":
+        rope.update(rope_type="llama3", factor=o.rope_factor, low_freq_factor=o.rope_low_freq_factor,
+                    high_freq_factor=o.rope_high_freq_factor,
+                    original_max_position_embeddings=o.rope_original_max_len)
     kwargs = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.glu_hidden,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
@@ -85,13 +86,14 @@ def config_from_hf(hf_config) -> ModelConfig:
         )
     kv = getattr(hf_config, "num_key_value_heads", None) or heads
     try:
-        return ModelConfig(
+        return ModelConfig.from_dict(dict(
             arch="llama", vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size,
-            n_layers=hf_config.num_hidden_layers, n_heads=heads, n_kv_heads=0 if kv == heads else kv,
+            n_layers=hf_config.num_hidden_layers, n_heads=heads,
             tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
             glu_dim=hf_config.intermediate_size, max_seq_len=hf_config.max_position_embeddings,
-            norm_eps=hf_config.rms_norm_eps, **_rope_fields(hf_config),
-        ).validate()
+            norm_eps=hf_config.rms_norm_eps,
+            options={"n_kv_heads": 0 if kv == heads else kv, **_rope_fields(hf_config)},
+        ))
     except ConfigError as e:
         raise CheckpointError(f"this Llama config does not fit linlm's LLaMA: {e}") from None
 

@@ -14,7 +14,7 @@ import torch
 from linlm.conversion.layout import Layout, build, conv_weight, fill, load_into, refuse_model_type, require_transformers
 from linlm.conversion.source import Tensors
 from linlm.errors import CheckpointError, ConfigError
-from linlm.layers.mamba import dt_rank
+from linlm.layers.mamba import dt_rank, inner_dim
 from linlm.models.lm import CausalLM
 from linlm.models.model_config import ModelConfig
 
@@ -31,7 +31,7 @@ def mamba_blocks(cfg: ModelConfig, sd, prefix: str, conv_bias: bool) -> dict:
         p, o = f"{prefix}{i}.", f"layers.{i}."
         for mine, theirs in MIXER_NAMES.items():
             if mine == "conv.bias" and not conv_bias:
-                ours[o + "mixer.conv.bias"] = torch.zeros(cfg.expand * cfg.d_model)
+                ours[o + "mixer.conv.bias"] = torch.zeros(inner_dim(cfg))
                 continue
             ours[o + "mixer." + mine] = sd[p + "mixer." + theirs]
         ours[o + "mixer.conv.weight"] = conv_weight(sd[p + "mixer.conv1d.weight"])
@@ -49,9 +49,9 @@ def config_from_hf(hf_config) -> ModelConfig:
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
         raise CheckpointError(f"hidden_act: {config['hidden_act']!r} is not supported; linlm's Mamba uses silu")
     return build(dict(arch="mamba", vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size,
-                      n_layers=hf_config.num_hidden_layers, d_state=hf_config.state_size,
-                      d_conv=hf_config.conv_kernel, expand=hf_config.expand, dt_rank=hf_config.time_step_rank,
-                      norm_eps=hf_config.layer_norm_epsilon,
+                      n_layers=hf_config.num_hidden_layers, norm_eps=hf_config.layer_norm_epsilon,
+                      options=dict(d_state=hf_config.state_size, d_conv=hf_config.conv_kernel,
+                                   expand=hf_config.expand, dt_rank=hf_config.time_step_rank),
                       tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True))), "MambaConfig")
 
 
@@ -80,9 +80,10 @@ def hf_config_from(cfg: ModelConfig):
     if cfg.norm_type not in ("auto", "rms"):
         raise ConfigError(f"norm_type: MambaForCausalLM uses RMSNorm, got norm_type={cfg.norm_type!r}")
 
-    return MambaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, state_size=cfg.d_state,
-                       num_hidden_layers=cfg.n_layers, layer_norm_epsilon=cfg.norm_eps, expand=cfg.expand,
-                       conv_kernel=cfg.d_conv, use_bias=False, use_conv_bias=True, hidden_act="silu",
+    o = cfg.options
+    return MambaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, state_size=o.d_state,
+                       num_hidden_layers=cfg.n_layers, layer_norm_epsilon=cfg.norm_eps, expand=o.expand,
+                       conv_kernel=o.d_conv, use_bias=False, use_conv_bias=True, hidden_act="silu",
                        time_step_rank=dt_rank(cfg), tie_word_embeddings=cfg.tie_embeddings)
 
 

@@ -58,8 +58,9 @@ def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
                               f"{config.get('pad_vocab_size_multiple', 8)} is {vocab}: the weights are another size")
     tied = bool(config.get("tie_embeddings", True))
     cfg = build(dict(arch="mamba", vocab_size=vocab, d_model=d, n_layers=int(config["n_layer"]),
-                     d_state=int(ssm.get("d_state", 16)), d_conv=int(ssm.get("d_conv", 4)),
-                     expand=int(ssm.get("expand", 2)), dt_rank=math.ceil(d / 16) if rank == "auto" else int(rank),
+                     options=dict(d_state=int(ssm.get("d_state", 16)), d_conv=int(ssm.get("d_conv", 4)),
+                                  expand=int(ssm.get("expand", 2)),
+                                  dt_rank=math.ceil(d / 16) if rank == "auto" else int(rank)),
                      norm_eps=NORM_EPS, norm_type="rms" if config.get("rms_norm", True) else "layer",
                      tie_embeddings=tied), "config.json")
     ours = {"embed.weight": sd["backbone.embedding.weight"],

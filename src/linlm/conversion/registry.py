@@ -1,4 +1,4 @@
-"""The checkpoint layouts linlm converts: one line per layout module (see docs/architecture.md)."""
+"""The checkpoint layouts linlm converts: one line per layout module (see docs/code-layout.md)."""
 
 from __future__ import annotations
 

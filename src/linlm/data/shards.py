@@ -27,7 +27,7 @@ import numpy as np
 
 from linlm import outputs
 from linlm.data.checksums import shard_checksums
-from linlm.data.tokenizer import CONFIG_FILE as TOKENIZER_CONFIG_FILE
+from linlm.data.tokenizer import TOKENIZER_CONFIG_FILE
 from linlm.data.tokenizer import TOKENIZER_FILE
 from linlm.errors import DataError
 

@@ -41,10 +41,10 @@ log = logging.getLogger("linlm.data")
 EOS_TOKEN = "<|endoftext|>"
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>", "[SEP]")
 TOKENIZER_FILE = "tokenizer.json"
-CONFIG_FILE = "tokenizer_config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 # transformers' tokenizer files besides tokenizer.json: a directory with one of them loads through AutoTokenizer
-TRANSFORMERS_FILES = (CONFIG_FILE, "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+TRANSFORMERS_FILES = (TOKENIZER_CONFIG_FILE, "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
 
 
 class Tokenizer:
@@ -205,7 +205,7 @@ class Tokenizer:
         directory = Path(directory)
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eos_token,
                   "clean_up_tokenization_spaces": False}
-        files = {TOKENIZER_FILE: self.to_str(), CONFIG_FILE: outputs.dumps(config)}
+        files = {TOKENIZER_FILE: self.to_str(), TOKENIZER_CONFIG_FILE: outputs.dumps(config)}
         for name in files:
             outputs.check_file(directory / name, "tokenizer")
         for name, text in files.items():
@@ -235,7 +235,7 @@ def _named_tokens(directory: Path) -> dict:
     """``bos_token``, ``eos_token`` and ``add_bos_token`` as ``tokenizer_config.json`` states them, with
     ``special_tokens_map.json`` filling in a token the config does not name ({} when neither file is there)."""
     named: dict = {}
-    for name in (CONFIG_FILE, SPECIAL_TOKENS_FILE):
+    for name in (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE):
         file = directory / name
         if not file.is_file():
             continue
@@ -250,7 +250,7 @@ def _named_tokens(directory: Path) -> dict:
             value = value.get("content") if isinstance(value, dict) else value
             if isinstance(value, str) and key not in named:
                 named[key] = value
-        if name == CONFIG_FILE and isinstance(data.get("add_bos_token"), bool):
+        if name == TOKENIZER_CONFIG_FILE and isinstance(data.get("add_bos_token"), bool):
             named["add_bos_token"] = data["add_bos_token"]
     return named
 
@@ -262,8 +262,8 @@ def _find_eos(backend, named: dict, where: str) -> str:
     for candidate in EOS_CANDIDATES:
         if backend.token_to_id(candidate) is not None:
             return candidate
-    raise TokenizerError(f"{where}: cannot tell which token ends a document (no eos_token in {CONFIG_FILE}, none "
-                         f"of {', '.join(EOS_CANDIDATES)}); pass eos_token=")
+    raise TokenizerError(f"{where}: cannot tell which token ends a document (no eos_token in "
+                         f"{TOKENIZER_CONFIG_FILE}, none of {', '.join(EOS_CANDIDATES)}); pass eos_token=")
 
 
 def resolve_tokenizer(spec: "str | Path | Tokenizer") -> tuple[Optional["Tokenizer"], Optional[int]]:

@@ -5,6 +5,9 @@ A sequence holds ``num_kv`` key-value pairs, then ``num_queries`` of those keys 
 
     k1 v1 k2 v2 ... kN vN | q1 a1 q2 a2 ... qM aM          (a_j is the value paired with key q_j)
 
+With ``gap`` > 0, that many filler tokens (id 0) stand between the pairs and the queries: the same pairs recalled
+across a longer context (the context-length study), with nothing new to store.
+
 Keys are drawn without replacement from ids 1..K and values from K+1..V-1 (K = (V - 1) // 2; id 0 is never used),
 uniformly and independently per sequence, so nothing can be memorised across sequences: the model must recall a_j
 from the context. Only the answers are targets (``targets[t] = a_j`` at the position t of q_j, -100 elsewhere);
@@ -38,6 +41,7 @@ class MQARConfig:
     vocab_size: int = 128
     num_kv: int = 8
     num_queries: Optional[int] = None  # None: every key is queried once (num_queries = num_kv)
+    gap: int = 0  # filler tokens (id 0) between the pairs and the queries
 
     @property
     def queries(self) -> int:
@@ -49,7 +53,7 @@ class MQARConfig:
 
     @property
     def seq_len(self) -> int:
-        return 2 * (self.num_kv + self.queries)
+        return 2 * (self.num_kv + self.queries) + self.gap
 
     def validate(self) -> "MQARConfig":
         if self.num_kv < 1:
@@ -57,6 +61,8 @@ class MQARConfig:
         if self.num_keys < self.num_kv:
             raise ConfigError(f"mqar vocab_size: {self.vocab_size} gives {self.num_keys} distinct keys, fewer than "
                               f"num_kv={self.num_kv}; use vocab_size >= {2 * self.num_kv + 1}")
+        if not 0 <= self.gap <= 1_000_000:
+            raise ConfigError(f"mqar gap: must be between 0 and 1000000 filler tokens, got {self.gap}")
         if self.num_queries is not None and not 1 <= self.num_queries <= self.num_kv:
             raise ConfigError(f"mqar num_queries: must be in 1..num_kv={self.num_kv} (or left out: every key), got "
                               f"{self.num_queries}")
@@ -68,6 +74,8 @@ class MQARConfig:
         fields = asdict(self)
         if self.num_queries is None:
             fields["num_queries"] = 0
+        if not self.gap:  # a task without a gap keeps the identity it had before the gap existed
+            del fields["gap"]
         return hashlib.sha256(json.dumps({"mqar": fields}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -82,9 +90,11 @@ def mqar_batch(cfg: MQARConfig, batch: int, generator: torch.Generator) -> tuple
     values = torch.randint(K + 1, cfg.vocab_size, (batch, n), generator=generator)
     pick = torch.rand(batch, n, generator=generator).argsort(-1)[:, :m]
     q_keys, q_values = keys.gather(1, pick), values.gather(1, pick)
-    ids = torch.cat([torch.stack([keys, values], -1).flatten(1), torch.stack([q_keys, q_values], -1).flatten(1)], 1)
+    filler = torch.zeros(batch, cfg.gap, dtype=keys.dtype)
+    ids = torch.cat([torch.stack([keys, values], -1).flatten(1), filler,
+                     torch.stack([q_keys, q_values], -1).flatten(1)], 1)
     targets = torch.full_like(ids, IGNORE)
-    targets[:, 2 * n::2] = q_values
+    targets[:, 2 * n + cfg.gap::2] = q_values
     return ids, targets
 
 

@@ -7,7 +7,9 @@ groups :mod:`linlm.experiments.mqar_summary`; the task itself (generator, stream
 :mod:`linlm.eval.mqar`.
 
 It is resumable run by run, and a result is recorded only for a run that trained to its end: a stop (Ctrl-C)
-leaves the stopped run's checkpoint and no result, and the same call again resumes it.
+leaves the stopped run's checkpoint and no result, and the same call again resumes it. A run may train to a
+plateau instead of a fixed count of steps, and each configuration at its own learning rate from a sweep
+(:mod:`linlm.experiments.mqar_plateau`).
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig, mqar_accuracy, mqar_data, mqar_test_set, state_floats
 from linlm.experiments.mqar_grid import MQARRun, default_archs, default_runs, model_overrides
+from linlm.experiments.mqar_plateau import Plateau, choose_lr
 from linlm.experiments.mqar_summary import loss_trend
 from linlm.locking import DirLock
 
 if TYPE_CHECKING:
     from linlm.train import TrainConfig
 
-__all__ = ["MQARRun", "RECORD_FILE", "default_archs", "default_runs", "plot_experiment", "run_experiment"]
+__all__ = ["MQARRun", "Plateau", "RECORD_FILE", "default_archs", "default_runs", "plot_experiment", "run_experiment",
+           "sweep_learning_rates"]
 
 log = logging.getLogger("linlm.experiments.mqar")
 
@@ -58,7 +62,7 @@ class _Planned:
 
 
 def _plan_run(run: MQARRun, cfg: MQARConfig, out_dir: Path, train: dict, test_sequences: int, overwrite: bool,
-              what: str) -> _Planned:
+              what: str, plateau: Optional[Plateau] = None) -> _Planned:
     """Build the run's TrainConfig and decide what to do with its directory; writes nothing.
 
     A directory holding this run with the same settings continues it: its result is read back when it finished,
@@ -68,21 +72,24 @@ def _plan_run(run: MQARRun, cfg: MQARConfig, out_dir: Path, train: dict, test_se
     from linlm.train.train_config import config_diff
     from linlm.train.rundir import RunDir
 
-    steps = train["steps"]
+    # A run to a plateau trains at a constant rate after its warmup, in blocks (its config's steps: the first).
+    steps = plateau.min_steps if plateau else train["steps"]
     model_over = model_overrides(run, train["n_layers"], train["head_dim"], cfg.vocab_size, cfg.seq_len)
     run_dir = out_dir / run.dir_name()
+    schedule = {"kind": "constant" if plateau else "cosine", "warmup_steps": min(50, steps // 10)}
     train_cfg = build_config(None, {
         "model": {"arch": run.arch, "preset": None, "overrides": model_over},
         "out_dir": str(run_dir), "steps": steps, "batch_size": train["batch_size"], "seed": run.seed,
-        "optim": {"lr": train["lr"], "weight_decay": 0.1},
-        "schedule": {"kind": "cosine", "warmup_steps": min(50, steps // 10)},
-        "eval": {"every": steps, "batches": 2}, "checkpoint": {"every": steps, "keep": 1},
-        "data": {"seq_len": cfg.seq_len}, "samples": {"prompts": []}, "log_every": max(1, steps // 5),
-        "threads": train["threads"],
+        "optim": {"lr": run.lr or train["lr"], "weight_decay": 0.1}, "schedule": schedule,
+        "eval": {"every": steps, "batches": 2},
+        "checkpoint": {"every": plateau.block if plateau else steps, "keep": 1},
+        "data": {"seq_len": cfg.seq_len}, "samples": {"prompts": []},
+        "log_every": 10 if plateau else max(1, steps // 5), "threads": train["threads"],
     })
     # Where the run lives and how many threads train it do not change what it computes.
     trained = {k: v for k, v in train_cfg.to_dict().items() if k not in ("out_dir", "threads")}
-    settings = json.loads(json.dumps({"task": asdict(cfg), "test_sequences": test_sequences, "train": trained}))
+    settings = json.loads(json.dumps({"task": asdict(cfg), "test_sequences": test_sequences, "train": trained,
+                                      **({"plateau": asdict(plateau)} if plateau else {})}))
     outputs.check_dir(run_dir, what, names=[RECORD_FILE])
     record = _read_record(run_dir / RECORD_FILE, what)
     has_run = RunDir(run_dir).has_run()
@@ -120,7 +127,8 @@ def _read_record(path: Path, what: str) -> Optional[dict]:
 def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int = 300, batch_size: int = 32,
                    lr: float = 3e-3, n_layers: int = 2, head_dim: int = 16, test_sequences: int = 512,
                    threads: int = 0, overwrite: bool = False, what: str = "out_dir",
-                   on_fraction: Optional[Callable[[float], None]] = None) -> list[dict]:
+                   on_fraction: Optional[Callable[[float], None]] = None,
+                   plateau: Optional[Plateau] = None) -> list[dict]:
     """Train each run on MQAR with the Trainer (``out_dir/NAME-sSEED``) and measure its test accuracy; one row per
     run (a configuration and a seed: :func:`linlm.experiments.mqar_summary.summarize` joins a configuration's
     seeds). A run's seed sets its initialisation, its training stream and its held-out test set.
@@ -134,7 +142,9 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     :class:`linlm.signals.Stopped` (a KeyboardInterrupt). ``overwrite`` trains every run again from step 0: their
     old results are dropped at once, and the Trainer replaces each old run (removing only what linlm wrote) when
     the new one starts, also when a rerun without ``overwrite`` continues a stopped one. ``threads`` 0 leaves
-    torch's thread count as it is (TrainConfig.threads). ``on_fraction(f)`` hears the fraction of runs done."""
+    torch's thread count as it is (TrainConfig.threads). ``on_fraction(f)`` hears the fraction of runs done.
+    ``plateau``: each run trains to a plateau by that rule instead of ``steps`` (its row says whether it got there);
+    a run's own ``lr`` replaces ``lr``."""
     cfg = cfg.validate()
     out_dir = Path(out_dir).expanduser()
     names = [r.dir_name() for r in runs]
@@ -149,7 +159,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     tests = {s: mqar_test_set(cfg, test_sequences, s) for s in dict.fromkeys(r.seed for r in runs)}
 
     def plan() -> list[_Planned]:
-        return [_plan_run(r, cfg, out_dir, train, test_sequences, overwrite, what) for r in runs]
+        return [_plan_run(r, cfg, out_dir, train, test_sequences, overwrite, what, plateau) for r in runs]
 
     plan()  # every refusal before anything is created
     outputs.make_dir(out_dir, what)
@@ -165,7 +175,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
                          p.run.dir_name(), p.row["steps"], _shown(p.row.get("accuracy")))
                 rows.append(p.row)
             else:
-                rows.append(_train_and_measure(p, cfg, tests[p.run.seed], what, f"[{i}/{len(plans)}]"))
+                rows.append(_train_and_measure(p, cfg, tests[p.run.seed], what, f"[{i}/{len(plans)}]", plateau))
             if on_fraction is not None:
                 on_fraction(i / len(plans))
     return rows
@@ -194,12 +204,16 @@ def _hooks(plan: _Planned, prefix: str, what: str):
     return Hooks()
 
 
-def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, prefix: str) -> dict:
+def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, prefix: str,
+                       plateau: Optional[Plateau] = None) -> dict:
     """Train (or resume) one run to its end, measure it and record its row; a stopped run raises Stopped.
 
     A run the divergence guard stopped is a result too: its row says why (``diverged``), its accuracy is None and
-    it is recorded, so that the experiment goes on and a rerun reads it back instead of diverging again."""
-    from linlm import load
+    it is recorded, so that the experiment goes on and a rerun reads it back instead of diverging again. With
+    ``plateau`` the run is continued block by block until the rule says it plateaued or it reaches max_steps."""
+    import dataclasses
+
+    from linlm.models.io import load
     from linlm.errors import TrainingDiverged
     from linlm.models.counting import count
     from linlm.models.lm import CausalLM
@@ -209,17 +223,28 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
     from linlm.train.metrics import METRICS_FILE, read_metrics
 
     name, steps, seed = plan.run.dir_name(), plan.train_cfg.steps, plan.run.seed
-    trainer = Trainer(plan.train_cfg, resume=plan.has_run and not plan.replace, overwrite=plan.replace,
-                      hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed))
-    try:
-        result, diverged = trainer.run(), None
-    except TrainingDiverged as e:
-        result, diverged = None, str(e)
-    if result is not None and result.interrupted:
-        raise Stopped(result.interrupted, f"stopped by {result.interrupted}: {name} at step {result.step} of "
-                                          f"{steps} (checkpoint {result.checkpoint})")
-    if result is not None and (not result.finished or result.step != steps):
-        raise RuntimeError(f"{name}: the Trainer returned at step {result.step} of {steps} without a stop signal")
+    resume, train_cfg, flat = plan.has_run and not plan.replace, plan.train_cfg, None
+    while True:
+        trainer = Trainer(train_cfg, resume=resume, overwrite=plan.replace and not resume,
+                          hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed))
+        try:
+            result, diverged = trainer.run(), None
+        except TrainingDiverged as e:
+            result, diverged = None, str(e)
+        if result is not None and result.interrupted:
+            raise Stopped(result.interrupted, f"stopped by {result.interrupted}: {name} at step {result.step} of "
+                                              f"{train_cfg.steps} (checkpoint {result.checkpoint})")
+        if result is not None and (not result.finished or result.step < train_cfg.steps):
+            raise RuntimeError(f"{name}: the Trainer returned at step {result.step} of {train_cfg.steps} without a "
+                               "stop signal")
+        if plateau is None or result is None:
+            break
+        flat = plateau.plateaued(read_metrics(plan.dir / METRICS_FILE))
+        if flat or result.step >= plateau.max_steps:
+            flat = bool(flat)
+            break
+        resume, steps = True, plateau.next_steps(result.step)
+        train_cfg = dataclasses.replace(train_cfg, steps=steps)
     config = preset_config(plan.run.arch, None, **plan.model_over)
     counts = count(config, batch=1, seq_len=cfg.seq_len)
     # The steps' own time, from the metrics log: a resumed run counts each step once, whichever call trained it.
@@ -234,13 +259,29 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
            "active_params": counts["active_non_embedding_params"], "state_floats": state,
            "state_per_layer": state / layers, "steps": result.step if result else (metrics or [{}])[-1].get("step", 0),
            "final_loss": result.loss if result else (metrics or [{}])[-1].get("loss"), "diverged": diverged,
-           **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, **measured}
+           **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, "lr": plan.train_cfg.optim.lr,
+           "plateaued": flat, "study": plan.run.study or {}, **measured}
     outputs.write_json(plan.dir / RECORD_FILE, plan.record(row, replace=False), what)
     if diverged:
         log.warning("%s %s: diverged (%s); recorded without an accuracy", prefix, name, diverged)
     else:
         log.info("%s %s: accuracy %.3f after %d steps", prefix, name, row["accuracy"], row["steps"])
     return row
+
+
+def sweep_learning_rates(configs: list[MQARRun], lrs, cfg: MQARConfig, out_dir, *, steps: int,
+                         on_fraction: Optional[Callable[[float], None]] = None, **train) -> dict[str, dict]:
+    """Each configuration (seed 0) trained ``steps`` (an even number) at each of ``lrs``, at the constant rate the
+    plateau runs train at, in ``out_dir`` (resumable as the experiment is); returns {configuration: {"losses":
+    {lr: loss}, "chosen": lr}} (:func:`choose_lr`)."""
+    runs = [MQARRun(c.arch, c.d_model, f"{c.name()}-lr{lr:g}", c.overrides, 0, lr, c.study)
+            for c in configs for lr in lrs]
+    fixed = Plateau(block=steps // 2, min_steps=steps, max_steps=steps).validate()
+    rows = run_experiment(runs, cfg, out_dir, on_fraction=on_fraction, plateau=fixed, **train)
+    by = {r.name(): [] for r in configs}
+    for run, row in zip(runs, rows):
+        by[run.name().rsplit("-lr", 1)[0]].append(row)
+    return {name: choose_lr(found) for name, found in by.items()}
 
 
 def plot_experiment(configs: list[dict], path, what: Optional[str] = None) -> Path:

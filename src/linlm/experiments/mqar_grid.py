@@ -22,7 +22,7 @@ Which runs are compared with which is decided from the measured numbers (:mod:`l
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from linlm.errors import ConfigError
@@ -44,6 +44,8 @@ class MQARRun:
     label: str = ""
     overrides: Optional[dict] = None
     seed: int = 0
+    lr: Optional[float] = None  # its own learning rate (None: the experiment's)
+    study: dict = field(default_factory=dict)  # what a study's run varies: {"shape": "d48-l3"}, {"context": 64}
 
     def name(self) -> str:
         """The configuration's name, shared by its seeds: ``LABEL-dWIDTH`` (the width last)."""
@@ -152,21 +154,60 @@ def equal_params_run(arch: str, d: int, shape: dict, target: int) -> MQARRun:
     return run
 
 
-def matched_runs(d: int, experts: Sequence[int], archs: Sequence[str], shape: dict) -> list[MQARRun]:
-    """The baselines of :func:`equal_params_run` (target: the one-expert MossNet at width d) and the SSMs with E
-    times MossNet's ``d_state`` for each E >= 2 of ``experts`` (E = 1: the SSM of the width itself)."""
+def one_wide_run(d: int, like: str, shape: dict) -> MQARRun:
+    """One SSM expert (``mossnet-E1-wide``) widened (its ``expand``) to the active parameters of the MossNet
+    ``like`` (``E4-routed-k2``: E experts, k of them a token): the model the heads claim compares E experts with,
+    one head as large as the k heads together."""
+    e, _, policy = like.partition("-")
+    target_run = mossnet_run(d, int(e.removeprefix("E")), parse_policy(policy))
+    if target_run is None:
+        raise ConfigError(f"mqar wide_to {like!r}: its k exceeds its E; give E<n>-<policy>, e.g. E4-routed-k2")
+    target = active_params(target_run, shape)
+    one = mossnet_run(d, 1, parse_policy("dense"))
+    run = MQARRun("mossnet", d, f"mossnet-E1-wide-d{d}", {**one.overrides})
+    # The inner width in whole multiples of d (as far as it stays below the target), then the dt rank (a finer
+    # step that only adds) closes the gap, as equal_params_run does for an SSM without an MLP.
+    expand = 2
+    while active_params(MQARRun("mossnet", d, run.label, {**run.overrides, "expand": expand + 1}), shape) <= target:
+        expand += 1
+    run.overrides["expand"] = expand
+    run.overrides["dt_rank"] = _solve(run, "dt_rank", shape, target, max(1, -(-d // 16)), 1)
+    return run
+
+
+def matched_runs(d: int, experts: Sequence[int], archs: Sequence[str], shape: dict, equal_params: bool = True,
+                 equal_state: Optional[Sequence[str]] = None) -> list[MQARRun]:
+    """The baselines of :func:`equal_params_run` (target: the one-expert MossNet at width d; ``equal_params``) and
+    the SSMs with E times MossNet's ``d_state`` for each E >= 2 of ``experts`` (E = 1: the SSM of the width
+    itself): those of ``archs``, or the SSMs ``equal_state`` names."""
     from linlm.models.archs.base import SSM
     from linlm.models.model_config import ModelConfig
     from linlm.models.registry import arch_names, baseline_arch, get_arch
 
     ssms = [a for a in arch_names(SSM) if a in archs and get_arch(a).mlp is None]
     candidates = [a for a in dict.fromkeys([baseline_arch(), *ssms]) if a in archs]
-    target = active_params(mossnet_run(d, 1, parse_policy("dense")), shape)
-    runs = [equal_params_run(a, d, shape, target) for a in candidates]
-    n = ModelConfig(arch="mossnet").d_state
+    if equal_state is not None:
+        unknown = [a for a in equal_state if a not in arch_names(SSM) or get_arch(a).mlp is not None]
+        if unknown:
+            raise ConfigError(f"mqar equal_state: {unknown} are no SSMs without an MLP; choose among "
+                              f"{[a for a in arch_names(SSM) if get_arch(a).mlp is None]}")
+        ssms = list(equal_state)
+    runs = []
+    if equal_params:
+        target = active_params(mossnet_run(d, 1, parse_policy("dense")), shape)
+        runs = [equal_params_run(a, d, shape, target) for a in candidates]
+    n = ModelConfig(arch="mossnet").options.d_state
     for e in (e for e in dict.fromkeys(experts) if e >= 2):
-        runs += [MQARRun(a, d, f"{a}-N{e * n}-d{d}", {"d_state": e * n}) for a in ssms]
+        runs += [MQARRun(a, d, equal_state_label(a, e, d), {"d_state": e * n}) for a in ssms]
     return runs
+
+
+def equal_state_label(arch: str, experts: int, d: int = 0) -> str:
+    """The name of ``arch`` with ``experts`` times MossNet's d_state (equal state per layer to MossNet-E), at width
+    ``d`` (0: without the width)."""
+    from linlm.models.model_config import ModelConfig
+
+    return f"{arch}-N{experts * ModelConfig(arch='mossnet').options.d_state}" + (f"-d{d}" if d else "")
 
 
 def default_archs() -> list[str]:
@@ -180,7 +221,9 @@ def default_archs() -> list[str]:
 
 def default_runs(widths=(32, 64), experts: Sequence[int] = DEFAULT_EXPERTS, archs: Optional[Sequence[str]] = None,
                  policies: Sequence[str] = DEFAULT_POLICIES, seeds: Sequence[int] = (0,), matched: bool = True, *,
-                 n_layers: int = 2, head_dim: int = 16, vocab_size: int = 64, seq_len: int = 16) -> list[MQARRun]:
+                 n_layers: int = 2, head_dim: int = 16, vocab_size: int = 64, seq_len: int = 16,
+                 equal_params: Optional[bool] = None, equal_state: Optional[Sequence[str]] = None,
+                 wide_to: Optional[str] = None) -> list[MQARRun]:
     """Every architecture (``archs``, default :func:`default_archs`) at each width, MossNet's E x policy grid
     (:func:`mossnet_runs`; ``experts`` empty: no MossNet runs) and, where MossNet runs and ``matched``, the
     baselines of :func:`matched_runs`; each configuration once per seed. The shape (``n_layers`` ...) must be the
@@ -196,6 +239,10 @@ def default_runs(widths=(32, 64), experts: Sequence[int] = DEFAULT_EXPERTS, arch
         configs.extend(MQARRun(arch, d) for arch in archs)
         moss = mossnet_runs(d, experts, policies) if experts else []
         configs.extend(moss)
-        if moss and matched:
-            configs.extend(matched_runs(d, experts, archs, shape))
-    return [MQARRun(c.arch, c.d_model, c.label, c.overrides, s) for s in seeds for c in configs]
+        if wide_to:
+            configs.append(one_wide_run(d, wide_to, shape))
+        eq_params = matched if equal_params is None else equal_params
+        eq_state = (None if matched else []) if equal_state is None else equal_state
+        if moss and (eq_params or eq_state is None or eq_state):
+            configs.extend(matched_runs(d, experts, archs, shape, eq_params, eq_state))
+    return [MQARRun(c.arch, c.d_model, c.label, c.overrides, s, c.lr, c.study) for s in seeds for c in configs]

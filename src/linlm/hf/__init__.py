@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import importlib.util
 
+__all__ = ["register"]
+
 
 def register() -> None:
     """Register every architecture of linlm's registry with AutoConfig and AutoModelForCausalLM now (imports

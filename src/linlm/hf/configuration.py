@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping
 from transformers import AutoConfig, PreTrainedConfig
 
 from linlm.errors import CheckpointError, ConfigError
-from linlm.models.model_config import ModelConfig
+from linlm.models.model_config import ModelConfig, flat_option_keys
 from linlm.models.presets import preset_row
 from linlm.models.registry import ARCHITECTURES
 from linlm.schema import config_error
@@ -35,7 +35,7 @@ MODEL_TYPE_PREFIX = "linlm_"
 # The preset whose values are the defaults of every config class (the paper's smallest model).
 DEFAULT_PRESET = "paper-70m"
 
-# ModelConfig field -> the transformers name it is stored under; the field's own name is an alias of it.
+# ModelConfig field or option -> the transformers name it is stored under; its own name is an alias of it.
 HF_NAMES: dict[str, str] = {
     "d_model": "hidden_size",
     "n_layers": "num_hidden_layers",
@@ -53,16 +53,18 @@ MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name n
 
 
 def hf_name(key: str) -> str:
-    """The attribute of a key of linlm's model config: ``d_model`` -> ``hidden_size``, ``options.tpe`` -> ``tpe``."""
-    return HF_NAMES.get(key, key.removeprefix("options."))
+    """The attribute of a key of linlm's model config: ``d_model`` -> ``hidden_size``, ``options.tpe`` -> ``tpe``,
+    ``options.d_state`` -> ``state_size``."""
+    name = key.removeprefix("options.")
+    return HF_NAMES.get(name, name)
 
 
 def settings_of(cfg: ModelConfig) -> dict[str, Any]:
-    """{attribute: value} of a linlm model config: its fields under their transformers names, then its options."""
+    """{attribute: value} of a linlm model config: its fields, then its options, under their transformers names."""
     values = cfg.to_dict()
     options = values.pop("options") or {}
     del values["arch"]
-    return {**{hf_name(k): v for k, v in values.items()}, **options}
+    return {hf_name(k): v for k, v in {**values, **options}.items()}
 
 
 class LinlmConfig(PreTrainedConfig):
@@ -93,13 +95,13 @@ class LinlmConfig(PreTrainedConfig):
                 raise CheckpointError(f"config.json: {name}={config_dict[name]!r} and {alias}={config_dict[alias]!r} "
                                       f"are one setting ({alias} is linlm's name of {name}); keep {name} only")
         if cls.arch and "linlm" not in config_dict:
-            config_dict = {**ARCHITECTURES[cls.arch].saved_before, **config_dict}
+            config_dict = {**ARCHITECTURES[cls.arch].saved_before, **_without_others_options(cls, config_dict)}
         return super().from_dict(config_dict, **kwargs)
 
     def to_linlm(self) -> ModelConfig:
         """The linlm model config of these attributes, validated; a ConfigError names the attribute at fault."""
         values = {"arch": self.arch, **{k: getattr(self, hf_name(k)) for k in MODEL_FIELDS},
-                  "options": {name: getattr(self, name) for name in self.option_names}}
+                  "options": {name: getattr(self, hf_name(name)) for name in self.option_names}}
         try:
             return ModelConfig.from_dict(values)
         except ConfigError as e:
@@ -119,6 +121,15 @@ class LinlmConfig(PreTrainedConfig):
             return ModelConfig.from_saved(values)
         except ConfigError as e:
             raise CheckpointError(f"config.json: invalid linlm config: {e}") from None
+
+
+def _without_others_options(cls: type, config_dict: dict[str, Any]) -> dict[str, Any]:
+    """``config_dict`` without the settings of other architectures' options: config.json files written while
+    those were ModelConfig fields hold every one of them (a Mamba model's rope_scaling, which transformers would
+    otherwise read as its own RoPE setting); they never changed this model."""
+    mine = {*vars(cls).get("__annotations__", {}), *cls.attribute_map}
+    others = {name for flat in flat_option_keys() for name in (flat, hf_name(flat))} - mine
+    return {k: v for k, v in config_dict.items() if k not in others}
 
 
 def _other_arch(saved: str, arch: str) -> str:
@@ -143,20 +154,26 @@ def config_fields(arch: str) -> dict[str, tuple[Any, Any]]:
     hints = typing.get_type_hints(ModelConfig)
     types = {hf_name(k): hints[k] for k in MODEL_FIELDS}
     option_hints = typing.get_type_hints(spec.options)
-    taken = {*types, *HF_NAMES, *(f.name for f in dataclasses.fields(LinlmConfig)), *dir(LinlmConfig)}
+    taken = {*types, *(k for k in HF_NAMES if k in MODEL_FIELDS), *(f.name for f in dataclasses.fields(LinlmConfig)),
+             *dir(LinlmConfig)}
+    # Options that were ModelConfig fields were attributes of these configs already (rope_scaling replaces
+    # transformers' property of that name, as it did then).
+    were_fields = {flat for flat, option in spec.flat_options.items() if flat == option}
     for option in dataclasses.fields(spec.options):
-        if option.name in taken:
+        if hf_name(option.name) in taken and option.name not in were_fields:
             raise ValueError(f"ArchSpec {arch!r}: option {option.name!r} has the name of another attribute of a "
                              "transformers config; rename the option")
-        types[option.name] = option_hints[option.name]
+        types[hf_name(option.name)] = option_hints[option.name]
     return {name: (kind, defaults[name]) for name, kind in types.items()}
 
 
 def _config_attrs(arch: str) -> dict[str, Any]:
     fields = config_fields(arch)
     spec = ARCHITECTURES[arch]
-    # The earlier flat spellings of the options ("tnl_slopes") are aliases too.
-    aliases = {**HF_NAMES, **{flat: option for flat, option in spec.flat_options.items() if flat != option}}
+    # linlm's names of the attributes stored under transformers names, and the earlier flat spellings of the options
+    # ("tnl_slopes"), are aliases.
+    aliases = {**{k: v for k, v in HF_NAMES.items() if v in fields},
+               **{flat: hf_name(option) for flat, option in spec.flat_options.items() if flat != hf_name(option)}}
     return {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch, "attribute_map": aliases,
             "option_names": tuple(f.name for f in dataclasses.fields(spec.options)),
             "__annotations__": {name: kind for name, (kind, _) in fields.items()},

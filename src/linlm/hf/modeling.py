@@ -30,8 +30,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from linlm.errors import CheckpointError, ConfigError, ShapeError
 from linlm.hf.configuration import CONFIG_CLASSES, LinlmConfig, PerArch, hf_config_for
+from linlm.layers.mixer import has_init_buffers
 from linlm.layers.state import ModelState
-from linlm.layers.tnl import TNLMixer, tnl_log_decay
 from linlm.models.generation import check_sampling
 from linlm.models.lm import CausalLM
 
@@ -151,14 +151,11 @@ class LinlmForCausalLM(PreTrainedModel, GenerationMixin):
         return False  # the model makes its own LinlmCache
 
     def _init_weights(self, module) -> None:
-        # linlm initialises its own parameters when built; only TNL's fixed decays (a non-persistent buffer) must be
-        # recomputed when transformers materialises a model from the meta device.
-        if isinstance(module, TNLMixer):
-            cfg = self.model.config if hasattr(self, "model") else self.config.to_linlm()
-            idx = next(i for i, layer in enumerate(self.model.layers) if layer.mixer is module)
-            with torch.no_grad():
-                decay = tnl_log_decay(cfg.n_heads, idx, cfg.n_layers, cfg.options.slopes)
-                module.log_decay = decay.to(module.log_decay.device)
+        # linlm initialises its own parameters when built; only the computed (non-persistent) buffers, which no
+        # weights file holds, must be recomputed when transformers materialises a model from the meta device. Every
+        # module that has them defines init_buffers() (the token-mixer contract, linlm.layers.mixer).
+        if has_init_buffers(module):
+            module.init_buffers()
 
     def get_input_embeddings(self):
         return self.model.embed

@@ -40,6 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default="paper-70m", help="size preset (see `linlm archs`)")
     p.add_argument("--contexts", default="512,2048,8192,32768", help="comma-separated context lengths")
     p.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded per context (median latency)")
+    p.add_argument("--batch", default="1", metavar="N[,N]",
+                   help="sequences decoded together, e.g. 1,8,32: one row each, with aggregate tokens/s and memory")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -54,6 +56,28 @@ def register(subparsers) -> None:
     p.add_argument("--plot", default=None, metavar="OUT.png",
                    help="plot latency and memory against context into the PNG file OUT.png")
     p.set_defaults(func=cmd_profile)
+
+    p = subparsers.add_parser("quantize", help="write a copy of a model with 8-bit weights",
+                              description="Quantize MODEL's weights to int8 (one scale per output channel) into the "
+                                          "new model directory OUT, which every command that loads a model takes "
+                                          "as it is. See docs/inference.md.")
+    p.add_argument("model", metavar="MODEL", help="saved model, checkpoint or run directory")
+    p.add_argument("--to", required=True, choices=["int8"], help="the weights' format")
+    p.add_argument("--out", required=True, metavar="DIR", help="the quantized model's directory (new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model directory linlm wrote at OUT")
+    p.set_defaults(func=cmd_quantize)
+
+    p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server for a model",
+                              description="Serve MODEL over HTTP: /v1/completions and /v1/chat/completions (with a "
+                                          "chat template), streaming, requests decoded in one batch. Needs the "
+                                          "serve extra. See docs/inference.md.")
+    p.add_argument("model", metavar="MODEL", help="saved model, checkpoint or run directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the one beside the weights)")
+    p.add_argument("--max-batch", type=int, default=32, help="requests decoded together at most")
+    p.add_argument("--max-tokens", type=int, default=4096, help="the largest max_tokens a request may ask for")
+    p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("export", help="export prefill and one-token step with the state as explicit tensors",
                               description="Write OUT.prefill.FMT, OUT.step.FMT and OUT.json: torch.export programs "
@@ -129,6 +153,7 @@ def cmd_profile(args) -> int:
     check_numbers(("--threads", args.threads, 1, False), ("--decode-tokens", args.decode_tokens, 1, False))
     contexts = comma_list(args.contexts, "--contexts", item=int, what="integers >= 1", example="512,2048",
                           minimum=1)
+    args.batches = comma_list(args.batch, "--batch", item=int, what="integers >= 1", example="1,8,32", minimum=1)
     check_output_files(args, "--json", "--plot")
     if args.threads is None:
         return _profile(args, contexts)
@@ -165,7 +190,7 @@ def _profile(args, contexts: list[int]) -> int:
         if row.error:
             print(f"{label(row):>18} n={row.context:>6}: {row.error}", flush=True)
         else:
-            print(f"{label(row):>18} n={row.context:>6}: prefill {fmt(row.prefill_tokens_per_s, '9.0f')} tok/s, "
+            print(f"{label(row):>18} n={row.context:>6} b={row.batch:>3}: prefill {fmt(row.prefill_tokens_per_s, '9.0f')} tok/s, "
                   f"decode {row.decode_ms_per_token:7.2f} ms/token, peak "
                   f"{fmt(row.peak_memory_bytes, '8.0f', 2**20)} MiB, state {row.state_bytes / 2**20:8.2f} MiB",
                   flush=True)
@@ -173,12 +198,13 @@ def _profile(args, contexts: list[int]) -> int:
     exported = comma_list(args.exported, "--exported", empty_ok=True)
     rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
                    decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show,
-                   exported=exported)
-    print_table(["arch", "context", "prefill tok/s", "decode ms/token", "decode tok/s", "peak MiB", "state MiB"],
-                [[label(r), r.context, *(("-",) * 5 if r.error else (
+                   exported=exported, batches=args.batches)
+    print_table(["arch", "context", "batch", "prefill tok/s", "decode ms/step", "decode tok/s", "peak MiB",
+                 "state MiB"],
+                [[label(r), r.context, r.batch, *(("-",) * 5 if r.error else (
                     fmt(r.prefill_tokens_per_s, ".0f"), f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
                     fmt(r.peak_memory_bytes, ".0f", 2**20), f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
-                title=f"{args.preset} on {args.device}, {args.dtype}, batch 1"
+                title=f"{args.preset} on {args.device}, {args.dtype}"
                       + (" (an exported step's prompt is prefilled eagerly)" if exported else ""))
     if args.json is not None:
         payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),
@@ -213,4 +239,22 @@ def cmd_export(args) -> int:
         print(f"linlm export: error: the exported programs differ from eager by {worst:.2e} > --tolerance "
               f"{args.tolerance:g}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    from linlm.infer.quantize import quantize
+
+    print(f"wrote {quantize(args.model, args.out, args.to, overwrite=args.overwrite)}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from linlm.cli_args import check_numbers
+    from linlm.infer.serve import serve
+
+    check_numbers(("--port", args.port, 1, False), ("--max-batch", args.max_batch, 1, False),
+                  ("--max-tokens", args.max_tokens, 1, False))
+    serve(args.model, host=args.host, port=args.port, tokenizer=args.tokenizer, max_batch=args.max_batch,
+          max_tokens_limit=args.max_tokens)
     return 0

@@ -50,6 +50,7 @@ class ProfileRow:
     state_bytes: Optional[int] = None
     error: Optional[str] = None
     backend: str = "eager"  # or an export format: the step that was timed
+    batch: int = 1  # sequences decoded together; decode_tokens_per_s is their aggregate
 
 
 # ------------------------------------------------------------------------------------------------------ memory
@@ -159,7 +160,7 @@ def build(arch: str, preset: Optional[str], max_context: int, device: torch.devi
     cfg = preset_config(name, preset, **overrides)
     torch.manual_seed(0)
     if arch == HF_LLAMA:
-        from linlm.hf.llama import hf_config_from
+        from linlm.conversion.hf_llama import hf_config_from
 
         hf_cfg = hf_config_from(cfg)  # without transformers: a one-line ConfigError saying what to install
         from transformers import LlamaForCausalLM
@@ -179,10 +180,11 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def profile_one(runner: Runner, vocab: int, context: int, device: torch.device, decode_tokens: int) -> dict:
+def profile_one(runner: Runner, vocab: int, context: int, device: torch.device, decode_tokens: int,
+                batch: int = 1) -> dict:
     mem = _Memory(device)
     gen = torch.Generator().manual_seed(context)
-    ids = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+    ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
     before = mem.start()
     t0 = time.perf_counter()
     logits, state = runner.prefill(ids)
@@ -199,14 +201,15 @@ def profile_one(runner: Runner, vocab: int, context: int, device: torch.device, 
         if i >= 2:
             times.append(time.perf_counter() - t0)
     per_token = statistics.median(times)
-    return dict(prefill_s=prefill_s, prefill_tokens_per_s=context / prefill_s, decode_ms_per_token=1e3 * per_token,
-                decode_tokens_per_s=1.0 / per_token, memory_before_bytes=before, peak_memory_bytes=peak,
+    return dict(prefill_s=prefill_s, prefill_tokens_per_s=batch * context / prefill_s,
+                decode_ms_per_token=1e3 * per_token, decode_tokens_per_s=batch / per_token, memory_before_bytes=before, peak_memory_bytes=peak,
                 memory_kind=mem.kind, state_bytes=runner.state_bytes(state))
 
 
 def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int], *, device: str = "cpu",
             dtype: str = "float32", decode_tokens: int = 16, overrides: Optional[dict] = None,
-            on_row: Optional[Callable[[ProfileRow], None]] = None, exported: Sequence[str] = ()) -> list[ProfileRow]:
+            on_row: Optional[Callable[[ProfileRow], None]] = None, exported: Sequence[str] = (),
+            batches: Sequence[int] = (1,)) -> list[ProfileRow]:
     """Profile each architecture (``hf-llama`` for transformers' Llama) at each context; one row per pair, and one
     more per export format in ``exported`` ("onnx", "pt2") for the linlm architectures (CPU only).
 
@@ -227,6 +230,8 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
         raise ConfigError(f"contexts: need positive context lengths, got {list(contexts)}")
     if decode_tokens < 1:
         raise ConfigError(f"decode_tokens: must be >= 1, got {decode_tokens}")
+    if not batches or any(int(b) < 1 for b in batches):
+        raise ConfigError(f"batches: need batch sizes >= 1, got {list(batches)}")
     bad = [f for f in exported if f not in FORMATS]
     if bad:
         raise ConfigError(f"exported: {bad[0]!r} is not an export format; valid choices are "
@@ -238,7 +243,8 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
     max_context = max(contexts) + decode_tokens + 3
     for arch in archs:
         runner, model = build(arch, preset, max_context, dev, DTYPES[dtype], overrides)
-        rows += _profile_contexts(runner, model, arch, "eager", contexts, dev, dtype, decode_tokens, on_row)
+        for b in batches:
+            rows += _profile_contexts(runner, model, arch, "eager", contexts, dev, dtype, decode_tokens, on_row, b)
         for fmt in exported if arch != HF_LLAMA else ():
             import tempfile
 
@@ -250,14 +256,15 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
     return rows
 
 
-def _profile_contexts(runner, model, arch, backend, contexts, dev, dtype, decode_tokens, on_row) -> list[ProfileRow]:
+def _profile_contexts(runner, model, arch, backend, contexts, dev, dtype, decode_tokens, on_row,
+                      batch: int = 1) -> list[ProfileRow]:
     rows = []
     vocab = model.config.vocab_size
-    profile_one(runner, vocab, 8, dev, 2)  # warm up kernels and allocator
+    profile_one(runner, vocab, 8, dev, 2, batch)  # warm up kernels and allocator
     for n in contexts:
-        row = ProfileRow(arch=arch, context=int(n), device=str(dev), dtype=dtype, backend=backend)
+        row = ProfileRow(arch=arch, context=int(n), device=str(dev), dtype=dtype, backend=backend, batch=batch)
         try:
-            for key, value in profile_one(runner, vocab, int(n), dev, decode_tokens).items():
+            for key, value in profile_one(runner, vocab, int(n), dev, decode_tokens, batch).items():
                 setattr(row, key, value)
             if backend != "eager":  # the prompt went through the eager prefill: only the step is this backend's
                 row.prefill_s = row.prefill_tokens_per_s = row.memory_before_bytes = row.peak_memory_bytes = None

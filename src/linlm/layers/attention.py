@@ -1,6 +1,9 @@
 """LLaMA's token mixer: softmax attention with RoPE through SDPA, decoding with a KV cache.
 
-Grouped-query attention (``cfg.n_kv_heads`` < ``cfg.n_heads``): the KV projection and the cache have n_kv_heads
+Its settings beside the shared ones are ``cfg.options``' LLaMA fields (models/archs/llama.py, ``LlamaOptions``:
+rope_theta, n_kv_heads, the RoPE scaling): an architecture with attention layers derives its options from those.
+
+Grouped-query attention (``options.n_kv_heads`` < ``cfg.n_heads``): the KV projection and the cache have n_kv_heads
 heads, and query head h reads key/value head h // (n_heads / n_kv_heads), transformers' grouping. The fused
 projection's rows are [W_q (n_heads * Dh); W_k (n_kv_heads * Dh); W_v (n_kv_heads * Dh)].
 """
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.errors import ShapeError
+from linlm.layers.mixer import TokenMixer, meta
 from linlm.ops.fused import rope_angles, rope_qkv, rope_reference
 
 
@@ -26,6 +30,9 @@ def document_mask(reset: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+ROPE_SCALINGS = ("none", "llama3")
+
+
 def rope_inv_freq(cfg) -> torch.Tensor | None:
     """RoPE's inverse frequencies [head_dim / 2] when cfg rescales them (Llama 3.1's "llama3" scaling); None for plain
     RoPE (then ops.fused.rope_angles computes theta^(-2i/D) itself).
@@ -33,11 +40,12 @@ def rope_inv_freq(cfg) -> torch.Tensor | None:
     llama3: wavelengths shorter than L / high_freq_factor keep their frequency, those longer than L / low_freq_factor
     are slowed by ``rope_factor``, and those between are blended linearly in L / wavelength (L: the original context).
     """
-    if cfg.rope_scaling == "none":
+    o = cfg.options
+    if o.rope_scaling == "none":
         return None
     D = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device="cpu") / D))
-    L, lo, hi, factor = cfg.rope_original_max_len, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_factor
+    inv = 1.0 / (o.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device="cpu") / D))
+    L, lo, hi, factor = o.rope_original_max_len, o.rope_low_freq_factor, o.rope_high_freq_factor, o.rope_factor
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > L / lo, inv / factor, inv)
     smooth = (L / wavelen - lo) / (hi - lo)
@@ -94,12 +102,12 @@ def append_kv(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return base[:, :, :S + T]
 
 
-class Attention(nn.Module):
+class Attention(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
         self.head_dim = cfg.head_dim
-        self.rope_theta = cfg.rope_theta
+        self.rope_theta = cfg.options.rope_theta
         d = cfg.d_model
         self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.out = nn.Linear(d, d, bias=False)
@@ -177,3 +185,9 @@ class Attention(nn.Module):
         # Q K^T and A V over the causal context: position t attends to t keys, (n + 1) / 2 on average.
         # (The paper's formula counts the full n x n square, twice this.)
         return 2.0 * (seq_len + 1) * self.n_heads * self.head_dim
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """The KV cache (k, v), [B, Hkv, context, Dh] each; it grows with the context. (After a packed prefill a
+        third tensor, key_valid [B, context] bool, marks the keys of the last document: see forward.)"""
+        kv = meta(batch, self.n_kv_heads, context, self.head_dim, dtype=dtype)
+        return (kv, kv)

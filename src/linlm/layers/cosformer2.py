@@ -6,16 +6,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_gla
+from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, gla_state_spec, run_gla
+from linlm.layers.mixer import TokenMixer
 from linlm.layers.norm import RMSNorm
 
 
 def lrpe_factors(theta: torch.Tensor, offset, T: int, dtype: torch.dtype) -> torch.Tensor:
-    """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K]."""
+    """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K].
+    With per-row offsets (a LongTensor [B]: a batch of sequences of different lengths) it is [B, T, H, 2, K]."""
     # offset may be a 0-d tensor (an exported step takes the position as an input).
-    t = torch.arange(T, device=theta.device, dtype=torch.float32) + offset
-    angle = t[:, None, None] * theta.float()[None]  # [T, H, K]
-    return torch.stack([angle.cos(), angle.sin()], dim=2).to(dtype)
+    t = torch.arange(T, device=theta.device, dtype=torch.float32)
+    if isinstance(offset, torch.Tensor) and offset.dim() == 1:
+        t = t[None] + offset.to(theta.device, torch.float32)[:, None]  # [B, T]
+    else:
+        t = t + offset
+    angle = t[..., None, None] * theta.float()  # [(B,) T, H, K]
+    return torch.stack([angle.cos(), angle.sin()], dim=-2).to(dtype)
 
 
 def lrpe(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
@@ -23,9 +29,9 @@ def lrpe(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     return (x.unsqueeze(-2) * factors).flatten(-2)
 
 
-class CosFormer2Mixer(nn.Module):
+class CosFormer2Mixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         d, H, K = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.n_heads, self.head_dim, self.chunk_size = H, K, cfg.chunk_size
         self.qkv = nn.Linear(d, 3 * d, bias=False)
@@ -42,7 +48,8 @@ class CosFormer2Mixer(nn.Module):
         B, T, d = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim)
         # q and k together: silu, then one product with the position factors, shared by both.
-        factors = lrpe_factors(self.theta, offset, T, qkv.dtype)[:, None]  # [T, 1, H, 2, K]
+        factors = lrpe_factors(self.theta, offset, T, qkv.dtype)
+        factors = factors[:, None] if factors.dim() == 4 else factors[:, :, None]  # [(B,) T, 1, H, 2, K]
         q, k = lrpe(F.silu(qkv[:, :, :2]), factors).unbind(2)
         v = qkv[:, :, 2]
         o, new_state = run_gla(q, k, v, None, state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size)
@@ -52,6 +59,10 @@ class CosFormer2Mixer(nn.Module):
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         return gla_flops_per_token(self.n_heads, 2 * self.head_dim, self.head_dim, self.chunk_size)
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        # LRPE doubles the key: [x cos, x sin].
+        return gla_state_spec(batch, self.n_heads, 2 * self.head_dim, self.head_dim, dtype)
 
 
 class TPE(nn.Module):
@@ -83,3 +94,7 @@ class TPE(nn.Module):
         )
         o = F.rms_norm(o, (K,), eps=self.eps).reshape(B, T, d) * self.weight
         return x + o, new_state
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """Its decoding state (the model keeps it as ``ModelState.extra["embed"]``), as a mixer's state_spec."""
+        return gla_state_spec(batch, self.n_heads, self.head_dim, self.head_dim, dtype)

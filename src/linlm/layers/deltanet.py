@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from linlm.layers.mamba import ShortConv
+from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.layers.norm import RMSNorm
 from linlm.ops.delta_chunk import chunk_length
 from linlm.ops.delta_rule import delta_rule, delta_rule_step
@@ -65,14 +66,14 @@ def _doubling_levels(C: int):
         h *= 2
 
 
-class DeltaRuleMixer(nn.Module):
+class DeltaRuleMixer(TokenMixer):
     """What DeltaNet and Gated DeltaNet share: a fused projection whose first 2 H K + H V outputs are q, k, v (the
     rest the subclass's own), one short conv + SiLU over q, k, v, the op, a per-head output norm and W_o. A
     subclass sets ``extra`` (the projection's further outputs) and defines ``gates(rest)`` -> (beta, log_a) and
     ``finish(o, rest)`` -> the normed output."""
 
     def __init__(self, cfg, n_heads: int, k_dim: int, v_dim: int, extra: int, conv: int):
-        super().__init__()
+        super().__init__(cfg, 0)
         d = cfg.d_model
         self.n_heads, self.k_dim, self.v_dim, self.chunk_size = n_heads, k_dim, v_dim, cfg.chunk_size
         self.qkv_width = n_heads * (2 * k_dim + v_dim)
@@ -96,7 +97,15 @@ class DeltaRuleMixer(nn.Module):
                               state=None if state is None else state["delta"], reset=reset,
                               return_state=return_state, chunk_size=self.chunk_size, scale=K**-0.5)
         y = self.out(self.finish(o, rest).reshape(B, T, H * V))
-        return y, ({"conv": conv_state, "delta": s} if return_state else None)
+        if not return_state:
+            return y, None
+        return y, ({"delta": s} if self.conv is None else {"conv": conv_state, "delta": s})
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """{"conv": the conv's last inputs [B, kernel - 1, 2 H K + H V] (absent without a conv), "delta": the
+        delta-rule state [B, H, K, V] in float32 at least}: constant in the context."""
+        spec = {"delta": meta(batch, self.n_heads, self.k_dim, self.v_dim, dtype=float32_at_least(dtype))}
+        return spec if self.conv is None else {"conv": self.conv.state_spec(batch, dtype), **spec}
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # the projections, the conv and the norm are counted by the walk over the children

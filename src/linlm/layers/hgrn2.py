@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.layers.linear_attention import gla_flops_per_token, run_gla
+from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mamba import ShortConv
+from linlm.layers.mixer import TokenMixer
 from linlm.layers.norm import RMSNorm
 
 # Below this the lower bound only guards log(0); it changes the gate by at most 1e-30.
@@ -42,9 +43,9 @@ def lower_bounds(cfg):
     return LowerBounds(cfg) if cfg.options.lower_bound else None
 
 
-class HGRN2Mixer(nn.Module):
+class HGRN2Mixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         d, H = cfg.d_model, cfg.n_heads
         opts = cfg.options
         self.layer_idx = layer_idx
@@ -90,3 +91,11 @@ class HGRN2Mixer(nn.Module):
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         return gla_flops_per_token(self.n_heads, self.head_dim, self.head_dim, self.chunk_size)
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """The recurrence's state [B, H, K, K]; with short convolutions {"conv": {q, f, v: their windows},
+        "gla": that state}."""
+        gla = gla_state_spec(batch, self.n_heads, self.head_dim, self.head_dim, dtype)
+        if self.conv is None:
+            return gla
+        return {"conv": {s: self.conv[s].state_spec(batch, dtype) for s in CONV_STREAMS}, "gla": gla}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from linlm.layers.mixer import float32_at_least, meta
 from linlm.ops.gla import gla, gla_step
 
 
@@ -26,6 +27,11 @@ def run_gla(q, k, v, log_a, *, state, reset, return_state: bool, chunk_size: int
 def gla_flops_per_token(n_heads: int, k_dim: int, v_dim: int, chunk_size: int) -> float:
     """Forward FLOPs per token of the chunkwise form: intra-chunk scores and mixing, plus state read and update."""
     return n_heads * (2.0 * chunk_size * (k_dim + v_dim) + 4.0 * k_dim * v_dim)
+
+
+def gla_state_spec(batch: int, n_heads: int, k_dim: int, v_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The state of :func:`run_gla`: [B, H, K, V], in float32 at least whatever the inputs' dtype."""
+    return meta(batch, n_heads, k_dim, v_dim, dtype=float32_at_least(dtype))
 
 
 class LowRankGate(nn.Module):

@@ -25,21 +25,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.ops import conv_kernel, gate_kernel, kernel_library
 from linlm.ops.grad import needs_grad
-from linlm.ops.selective_scan import selective_scan, selective_scan_step
+from linlm.ops.selective_scan import scan_step_unchecked, selective_scan
 
 # Mamba's dt initialisation: dt log-uniform in [DT_MIN, DT_MAX], floored at DT_FLOOR, stored as softplus^{-1}(dt).
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
 def dt_rank(cfg) -> int:
-    """cfg.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
-    return cfg.dt_rank or math.ceil(cfg.d_model / 16)
+    """options.dt_rank, or Mamba's default ceil(d_model / 16) when it is 0."""
+    return cfg.options.dt_rank or math.ceil(cfg.d_model / 16)
 
 
 def inner_dim(cfg) -> int:
-    return cfg.expand * cfg.d_model
+    return cfg.options.expand * cfg.d_model
 
 
 def dt_bias_init_(bias: torch.Tensor) -> torch.Tensor:
@@ -108,6 +109,20 @@ class ShortConv(nn.Module):
         out, new_state = self._conv(x, state, reset, last if reset is not None else None)
         return (F.silu(out) if silu else out), new_state
 
+    def step(self, x: torch.Tensor, state: torch.Tensor, silu: bool = False):
+        """One token per row, the decoding form of :meth:`forward`: x [B, C], state [B, K - 1, C] (the last K - 1
+        inputs) -> (out [B, C], new_state [B, K - 1, C]). Four tensor ops where the general form takes about ten:
+        the window [B, K, C] is the state followed by x, out = sum_j window[:, j] * weight[:, j] (+ bias), and the
+        new state is the window's last K - 1 rows (a view of it: no copy)."""
+        w, b = self.weight, self.bias
+        if not x.dtype == state.dtype == w.dtype:
+            state, w, b = state.to(x.dtype), w.to(x.dtype), None if b is None else b.to(x.dtype)
+        window = torch.cat([state, x.unsqueeze(1)], dim=1)
+        out = torch.mul(window, w.t()).sum(1)
+        if b is not None:
+            out.add_(b)
+        return (F.silu(out, inplace=True) if silu else out), window[:, 1:]
+
     def _mask_state(self, new_state, reset, last, T):
         """Zero the inputs of a finished document in the returned state."""
         K = self.kernel
@@ -141,6 +156,10 @@ class ShortConv(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         return 2.0 * self.channels * self.kernel
+
+    def state_spec(self, batch: int, dtype: torch.dtype) -> torch.Tensor:
+        """Its state: the last K - 1 inputs, [B, K - 1, C], in the inputs' dtype."""
+        return meta(batch, self.kernel - 1, self.channels, dtype=dtype)
 
 
 def decay_rate(A_log: torch.Tensor) -> torch.Tensor:
@@ -211,13 +230,13 @@ def scan_flops_per_token(d_inner: int, d_state: int) -> float:
     return 6.0 * d_inner * d_state + 2.0 * d_inner
 
 
-class MambaMixer(nn.Module):
+class MambaMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
-        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.d_state, dt_rank(cfg)
+        super().__init__(cfg, layer_idx)
+        d, Din, N, R = cfg.d_model, inner_dim(cfg), cfg.options.d_state, dt_rank(cfg)
         self.d_inner, self.d_state, self.dt_rank, self.chunk_size = Din, N, R, cfg.chunk_size
         self.in_proj = nn.Linear(d, 2 * Din, bias=False)
-        self.conv = ShortConv(Din, cfg.d_conv)
+        self.conv = ShortConv(Din, cfg.options.d_conv)
         self.x_proj = nn.Linear(Din, R + 2 * N, bias=False)
         self.dt_weight = nn.Parameter(dt_weight_init_(torch.empty(Din, R), R))
         self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(Din)))
@@ -227,24 +246,57 @@ class MambaMixer(nn.Module):
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         T = x.shape[1]
+        if state is not None and T == 1 and reset is None:
+            out, new_state = self.step(x[:, 0], state)
+            return out[:, None], (new_state if return_state else None)
         u, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv_state = self.conv(u, None if state is None else state["conv"], reset, silu=True)
         dt_low, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = dt_preactivation(dt_low, self.dt_weight, self.dt_bias)  # the scans apply softplus
         A = decay_rate(self.A_log)
-        ssm = None if state is None else state["ssm"]
-        if ssm is not None and T == 1 and reset is None:
-            y, ssm = selective_scan_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], self.D, state=ssm,
-                                         dt_softplus=True)
-            y = y[:, None]
-        else:
-            y, ssm = selective_scan(
-                u, dt, A, Bm, Cm, self.D, initial_state=ssm, reset=reset,
-                output_final_state=return_state, chunk_size=self.chunk_size, dt_softplus=True,
-            )
+        y, ssm = selective_scan(
+            u, dt, A, Bm, Cm, self.D, initial_state=None if state is None else state["ssm"], reset=reset,
+            output_final_state=return_state, chunk_size=self.chunk_size, dt_softplus=True,
+        )
         out = self.out_proj(output_gate(y, z))
         return out, ({"conv": conv_state, "ssm": ssm} if return_state else None)
+
+    def step(self, x: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """One decoding step for every row: x [B, d], state {"conv": [B, d_conv - 1, Din], "ssm": [B, Din, N]} ->
+        (out [B, d], the new state). The same arithmetic as :meth:`forward` on one token, in about 15 tensor ops
+        on 2-D rows (no [B, 1, .] reshapes, no argument checks, A = -exp(A_log) cached between steps): at batch 1
+        a decoding step reads every weight once, and below the matrix-vector products the rest is per-op
+        overhead."""
+        Din, N, R = self.d_inner, self.d_state, self.dt_rank
+        xz = self.in_proj(x)  # modules, not their .weight: a quantized layer computes in int8
+        u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
+        dt_low, Bm, Cm = self.x_proj(u).split([R, N, N], dim=-1)
+        if u.dtype == self.dt_weight.dtype == torch.float32 and not torch.is_autocast_enabled(u.device.type):
+            dt = torch.addmm(self.dt_bias, dt_low, self.dt_weight.t())  # what dt_preactivation computes here
+        else:
+            dt = dt_preactivation(dt_low, self.dt_weight, self.dt_bias)
+        y, ssm = scan_step_unchecked(u, dt, self._decay(), Bm, Cm, self.D, state["ssm"], True)
+        # y * silu(z) in two ops: at one row the gate kernel's call costs more than its arithmetic.
+        gated = F.silu(xz[:, Din:]).mul_(y)
+        return self.out_proj(gated), {"conv": conv_state, "ssm": ssm}
+
+    def _decay(self) -> torch.Tensor:
+        """decay_rate(A_log), recomputed only when A_log changed (its version counter or storage); while torch
+        traces (export, compile) it is computed in the graph."""
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting() or self.A_log.requires_grad and \
+                torch.is_grad_enabled():
+            return decay_rate(self.A_log)
+        key = (self.A_log._version, self.A_log.data_ptr(), self.A_log.dtype, self.A_log.device)
+        cached = getattr(self, "_decay_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._decay_cache = (key, decay_rate(self.A_log).detach())
+        return cached[1]
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # dt_proj (a plain parameter) + scan + the output gate; the Linear layers and the conv are counted by the walk.
         return 2.0 * self.dt_rank * self.d_inner + scan_flops_per_token(self.d_inner, self.d_state) + self.d_inner
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """{"conv": the conv window [B, d_conv - 1, Din], "ssm": the scan state [B, Din, N] in float32 at least}."""
+        return {"conv": self.conv.state_spec(batch, dtype),
+                "ssm": meta(batch, self.d_inner, self.d_state, dtype=float32_at_least(dtype))}

@@ -8,7 +8,8 @@ A Mamba-style block whose in_proj, conv and out_proj are shared, with E SSM expe
     y_t     = sum over selected e of g_{t,e} y^e_t
     out     = out_proj(y * silu(z))
 
-Two flags (cfg.ssm_policy, cfg.ssm_kernel):
+Its settings are ``cfg.options`` (models/archs/mossnet.py: Mamba's shape, the expert counts and two flags,
+ssm_policy and ssm_kernel):
 
 - policy "dense": every expert's state sees every token; only the outputs are gated (gated linear multi-head
   attention). "routed": an expert's state advances only on the tokens routed to it, so the scan work scales with
@@ -50,6 +51,7 @@ from linlm.layers.mamba import (
     s4d_real_log,
     scan_flops_per_token,
 )
+from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.layers.moe import router_aux_loss, router_logits
 from linlm.ops import scan_kernel
 from linlm.ops.routing import gather_rows, matmul_row_quantum, read_back, top_k_route
@@ -61,20 +63,21 @@ KERNELS = ("s6", "ssd")
 SSD_A_MIN, SSD_A_MAX = 1.0, 16.0
 
 
-class MossNetMixer(nn.Module):
+class MossNetMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
-        d, Din, N, E = cfg.d_model, inner_dim(cfg), cfg.d_state, cfg.ssm_experts
+        super().__init__(cfg, layer_idx)
+        o = cfg.options
+        d, Din, N, E = cfg.d_model, inner_dim(cfg), o.d_state, o.ssm_experts
         self.d_model, self.d_inner, self.d_state = d, Din, N
-        self.n_experts, self.top_k = E, cfg.ssm_top_k
-        self.policy, self.kernel, self.chunk_size = cfg.ssm_policy, cfg.ssm_kernel, cfg.chunk_size
-        self.balance_coef, self.z_coef = cfg.balance_loss_coef, cfg.router_z_loss_coef
+        self.n_experts, self.top_k = E, o.ssm_top_k
+        self.policy, self.kernel, self.chunk_size = o.ssm_policy, o.ssm_kernel, cfg.chunk_size
+        self.balance_coef, self.z_coef = o.balance_loss_coef, o.router_z_loss_coef
         # Low-rank dt for S6; a single dt column for SSD.
         self.dt_rank = dt_rank(cfg) if self.kernel == "s6" else 1
         self.proj_dim = self.dt_rank + 2 * N  # per expert: [dt~ (R), B (N), C (N)]
 
         self.in_proj = nn.Linear(d, 2 * Din, bias=False)
-        self.conv = ShortConv(Din, cfg.d_conv)
+        self.conv = ShortConv(Din, o.d_conv)
         self.router = nn.Linear(d, E, bias=False)
         self.x_proj = nn.Linear(Din, E * self.proj_dim, bias=False)  # expert-major: rows e*P .. (e+1)*P - 1
         if self.kernel == "s6":
@@ -284,6 +287,13 @@ class MossNetMixer(nn.Module):
         else:
             per_expert += gla_flops_per_token(1, N, Din, self.chunk_size) + 2.0 * Din
         return shared + self._active_experts() * per_expert
+
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        """{"conv": the shared conv window, "ssm": every expert's state, [B, E, Din, N] (s6) or [B, E, N, Din]
+        (ssd, the gated-linear-attention layout), in float32 at least}."""
+        E, Din, N = self.n_experts, self.d_inner, self.d_state
+        shape = (batch, E, Din, N) if self.kernel == "s6" else (batch, E, N, Din)
+        return {"conv": self.conv.state_spec(batch, dtype), "ssm": meta(*shape, dtype=float32_at_least(dtype))}
 
     def extra_repr(self) -> str:
         return f"experts={self.n_experts}, top_k={self.top_k}, policy={self.policy!r}, kernel={self.kernel!r}"

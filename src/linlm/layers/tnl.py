@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, run_gla
+from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, gla_state_spec, run_gla
+from linlm.layers.mixer import TokenMixer
 from linlm.layers.norm import RMSNorm
 
 
@@ -43,9 +44,9 @@ def tnl_log_decay(n_heads: int, layer_idx: int, n_layers: int, rule: str = "alib
     return (-slopes * (1.0 - depth + 1e-5)).to(torch.float32)
 
 
-class TNLMixer(nn.Module):
+class TNLMixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg, layer_idx)
         d, H = cfg.d_model, cfg.n_heads
         self.n_heads, self.head_dim, self.chunk_size = H, cfg.head_dim, cfg.chunk_size
         self.qkv = nn.Linear(d, 3 * d, bias=False)
@@ -54,8 +55,15 @@ class TNLMixer(nn.Module):
         self.out = nn.Linear(d, d, bias=False)
         # The authors apply SiLU to v as well as to q and k; options.v_silu=False is linlm's earlier v (no activation).
         self.v_silu = cfg.options.v_silu
-        self.register_buffer("log_decay", tnl_log_decay(H, layer_idx, cfg.n_layers, cfg.options.slopes),
-                             persistent=False)
+        # The decays are computed, not learned: a non-persistent buffer that init_buffers() fills.
+        self.layer_idx, self.n_layers, self.slopes = layer_idx, cfg.n_layers, cfg.options.slopes
+        self.register_buffer("log_decay", torch.empty(H), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        with torch.no_grad():
+            decay = tnl_log_decay(self.n_heads, self.layer_idx, self.n_layers, self.slopes)
+            self.log_decay = decay.to(self.log_decay.device)
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, d = x.shape
@@ -70,8 +78,5 @@ class TNLMixer(nn.Module):
     def mixing_flops_per_token(self, seq_len: int) -> float:
         return gla_flops_per_token(self.n_heads, self.head_dim, self.head_dim, self.chunk_size)
 
-    @staticmethod
-    def state_shape(cfg) -> tuple[int, ...]:
-        return (cfg.n_heads, cfg.head_dim, cfg.head_dim)
-
-
+    def state_spec(self, batch: int, context: int, dtype: torch.dtype):
+        return gla_state_spec(batch, self.n_heads, self.head_dim, self.head_dim, dtype)

@@ -40,8 +40,10 @@ def config_checksum(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-    """Write model.safetensors and config.json (with both checksums) into ``directory``."""
+def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any],
+                      quantization: Mapping[str, Any] | None = None) -> None:
+    """Write model.safetensors and config.json (with both checksums) into ``directory``; ``quantization`` (a
+    quantized model's description, linlm.models.quant) is stored beside the config."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": FORMAT})
     meta = {
@@ -51,6 +53,8 @@ def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], c
         "config_sha256": config_checksum(config),
         "weights_sha256": sha256_file(directory / WEIGHTS),
     }
+    if quantization is not None:
+        meta["quantization"] = dict(quantization)
     (directory / CONFIG).write_text(outputs.dumps(meta, indent=2), encoding="utf-8")
 
 
@@ -110,7 +114,9 @@ def save_model(model, path, *, overwrite: bool = False, files: tuple[Path, ...] 
         raise CheckpointError(f"{path}: cannot be written ({e.strerror or e}); choose a writable directory "
                               f"(nothing was written)") from None
     try:
-        write_model_files(tmp, model.state_dict(), model.config.to_dict())
+        quantization = getattr(model, "quantization", None)
+        write_model_files(tmp, model.state_dict(), model.config.to_dict(),
+                          **({"quantization": quantization} if quantization is not None else {}))
         for f in files:
             (tmp / f.name).write_bytes(f.read_bytes())
         outputs.commit_dir(tmp, path)
@@ -171,11 +177,54 @@ def load_weights(path, expected: dict[str, torch.Tensor], checksum: str | None) 
     if checksum is not None and sha256_file(wfile) != checksum:
         raise CheckpointError(f"{wfile}: checksum mismatch (truncated or modified file); restore it or save again")
     try:
-        tensors = load_file(str(wfile))
+        tensors = _mapped_tensors(wfile)
+        if tensors is None:
+            tensors = load_file(str(wfile))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{wfile}: cannot be read as safetensors ({e}); the file is corrupt or truncated") from None
     check_tensors(wfile, tensors, expected)
     return tensors
+
+
+_DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16,
+           "I8": torch.int8, "U8": torch.uint8, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
+
+
+def _mapped_tensors(wfile: Path) -> dict[str, torch.Tensor] | None:
+    """The tensors of a safetensors file as views of one private memory map of it (copy on write: the file is never
+    changed), so that loading holds each weight once: safetensors' ``load_file`` copies out of its own map, and the
+    map's pages count in the resident set beside the copies until it is closed, twice the weights at the peak.
+    The layout is safetensors' own: an 8-byte little-endian header length, a JSON header of name -> dtype, shape and
+    byte range, then the data. None when the file is anything else (``load_file`` then says what is wrong)."""
+    size = wfile.stat().st_size
+    with open(wfile, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return None
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            return None
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            return None
+    storage = torch.UntypedStorage.from_file(str(wfile), shared=False, nbytes=size)
+    start, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info.get("dtype")) if isinstance(info, dict) else None
+        if dtype is None:
+            return None
+        shape, (lo, hi) = list(info["shape"]), info["data_offsets"]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = 1
+        for d in shape:
+            numel *= d
+        if hi - lo != numel * itemsize or start + hi > size or (start + lo) % itemsize:
+            return None
+        out[name] = torch.empty(0, dtype=dtype).set_(storage, (start + lo) // itemsize, shape)
+    return out
 
 
 def check_tensors(where, tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],

@@ -1,10 +1,13 @@
 """The model config: one dataclass of the fields every architecture shares, plus the options of its own.
 
-An architecture's own options (TNL's slopes, cosFormer2's gate order, ...) are a dataclass its ArchSpec declares
-(``ArchSpec.options``); ``ModelConfig.options`` holds the one of ``arch``. Their earlier spellings as flat fields
-(``tnl_v_silu``, ``cosformer2_gate_before_norm``, ``tpe``, ...: ``ArchSpec.flat_options``) are still read
-everywhere a config is read from data (:meth:`ModelConfig.from_dict`, saved models, YAML, overrides); a flat
-option of another architecture is type-checked and ignored, as it always was.
+An architecture's own options (TNL's slopes, cosFormer2's gate order, Mamba's d_state, MossNet's experts, LLaMA's
+grouped-query heads and RoPE scaling, ...) are a dataclass its ArchSpec declares (``ArchSpec.options``);
+``ModelConfig.options`` holds the one of ``arch``. Their earlier spellings as flat fields (``tnl_v_silu``,
+``tpe``, ``d_state``, ``ssm_experts``, ``n_kv_heads``, ...: ``ArchSpec.flat_options``) are still read everywhere a
+config is read from data (:meth:`ModelConfig.from_dict`, saved models, YAML, overrides), and still read as
+attributes (``cfg.d_state`` is ``cfg.options.d_state``). A flat option of another architecture is type-checked and
+ignored, as it always was, unless its owner lists it in ``ArchSpec.only_here`` (``n_kv_heads`` on a TNL model is
+refused rather than ignored).
 
 Options added after models were first saved default to the authors' choice for new models. A saved config that
 predates such an option (its config.json lacks the key) is read with :meth:`ModelConfig.from_saved`, which fills
@@ -24,8 +27,6 @@ from linlm.errors import ConfigError, choices_text
 from linlm.layers.norm import NORM_KINDS
 from linlm.models.registry import ARCHITECTURES
 
-ROPE_SCALINGS = ("none", "llama3")
-
 
 @dataclass
 class ModelConfig:
@@ -39,17 +40,8 @@ class ModelConfig:
     # Longest input a model with absolute limits (LLaMA's RoPE cache) accepts.
     max_seq_len: int = 8192
     norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    # LLaMA layouts of real checkpoints. n_kv_heads < n_heads is grouped-query attention (0 means n_heads);
-    # tie_embeddings=False gives the LM head its own weight.
-    n_kv_heads: int = 0
+    # False gives the LM head its own weight (real checkpoints' layouts).
     tie_embeddings: bool = True
-    # RoPE frequency scaling: "none", or "llama3" (Llama 3.1's smooth long-context rescaling, with these parameters).
-    rope_scaling: str = "none"
-    rope_factor: float = 8.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_len: int = 8192
     # Chunk length of the chunkwise gated-linear-attention form (linear models).
     chunk_size: int = 64
     init_std: float = 0.02
@@ -58,31 +50,22 @@ class ModelConfig:
     # weight and a bias) replace it. docs/architectures.md: "layer" reproduces the paper's printed LLaMA counts.
     norm_type: str = "auto"
     # The options of this architecture alone: an instance of its ArchSpec.options (models/archs/), e.g. TNL's
-    # slopes and SiLU on v, cosFormer2's gate order and TPE. A mapping of some of them, or None, is read into one
-    # (the rest take their defaults).
+    # slopes and SiLU on v, Mamba's state size, MossNet's experts, LLaMA's KV heads. A mapping of some of them, or
+    # None, is read into one (the rest take their defaults).
     options: Any = None
-
-    # Mamba / MossNet time mixer.
-    d_state: int = 16
-    d_conv: int = 4
-    expand: int = 2
-    dt_rank: int = 0  # 0 means ceil(d_model / 16)
-
-    # MossNet routing (see docs/architectures.md for which parts are reconstructions).
-    ssm_experts: int = 4
-    ssm_top_k: int = 2
-    mlp_experts: int = 8
-    mlp_top_k: int = 2
-    mlp_expert_dim: int = 0  # 0 means glu_dim // mlp_top_k, so that active MLP parameters match a dense GLU
-    shared_experts: int = 0
-    ssm_policy: str = "routed"
-    ssm_kernel: str = "s6"
-    balance_loss_coef: float = 0.01
-    router_z_loss_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.arch, str) and self.arch in ARCHITECTURES:
             self.options = read_options(self.arch, self.options)
+
+    def __getattr__(self, name: str) -> Any:
+        """The earlier attribute spellings of this architecture's options: ``cfg.d_state`` is
+        ``cfg.options.d_state`` (read only; new code reads ``cfg.options``)."""
+        options = self.__dict__.get("options")
+        spec = ARCHITECTURES.get(self.__dict__.get("arch"))
+        if spec is not None and name in spec.flat_options and options is not None:
+            return getattr(options, spec.flat_options[name])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def head_dim(self) -> int:
@@ -90,7 +73,9 @@ class ModelConfig:
 
     @property
     def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
+        """Key/value heads of the attention layers: the options' n_kv_heads (LLaMA's), or n_heads when 0 or
+        absent."""
+        return getattr(self.options, "n_kv_heads", 0) or self.n_heads
 
     @property
     def glu_hidden(self) -> int:
@@ -103,15 +88,13 @@ class ModelConfig:
         if self.arch not in ARCHITECTURES:
             raise config_error("arch", f"unknown architecture {self.arch!r}; valid choices are "
                                        f"{choices_text(ARCHITECTURES)}")
-        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "chunk_size", "d_state", "d_conv", "expand"):
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "chunk_size"):
             value = getattr(self, key)
             if value <= 0:
                 raise config_error(key, f"must be a positive integer, got {value}")
-        for key in ("glu_dim", "dt_rank", "mlp_expert_dim", "shared_experts"):
-            value = getattr(self, key)
-            if value < 0:
-                raise config_error(key, f"must be >= 0 (0 means automatic), got {value}")
-        for key in ("norm_eps", "init_std", "rope_theta"):
+        if self.glu_dim < 0:
+            raise config_error("glu_dim", f"must be >= 0 (0 means automatic), got {self.glu_dim}")
+        for key in ("norm_eps", "init_std"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value > 0):  # also when built directly, without from_dict
                 raise config_error(key, f"must be a positive finite number, got {value}")
@@ -124,7 +107,6 @@ class ModelConfig:
                 f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})",
                 related=["n_heads"],
             )
-        self._validate_llama_layout()
         spec = ARCHITECTURES[self.arch]
         if not isinstance(self.options, spec.options):  # set after the config was built
             self.options = read_options(self.arch, self.options)
@@ -132,27 +114,6 @@ class ModelConfig:
             self.options.validate()
         spec.validate(self)
         return self
-
-    def _validate_llama_layout(self) -> None:
-        if self.n_kv_heads < 0 or self.n_heads % self.kv_heads:
-            raise config_error("n_kv_heads", f"{self.n_kv_heads} must divide n_heads={self.n_heads} (0 means n_heads); "
-                               f"choose among {[h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]}",
-                               related=("n_heads",))
-        if self.n_kv_heads not in (0, self.n_heads) and self.arch != "llama":
-            raise config_error("n_kv_heads", f"grouped-query attention exists only for arch 'llama', not {self.arch!r}",
-                               related=("arch",))
-        if self.rope_scaling not in ROPE_SCALINGS:
-            raise config_error("rope_scaling", f"unknown scaling {self.rope_scaling!r}; valid choices are "
-                               f"{choices_text(ROPE_SCALINGS)}")
-        if self.rope_scaling == "llama3" and not (
-            self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
-            and self.rope_original_max_len > 0
-        ):
-            raise config_error(
-                "rope_factor", "llama3 scaling needs factor >= 1, 0 < low < high and a positive original length, got "
-                f"rope_factor={self.rope_factor}, rope_low_freq_factor={self.rope_low_freq_factor}, "
-                f"rope_high_freq_factor={self.rope_high_freq_factor}, rope_original_max_len={self.rope_original_max_len}",
-                related=("rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len", "rope_scaling"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,11 +194,23 @@ def _nest(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         elif not mine:
             owner, option = owners[0]
             try:
-                from_dict(ARCHITECTURES[owner].options, {option: data[key]})
+                value = from_dict(ARCHITECTURES[owner].options, {option: data[key]})
             except ConfigError as e:
                 raise config_error(key, e.detail) from None
+            _refuse_elsewhere(key, arch, owners, getattr(value, option))
     out["options"] = options
     return out, spelled
+
+
+def _refuse_elsewhere(key: str, arch: str, owners: list[tuple[str, str]], value: Any) -> None:
+    """A flat option that its owner keeps to itself (``ArchSpec.only_here``), set to another value than its default
+    for an architecture without it, is refused: it would be ignored."""
+    for owner, option in owners:
+        what = ARCHITECTURES[owner].only_here.get(option)
+        if what is not None and value != getattr(ARCHITECTURES[owner].options(), option):
+            mine = [o for o, opt in owners if opt in ARCHITECTURES[o].only_here]
+            raise config_error(key, f"{what} exists only for arch {' or '.join(map(repr, mine))}, not {arch!r}",
+                               related=("arch",))
 
 
 def options_given(data: Mapping[str, Any], arch: str) -> set[str]:

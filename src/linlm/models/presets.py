@@ -7,7 +7,7 @@ building blocks on the meta device (:func:`layer_params`), never by a formula wr
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -53,8 +53,13 @@ def preset_row(arch: str, preset: str) -> dict[str, Any]:
 
 
 def preset_config(arch: str, preset: Optional[str] = None, **overrides: Any) -> ModelConfig:
+    """The config of ``arch`` at ``preset`` (None: the defaults) with ``overrides`` (fields, flat options, or
+    ``options``: a mapping merged over the options the preset sets)."""
     values: dict[str, Any] = {"arch": arch}
     if preset is not None:
         values.update(preset_row(arch, preset))
+    given = overrides.get("options")
+    if isinstance(given, Mapping) and isinstance(values.get("options"), Mapping):
+        overrides = {**overrides, "options": {**values["options"], **given}}
     values.update(overrides)
     return ModelConfig.from_dict(values)

@@ -3,11 +3,18 @@
 Each architecture lives in its own module under models/archs/ (its mixer and MLP builders, its norm, the paper's
 FLOP formula, its preset rule, its validation) and defines ``SPEC``. Adding one means writing that module and
 adding its line below. Every architecture is the same pre-norm residual stack (models/lm.py).
+
+:func:`register` (also ``linlm.register``) checks an entry before it enters: a name already taken, or a mixer that
+breaks the token-mixer contract (linlm.layers.mixer), is a one-line ConfigError naming what is missing.
+Architectures outside this package register from plugins (models/plugins.py), which the ``linlm`` command loads
+first.
 """
 
 from __future__ import annotations
 
 from linlm.errors import ConfigError, choices_text
+from linlm.layers.mixer import contract_gaps
+from linlm.layers.norm import NORM_KINDS
 from linlm.models.archs import cosformer2, deltanet, gated_deltanet, hgrn2, llama, mamba, mossnet, tnl
 from linlm.models.archs.base import BASELINE, FAMILIES, ArchSpec
 
@@ -15,6 +22,21 @@ ARCHITECTURES: dict[str, ArchSpec] = {}
 
 
 def register(spec: ArchSpec) -> ArchSpec:
+    """Add ``spec`` to the registry, after checking it: a ConfigError names a duplicate name or what its mixer
+    lacks of the token-mixer contract (:class:`linlm.layers.mixer.TokenMixer`)."""
+    if not isinstance(spec, ArchSpec):
+        raise ConfigError(f"register: expected an ArchSpec (linlm.ArchSpec), got {type(spec).__name__}")
+    where = f"register({spec.name!r})"
+    if spec.name in ARCHITECTURES:
+        raise ConfigError(f"{where}: an architecture named {spec.name!r} is already registered "
+                          f"({ARCHITECTURES[spec.name].description}); choose another name")
+    gaps = contract_gaps(spec.mixer)
+    if gaps:
+        name = getattr(spec.mixer, "__name__", repr(spec.mixer))
+        raise ConfigError(f"{where}: its mixer {name} breaks the token-mixer contract: it lacks " + "; ".join(gaps)
+                          + " (see linlm.layers.mixer)")
+    if spec.norm not in NORM_KINDS:
+        raise ConfigError(f"{where}: norm {spec.norm!r} is not one of {choices_text(NORM_KINDS)}")
     ARCHITECTURES[spec.name] = spec
     return spec
 

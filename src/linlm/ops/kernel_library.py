@@ -7,11 +7,17 @@ Build: every ``_*_kernel.c`` beside this module (each kernel's C beside its Pyth
 ``_kernel_*.h``) is compiled into one library: plain C, no Python or torch headers, compiled on first use with the
 system's C compiler (``$CC``, else ``cc`` or ``gcc``), once per sources, flags, compiler and CPU. The library is
 cached under ``$LINLM_KERNEL_CACHE`` (default: the user cache dir, ``.../linlm/kernels``), named by a hash of the
-sources and headers, the flags, the compiler and the CPU's feature flags (it is built with ``-march=native``); it is
-written to a temporary name and renamed, so concurrent processes never load a half-written file. It is built with
-``-fopenmp`` where the compiler has it (the NAME_par entry points, see kernel_threads), else without. Without a
-compiler, or if the build fails (a warning says why), ``available()`` is False and every op takes its pure-torch
-form. ``LINLM_SCAN_BACKEND=torch`` forces those forms; ``=kernel`` makes a missing kernel an error.
+sources and headers, the flags, the compiler and the CPU's feature flags; it is written to a temporary name and
+renamed, so concurrent processes never load a half-written file.
+
+Flags: the portable ``BASE_FLAGS``, then the first set of ``tuning_flags()`` the compiler accepts for this CPU:
+``-march=native`` everywhere, with ``-mprefer-vector-width=512`` first on x86 (where AVX-512 exists, 512-bit
+vectors are used; on an AVX2 CPU the option changes nothing). A compiler that refuses a set (an old or another
+compiler, another architecture) gets the next one, down to none, and one logged line says which flags were
+dropped; the kernels compute the same either way. It is built with ``-fopenmp`` where the compiler has it (the
+NAME_par entry points, see kernel_threads), else without. Without a compiler, or if every build fails (a warning
+says why), ``available()`` is False and every op takes its pure-torch form. ``LINLM_SCAN_BACKEND=torch`` forces
+those forms; ``=kernel`` makes a missing kernel an error. ``library().flags`` are the flags it was built with.
 
 Dtypes: each kernel has a float32, a float64 and a bfloat16 variant (NAME_f32, NAME_f64, NAME_bf16; see
 ``_kernel_common.h``). The bfloat16 one reads and writes bfloat16 activations in place and does its arithmetic and
@@ -39,6 +45,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import logging
 import typing
 import warnings
 from ctypes import CDLL, c_int64, c_void_p
@@ -48,13 +55,16 @@ import torch
 
 from linlm.errors import ConfigError
 
+log = logging.getLogger("linlm.ops")
+
 __all__ = [
     "IO_DTYPES", "EntryPoint", "available", "backend", "compute_dtype", "entry_point", "function", "library",
     "openmp",
 ]
 
 KERNEL_DIR = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11")
+BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11")
+X86 = ("x86_64", "amd64", "i386", "i686")
 # -fopenmp adds the entry points that run in torch's OpenMP pool (NAME_par); a compiler without OpenMP gets the
 # second set, and the work items then go to Python threads.
 OPENMP_FLAGS = (("-fopenmp",), ("-fopenmp-simd",))
@@ -62,6 +72,13 @@ BACKENDS = ("auto", "torch", "kernel")
 # The library's variant per activation dtype (see the C file's header): bfloat16 activations with float32 arithmetic.
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
 IO_DTYPES = tuple(_SUFFIX)
+
+
+def tuning_flags() -> tuple[tuple[str, ...], ...]:
+    """The sets of CPU-tuning flags to try, best first; the last one is empty (always accepted)."""
+    if platform.machine().lower() in X86:
+        return ("-march=native", "-mprefer-vector-width=512"), ("-march=native",), ()
+    return ("-march=native",), ()
 
 
 def backend() -> str:
@@ -144,6 +161,7 @@ class _Library(typing.NamedTuple):
     cdll: CDLL
     openmp: bool  # built with -fopenmp: it has the NAME_par entry points
     functions: dict  # (entry point class, dtype, parallel) -> its C function, argtypes set
+    flags: tuple[str, ...]  # the compiler flags it was built with
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,14 +171,29 @@ def library() -> _Library | None:
     if cc is None:
         return None
     errors = []
-    for extra in OPENMP_FLAGS:
-        try:
-            return _Library(CDLL(str(_build(cc, FLAGS + extra))), extra == OPENMP_FLAGS[0], {})
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            errors.append(e)
+    tunings = tuning_flags()
+    for tuning in tunings:
+        for extra in OPENMP_FLAGS:
+            flags = BASE_FLAGS + tuning + extra
+            try:
+                lib = _Library(CDLL(str(_build(cc, flags))), extra == OPENMP_FLAGS[0], {}, flags)
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                errors.append(e)
+                continue
+            if tuning != tunings[0]:
+                dropped = " ".join(f for f in tunings[0] if f not in tuning)
+                log.warning("linlm: the C kernels were built without %s, which %s refused (%s)", dropped, cc,
+                            _first_line(errors[0]))
+            return lib
     warnings.warn(f"linlm: the selective-scan kernel could not be built ({errors[-1]}); using the pure-torch "
                   "scan", RuntimeWarning, stacklevel=3)
     return None
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    error_lines = [line for line in lines if "error" in line.lower()]
+    return (error_lines or lines or ["no message"])[-1][:300]
 
 
 def available() -> bool:

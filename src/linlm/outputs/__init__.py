@@ -28,17 +28,15 @@ refuses the command. :func:`check_removal` makes those checks alone, changing no
 for a command's checks before any work.
 """
 
-from linlm.errors import OutputError
-from linlm.outputs.files import (append_text, check_dir, check_file, copy_file, dumps, figure_png, json_default,
-                                 make_dir, remove_if_unused, save_figure, shown, write_bytes, write_json, write_text,
-                                 write_via)
-from linlm.outputs.ledger import (LEDGER, bookkeeping, file_entry, foreign_entries, forget, has_ledger, owns_dir, owns_file,
-                                  read_ledger, read_own_json, record, seal, update_ledger)
-from linlm.outputs.trees import (Removal, check_removal, commit_dir, discard, plan_removal, remove_file,
-                                 remove_tree, temp_dir_beside)
+from linlm.exports import exports
 
-__all__ = ["LEDGER", "OutputError", "Removal", "append_text", "bookkeeping", "check_dir", "check_file",
-           "check_removal", "commit_dir", "copy_file", "discard", "dumps", "figure_png", "file_entry",
-           "foreign_entries", "forget", "has_ledger", "json_default", "make_dir", "owns_dir", "owns_file",
-           "plan_removal", "read_ledger", "read_own_json", "record", "remove_if_unused", "remove_file", "remove_tree", "save_figure",
-           "seal", "shown", "temp_dir_beside", "update_ledger", "write_bytes", "write_json", "write_text", "write_via"]
+_NAMES = {  # module: the names it gives this package
+    "linlm.errors": ["OutputError"],
+    "linlm.outputs.files": ("append_text check_dir check_file copy_file dumps figure_png json_default make_dir "
+                            "remove_if_unused save_figure shown write_bytes write_json write_text write_via").split(),
+    "linlm.outputs.ledger": ("LEDGER bookkeeping file_entry foreign_entries forget has_ledger owns_dir owns_file "
+                             "read_ledger read_own_json record seal update_ledger").split(),
+    "linlm.outputs.trees": ("Removal check_removal commit_dir discard plan_removal remove_file remove_tree "
+                            "temp_dir_beside").split(),
+}
+__all__, __getattr__, __dir__ = exports(__name__, {name: module for module, names in _NAMES.items() for name in names})

@@ -46,7 +46,8 @@ def register(subparsers) -> None:
                         "past the recipe's own (default: the recipe's compare.seeds; cpu: 3, smoke: 1); the "
                         "comparison's verdicts count a difference only beyond the spread over seeds")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (runs, compute in PFLOP/s-days, GPU-hours for cluster recipes) and run nothing")
+                   help="check everything the real run checks, print its plan (runs still to train, compute in "
+                        "PFLOP/s-days, time here or GPU-hours for cluster recipes) and write nothing")
     p.set_defaults(func=cmd_reproduce)
 
 
@@ -61,7 +62,9 @@ def cmd_reproduce(args) -> int:
 
         seed_count({"seeds": args.seeds}, "--seeds")
     if args.dry_run:
-        print_plan(args.recipe, args.out, overrides=overrides, seeds=args.seeds)
+        print_plan(args.recipe, args.out, overrides=overrides, seeds=args.seeds, data_dir=args.data_dir,
+                   scaling_dir=args.scaling_dir, resume=args.resume, overwrite=args.overwrite,
+                   train_here=args.train_here)
         return 0
     from linlm.reproduce.job import run
     from linlm.train.cli import setup_logging
@@ -79,7 +82,7 @@ def cmd_reproduce(args) -> int:
         return 130
     print(f"\nclaims ({args.recipe}):")
     for c in result["claims"]:
-        print(f"  {c.verdict:<30} {c.claim}")
+        print(f"  {c.verdict:<12} {c.claim}" + (f" ({c.why})" if c.why else ""))
     for name, why in result["waiting"].items():
         print(f"{name}: not run yet: {why}")
     rest = [n for n in result["pending"] if n not in result["waiting"]]

@@ -35,8 +35,8 @@ from linlm.locking import DirLock
 from linlm.progress import ProgressBar, format_duration
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory, finished_sections, in_the_way
 from linlm.reproduce.recipes import Recipe, load_recipe
+from linlm.reproduce import sections
 from linlm.reproduce.section import Section
-from linlm.reproduce.sections import SECTIONS, get
 from linlm.reproduce.settings import FLAGS, check_settings, given_settings, job_settings, resolve_settings
 
 LOCK_WHAT = "reproduce directory"
@@ -149,9 +149,8 @@ class Job:
         return self.out / "sections" / f"{name}.json"
 
     def scaling_ladder(self):
-        from linlm.scaling.ladder import load_ladder
-
-        return load_ladder(self.recipe.scaling["ladder"])
+        """The recipe's scaling ladder, with the seed rungs its ``scaling.seeds`` adds."""
+        return self.recipe.scaling.load()
 
     @property
     def seed_count(self) -> int:
@@ -163,7 +162,7 @@ class Job:
         from linlm.reproduce.seeds import seeded_ladder
         from linlm.scaling.ladder import ladder_from_dict
 
-        return ladder_from_dict(seeded_ladder(self.recipe.compare, self.seed_count), "compare",
+        return ladder_from_dict(seeded_ladder(self.recipe.compare.ladder, self.seed_count), "compare",
                                 f"recipe {self.recipe.name}: compare")
 
     def ladder(self, name: str):
@@ -178,7 +177,7 @@ class Job:
         (a built-in ladder) or ``{ladder: {...}}`` (a ladder mapping)."""
         from linlm.scaling.ladder import ladder_from_dict, load_ladder
 
-        spec = (getattr(self.recipe, name, None) or {}).get("ladder")
+        spec = getattr(self.recipe, name).ladder
         if not spec:
             raise ConfigError(f"recipe {self.recipe.name}: {name}: no ladder given")
         return load_ladder(spec) if isinstance(spec, str) else ladder_from_dict(
@@ -186,15 +185,16 @@ class Job:
 
     def has_ladder(self, name: str) -> bool:
         """Whether the recipe trains the training section ``name`` (a study's section is optional)."""
-        return name in ("scaling", "compare") or bool((getattr(self.recipe, name, None) or {}).get("ladder"))
+        return name in ("scaling", "compare") or bool(getattr(self.recipe, name).ladder)
 
     def training_ladders(self) -> list:
         """(name, ladder) of every training section the recipe trains, in the order the job runs them."""
-        return [(s.name, self.ladder(s.name)) for s in SECTIONS if s.training and self.has_ladder(s.name)]
+        return [(s.name, self.ladder(s.name)) for s in sections.SECTIONS
+                if s.training and self.has_ladder(s.name)]
 
     def run_section(self, name: str, tick: Callable[[float], None]) -> Optional[dict]:
         """The section's results, or None when it cannot run yet (see :class:`linlm.reproduce.section.Section`)."""
-        return get(name).run(self, tick)
+        return sections.get(name).run(self, tick)
 
 
 def run(recipe_name: str, out: str | Path, *, data_dir: Optional[str] = None, resume: bool = False,
@@ -233,8 +233,8 @@ def run(recipe_name: str, out: str | Path, *, data_dir: Optional[str] = None, re
 
 def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool,
          say: Callable[[str], None]) -> dict:
-    import linlm
     from linlm.reproduce.report import write
+    from linlm.version import __version__
 
     recipe, marker = setup.recipe, setup.marker
     if setup.replaced is not None:
@@ -247,17 +247,17 @@ def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool
     for note in setup.notes:
         say(note)
     # The marker's key keeps its first name ("preset"), so that jobs started before the rename still resume.
-    new_marker = {"format": FORMAT, "preset": recipe.name, "version": linlm.__version__, **setup.settings,
+    new_marker = {"format": FORMAT, "preset": recipe.name, "version": __version__, **setup.settings,
                   "created": (marker or {}).get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "environment": environment()}
     outputs.write_json(out / MARKER, new_marker, "--out")
     job = Job(recipe, out, say=say, train_here=train_here, **job_settings(setup.settings))
     outputs.make_dir(job.plots, "--out")
     outputs.make_dir(out / "sections", "--out")
-    progress = JobProgress({s.name: s.weight for s in SECTIONS}, live, say)
+    progress = JobProgress({s.name: s.weight for s in sections.SECTIONS}, live, say)
     pending: list[str] = []
     try:
-        for i, section in enumerate(SECTIONS, 1):
+        for i, section in enumerate(sections.SECTIONS, 1):
             name = section.name
             path = job.section_path(name)
             if path.is_file():
@@ -265,7 +265,7 @@ def _run(setup: Setup, recipe_name: str, out: Path, train_here: bool, live: bool
             elif any(t in pending for t in section.needs):
                 pending.append(name)
             else:
-                progress.start(name, i, len(SECTIONS))
+                progress.start(name, i, len(sections.SECTIONS))
                 _run_one(job, section, progress, pending)
             progress.finish(name)
     finally:

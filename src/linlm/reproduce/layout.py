@@ -27,7 +27,7 @@ from typing import Optional
 from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.reproduce.recipes import Recipe, load_recipe
-from linlm.reproduce.sections import SECTIONS
+from linlm.reproduce import sections
 
 MARKER = "reproduce.json"
 FORMAT = "linlm-reproduce/1"
@@ -38,7 +38,8 @@ OWN_DIRS = ("sections", "plots")
 
 def written_names() -> list[str]:
     """The files this module itself writes into DIR (checked before any work: each must be free or linlm's)."""
-    return [*TOP_FILES, *(f"sections/{s.name}.json" for s in SECTIONS), *(c for s in SECTIONS for c in s.copies)]
+    every = sections.SECTIONS
+    return [*TOP_FILES, *(f"sections/{s.name}.json" for s in every), *(c for s in every for c in s.copies)]
 
 
 def in_the_way(rel: str) -> bool:
@@ -48,7 +49,7 @@ def in_the_way(rel: str) -> bool:
     (a user's other file stays, untouched); anywhere inside the trees the sections rebuild from nothing (the
     sweeps, the scaling report, MQAR), everything: a user's file there would be read as part of the new job."""
     parts = rel.split("/")
-    trees = {t for s in SECTIONS for t in s.trees}
+    trees = {t for s in sections.SECTIONS for t in s.trees}
     if len(parts) == 1:
         return rel in TOP_FILES or rel in OWN_DIRS or rel in trees
     if parts[0] in trees:
@@ -56,7 +57,7 @@ def in_the_way(rel: str) -> bool:
     if parts[0] == "sections":
         return len(parts) == 2 and rel in written_names()
     if parts[0] == "plots":
-        return len(parts) == 2 and any(fnmatchcase(parts[1], p) for s in SECTIONS for p in s.plots)
+        return len(parts) == 2 and any(fnmatchcase(parts[1], p) for s in sections.SECTIONS for p in s.plots)
     return False
 
 
@@ -79,7 +80,7 @@ def check_directory(out: Path, recipe: Recipe, *, resume: bool, overwrite: bool)
     """The recipe to run in ``out`` and its marker; refuses (changing nothing) a directory that is not free nor a
     reproduce job, a job of another recipe or version (without --resume or --overwrite), and --resume with
     nothing to resume."""
-    import linlm
+    from linlm.version import __version__
 
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; give one (nothing was changed)")
@@ -103,13 +104,13 @@ def check_directory(out: Path, recipe: Recipe, *, resume: bool, overwrite: bool)
         if marker.get("preset") != recipe.name:
             recipe = load_recipe(marker["preset"])
         return recipe, marker
-    if marker.get("preset") != recipe.name or marker.get("version") != linlm.__version__:
+    if marker.get("preset") != recipe.name or marker.get("version") != __version__:
         raise ConfigError(f"--out: {out} holds a job of recipe {marker.get('preset')!r} made by linlm "
-                          f"{marker.get('version')}, not recipe {recipe.name!r} with linlm {linlm.__version__}; "
+                          f"{marker.get('version')}, not recipe {recipe.name!r} with linlm {__version__}; "
                           "nothing was changed. Give --resume to continue that job, --overwrite to start this one "
                           "over in its place, or another --out directory")
     return recipe, marker
 
 
 def finished_sections(out: Path) -> list[str]:
-    return [s.name for s in SECTIONS if (out / "sections" / f"{s.name}.json").is_file()]
+    return [s.name for s in sections.SECTIONS if (out / "sections" / f"{s.name}.json").is_file()]

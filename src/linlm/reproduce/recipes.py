@@ -1,5 +1,10 @@
 """The recipes of ``linlm reproduce``: one YAML file each in ``linlm/reproduce/recipes/``.
 
+A recipe has a few keys of its own (``name``, ``description``, ``mode``, ``tradeoffs``, ``gpu``); every other key
+is a section's settings, checked against that section's dataclass when the recipe loads (a key no section reads, an
+unknown field, a wrong type or an impossible value is a one-line ConfigError before any work). The settings and
+their defaults are listed in docs/reproduce.md (a table generated from the dataclasses and tested against them).
+
 A recipe names the scaling ladder to run (``scaling.ladder``, a built-in ladder of :mod:`linlm.scaling.ladder`),
 holds the MossNet comparison as a one-rung ladder of its own (``compare``: LLaMA, Mamba and MossNet at equal
 active parameters and equal tokens, trained once per seed of ``compare.seeds``: :mod:`linlm.reproduce.seeds`),
@@ -18,45 +23,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from linlm.schema import from_dict, load_yaml
 from linlm.errors import ConfigError, choices_text
-from linlm.reproduce.seeds import seed_count
+from linlm.schema import load_yaml
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 MODES = ("local", "torchrun")
+# The keys of a recipe that belong to no section; every other key is a section's (sections.recipe_keys()).
+OWN_KEYS = ("name", "description", "mode", "tradeoffs", "gpu")
+
+
+@dataclass
+class GPU:
+    """For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours."""
+
+    name: str = "A100 80GB"
+    peak_flops: float = 312e12
+    mfu: float = 0.4
 
 
 @dataclass
 class Recipe:
+    """A recipe: its own keys, and each section's settings (``recipe.mqar`` is the mqar section's dataclass)."""
+
     name: str
     description: str
-    scaling: dict  # {ladder: NAME, archs: [...] (optional)}
-    compare: dict  # a ladder mapping (linlm.scaling.ladder.ladder_from_dict), plus seeds (linlm.reproduce.seeds)
     mode: str = "local"
-    fits: dict = field(default_factory=dict)  # linlm.scaling.analysis.FitOptions fields
-    quality: dict = field(default_factory=dict)  # {max_tokens: N}: validation tokens scored per model
-    zeroshot: dict = field(default_factory=dict)  # {tasks: [...], limit: N}
-    niah: dict = field(default_factory=dict)  # NIAHConfig fields
-    mqar: dict = field(default_factory=dict)  # {task, widths, experts, policies, seeds, archs, steps, ...}
-    decode: dict = field(default_factory=dict)  # {contexts, decode_tokens, archs, model, per_arch, device, dtype}
-    # The optional studies (linlm.reproduce.sections.shape), each {ladder: NAME or a ladder mapping, ...}; {}: not run.
-    aspect: dict = field(default_factory=dict)  # an aspect-ratio study ladder; max_tokens: validation tokens scored
-    context: dict = field(default_factory=dict)  # a context-length study ladder; max_tokens as for aspect
-    mossnet: dict = field(default_factory=dict)  # MossNet's scaling ladder (with its baselines), fitted like scaling
-    # {section: what this recipe's size gives up there}: shown in the report beside the claims, so that a verdict of
-    # "tie" or "not supported at this scale" can be read against the power the settings left it.
+    # {section or key: what this recipe's size gives up there}: shown in the report beside the claims, so that a
+    # verdict of "cannot tell" can be read against the power the settings left it.
     tradeoffs: dict = field(default_factory=dict)
-    # For --dry-run of torchrun recipes: the accelerator assumed for GPU-hours.
-    gpu: dict = field(default_factory=lambda: {"name": "A100 80GB", "peak_flops": 312e12, "mfu": 0.4})
+    gpu: GPU = field(default_factory=GPU)
+    settings: dict = field(default_factory=dict)  # {recipe key: its section's settings}
+
+    def __getattr__(self, key: str) -> Any:
+        settings = self.__dict__.get("settings") or {}
+        if key in settings:
+            return settings[key]
+        raise AttributeError(f"recipe {self.__dict__.get('name')!r} has no setting {key!r}")
 
     @property
     def seeds(self) -> int:
         """How many times the comparison trains each architecture (``compare.seeds``)."""
-        return seed_count(self.compare, f"recipe {self.name}: compare.seeds")
+        return self.settings["compare"].seeds
 
     def source(self) -> dict[str, Any]:
         """The recipe's mapping, its base merged in (for the report and the directory's marker)."""
         return recipe_data(self.name)
+
+    def with_settings(self, **mappings: Any) -> "Recipe":
+        """This recipe with the keys ``mappings`` replaced (each a mapping, as in a recipe file), checked as
+        :func:`load_recipe` checks a file."""
+        return build_recipe({**self.source(), **mappings}, f"recipe {self.name}")
 
 
 def recipe_names() -> list[str]:
@@ -80,16 +96,44 @@ def recipe_data(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     return {**deep_merge(recipe_data(base, (*_seen, name)), data), "name": data.get("name", name)}
 
 
-def load_recipe(name: str) -> Recipe:
-    path = RECIPE_DIR / f"{name}.yaml"
-    data = recipe_data(name)
+def build_recipe(data: dict[str, Any], where: str) -> Recipe:
+    """A recipe from its mapping, every key checked: its own keys, and each section's settings against that
+    section's dataclass. A key that no section reads is refused, naming the keys that exist."""
+    from linlm.reproduce.section import load_options
+    from linlm.reproduce.sections import recipe_keys
+    from linlm.schema import from_dict
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of recipe keys, got {data!r}")
+    keys = recipe_keys()
+    unknown = [k for k in data if k not in OWN_KEYS and k not in keys]
+    if unknown:
+        raise ConfigError(f"{where}: key {unknown[0]!r} is read by no section; a recipe's keys are "
+                          f"{choices_text([*OWN_KEYS, *keys])}")
+    for key in ("name", "description"):
+        if not isinstance(data.get(key), str):
+            raise ConfigError(f"{where}: {key}: give a string")
+    mode = data.get("mode", "local")
+    if mode not in MODES:
+        raise ConfigError(f"{where}: mode: {mode!r} is not one of {choices_text(MODES)}")
+    tradeoffs = data.get("tradeoffs") or {}
+    named = {*keys, *(s for k in keys for s in _readers(k))}
+    if not isinstance(tradeoffs, dict) or any(k not in named or not isinstance(v, str) for k, v in tradeoffs.items()):
+        raise ConfigError(f"{where}: tradeoffs: give {{section: text}} for sections among {choices_text(named)}")
     try:
-        recipe = from_dict(Recipe, data)
+        gpu = from_dict(GPU, data.get("gpu") or {}, prefix="gpu.")
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    if recipe.mode not in MODES:
-        raise ConfigError(f"{path}: mode: {recipe.mode!r} is not one of {choices_text(MODES)}")
-    if not isinstance(recipe.scaling.get("ladder"), str):
-        raise ConfigError(f"{path}: scaling.ladder: name a built-in ladder")
-    seed_count(recipe.compare, f"{path}: compare.seeds")
-    return recipe
+        raise ConfigError(f"{where}: {e}") from None
+    settings = {key: load_options(cls, data.get(key), f"{where}: {key}") for key, cls in keys.items()}
+    return Recipe(data["name"], data["description"], mode, dict(tradeoffs), gpu, settings)
+
+
+def _readers(key: str) -> list[str]:
+    from linlm.reproduce.sections import readers
+
+    return readers(key)
+
+
+def load_recipe(name: str) -> Recipe:
+    """The built-in recipe ``name``, every key checked (:func:`build_recipe`) before any work."""
+    return build_recipe(recipe_data(name), str(RECIPE_DIR / f"{name}.yaml"))

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linlm import outputs
-from linlm.reproduce.claims import Claim, judge
+from linlm.reproduce.claims import Verdict, judge
 from linlm.reproduce.seeds import seed_values
-from linlm.reproduce.sections import SECTIONS
+from linlm.reproduce import sections
 
 
 @dataclass
 class Written:
     md: Path
     html: Path
-    claims: list[Claim]
+    claims: list[Verdict]
 
     def __fspath__(self) -> str:
         return str(self.md)
@@ -28,36 +28,46 @@ class Written:
 
 
 def thresholds() -> list[list[str]]:
-    """Every threshold the verdicts use, with its value and meaning."""
-    from linlm.reproduce import claims as C
-    from linlm.reproduce.seeds import SIGNIFICANCE
+    """Every test the verdicts use, when it gives a verdict, its chance of a false one, and every margin."""
+    import math
 
-    return [["LOSS_MARGIN", f"{C.LOSS_MARGIN:g} nats/token", "a smaller difference in loss is a tie"],
-            ["ACC_MARGIN", f"{C.ACC_MARGIN:g}", "a smaller difference in retrieval accuracy is a tie"],
-            ["SIGNIFICANCE", f"{SIGNIFICANCE:g}", "the largest chance that seed noise alone separates two "
-                                                  "architectures' ranges for the separation to count"],
-            ["EXPONENT_REL_TOL", f"{C.EXPONENT_REL_TOL:.0%}", "the widest bootstrap half-width, relative to "
-                                                              "LLaMA's exponent, at which overlapping intervals "
-                                                              "mean 'alike'"],
-            ["MIN_R2", f"{C.MIN_R2:g}", "an L(C) fit below this R² cannot decide"],
-            ["ABOVE_CHANCE", f"{C.ABOVE_CHANCE:g}", "MQAR: a model within this of chance has not learned the task"],
-            ["CONSTANT_STATE", f"{C.CONSTANT_STATE:g}x", "decoding state growth that still counts as constant"]]
+    from linlm.reproduce.claims import mossnet as M, scaling_laws as S
+    from linlm.reproduce.claims.rule import threshold_rows
+
+    rows = threshold_rows({
+        "L(C) exponent": f"±{S.ALPHA_MARGIN:g} (a quarter of Table 3's LLaMA exponent)",
+        "loss": f"±{S.LOSS_MARGIN:g} nats/token",
+        "accuracy, and its spread across shapes or contexts": f"±{S.ACC_MARGIN:g}",
+        "N_opt, D_opt": f"a factor {math.exp(S.RATIO_MARGIN):.2f} (±{S.RATIO_MARGIN:.3f} in log)"})
+    return rows + [
+        ["above chance", f"MQAR accuracy more than {S.ABOVE_CHANCE:g} above chance on one side",
+         "otherwise the part cannot tell (a model at chance has learned nothing to compare)", "stated"],
+        ["constant state", f"at most {M.CONSTANT_STATE:g}x from the shortest to the longest context",
+         "for; above it, against (a measured size: no noise)", "none: exact"]]
 
 
-def claims_blocks(claims: list[Claim], seeds: list[int]) -> list[tuple]:
-    rows = [[c.claim, c.paper, c.verdict, c.evidence, c.rule] for c in claims]
+def verdict_cell(v: Verdict) -> str:
+    return f"{v.verdict}: {v.why}" if v.why else v.verdict
+
+
+def claims_blocks(claims: list[Verdict], seeds: list[int]) -> list[tuple]:
+    rows = [[c.claim, c.paper, verdict_cell(c), c.scale or "-", c.evidence, c.difference, c.terms] for c in claims]
     seeded = (f"The comparison trained each architecture with {len(seeds)} seeds (train config seeds "
               f"{', '.join(map(str, seeds))})" if len(seeds) > 1 else "The comparison trained each architecture "
-              f"with one seed ({seeds[0]}): its verdicts say 'one seed: no spread' instead of claiming a difference")
+              f"with one seed ({seeds[0]}): its differences cannot be judged ('cannot tell: one seed')")
     return [("h2", "Claims"),
-            ("p", "Each verdict is computed from this run's numbers by the rule beside it (linlm/reproduce/claims.py): "
-                  "a difference counts only beyond its uncertainty (the spread over seeds, or the fits' 95 % "
-                  "bootstrap intervals); 'tie' means it did not exceed it. 'not supported at this scale' means the "
-                  "measurement cannot decide (no fit, intervals too wide, or every model at chance), not that the "
-                  f"claim is false. {seeded}; the scaling sweep has one run per size and architecture."),
-            ("table", ["claim", "paper", "verdict", "numbers", "rule (threshold)"], rows),
-            ("p", "Thresholds:"),
-            ("table", ["threshold", "value", "meaning"], thresholds())]
+            ("p", "Each verdict is computed from this run's numbers by one rule (linlm/reproduce/claims/rule.py): "
+                  "every claim names the differences it is about, each with its 95 % interval over the unit that "
+                  "varies (seeds, paired where they share the data order; seed replicates for fitted laws). "
+                  "Holm's correction runs over every difference of the report: a difference that counts is 'for' "
+                  "on the side the claim predicts and 'against' on the other; one that does not count is 'alike' "
+                  "only when two one-sided tests put it inside its stated margin, and otherwise 'cannot tell'. A "
+                  "claim whose parts disagree is 'mixed'. 'cannot tell' says why: the data at this scale cannot "
+                  f"decide it, not that the claim is false. {seeded}."),
+            ("table", ["claim", "paper", "verdict", "scale", "differences (95 % interval, p) and numbers",
+                       "judged by", "the paper's own terms"], rows),
+            ("p", "The tests, when each gives a verdict, and its chance of a false one:"),
+            ("table", ["test", "for", "verdict", "chance of a false verdict"], thresholds())]
 
 
 def tradeoff_blocks(recipe) -> list[tuple]:
@@ -66,8 +76,7 @@ def tradeoff_blocks(recipe) -> list[tuple]:
         return []
     return [("h2", "What this recipe's size gives up"),
             ("p", f"The {recipe.name} recipe trains small models briefly to fit its time budget; each choice below "
-                  "lowers the power of the claims that rest on that section, so read a 'tie' or a 'not supported at "
-                  "this scale' against it."),
+                  "lowers the power of the claims that rest on that section, so read a 'cannot tell' against it."),
             ("table", ["section", "choice and its price"], [[k, str(v)] for k, v in recipe.tradeoffs.items()])]
 
 
@@ -93,7 +102,7 @@ def provenance_blocks(job, marker: dict) -> list[tuple]:
                                            ["scaling sweep", marker.get("scaling_dir") or "scaling/"],
                                            ["--set (every training run)", json.dumps(marker.get("overrides") or {})]]),
             ("p", "The recipe, exactly as run (linlm/reproduce/recipes/" + job.recipe.name + ".yaml, with the ladder "
-                  f"{job.recipe.scaling['ladder']!r} from linlm/scaling/ladders/):"),
+                  f"{job.recipe.scaling.ladder!r} from linlm/scaling/ladders/):"),
             ("pre", json.dumps(job.recipe.source(), indent=1))]
 
 
@@ -107,8 +116,9 @@ def write(job, pending: list[str], marker: dict) -> Written:
              "(arXiv 2510.26182).")
     if pending:
         intro += f" Incomplete: {', '.join(pending)} not finished; run the same command again."
-    shown = sorted((s for s in SECTIONS if s.render is not None), key=lambda s: s.report_rank)
-    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seed_values(job.recipe.compare, job.seed_count)),
+    shown = sorted((s for s in sections.SECTIONS if s.render is not None), key=lambda s: s.report_rank)
+    seeds = seed_values(job.recipe.compare.ladder, job.seed_count)
+    blocks = [("h1", title), ("p", intro), *claims_blocks(claims, seeds),
               *tradeoff_blocks(job.recipe), *(b for s in shown for b in s.render(job, pending)),
               *provenance_blocks(job, marker)]
     for blk in blocks:  # a plot the report shows from elsewhere (the scaling report's) is copied into plots/

@@ -3,17 +3,23 @@ about it (its name, what it reads, the settings it depends on, how it runs, what
 it writes in the job directory, and how it shows in the plan and the report). The records are listed, in the
 order the job runs them, in :data:`linlm.reproduce.sections.SECTIONS`.
 
+A section's settings are a dataclass of its own (``options``), read from the recipe's key ``key``: its fields and
+their defaults are the one place they are written, and the recipe is checked against it when it loads
+(:func:`load_options`), before any work. Several sections may read one key (both quality sections read
+``quality``) when they name the same dataclass.
+
 This module also holds what several sections share: the trained models of a sweep, the validation text of a
 prepared data directory, and the pieces of the report (a number, a plot, why a section has nothing to show).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from linlm.errors import DataError
+from linlm.errors import ConfigError, DataError
 
 Tick = Callable[[float], None]  # fraction of the section done
 Blocks = list[tuple]  # report blocks, as linlm.render renders them: ("h2", text), ("p", text), ...
@@ -52,9 +58,78 @@ class Section:
     render: Optional[Callable[[Any, list[str]], Blocks]] = None
     report_rank: int = 0
     plan: Optional[Callable[[Any], str]] = None  # (recipe) -> its line in `linlm reproduce --dry-run`
+    # (recipe) -> at most how many seconds it trains here, timed now (--dry-run), for a section that trains models
+    # outside the training sections (MQAR's)
+    estimate: Optional[Callable[[Any], float]] = None
     trees: tuple[str, ...] = ()  # directories of DIR it builds from nothing (--overwrite clears them whole)
     plots: tuple[str, ...] = ()  # the names (fnmatch patterns) of its PNGs in DIR/plots
     copies: tuple[str, ...] = ()  # paths of DIR the job itself writes for it (besides sections/NAME.json)
+    # Its settings: the recipe key it reads and the dataclass that key holds (None: it has none of its own).
+    key: Optional[str] = None
+    options: Optional[type] = None
+
+
+# ---- typed settings ----------------------------------------------------------------------------------------------
+
+
+def setting(default: Any, doc: str) -> Any:
+    """A field of a section's settings dataclass: its default (a list or a mapping is copied for each instance)
+    and what it means (docs/reproduce.md's settings table shows it)."""
+    if isinstance(default, (list, dict)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata={"doc": doc})
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+def load_options(cls: type, data: Any, where: str) -> Any:
+    """The settings ``cls`` from the recipe's mapping ``data`` (None: the defaults), checked: an unknown key, a
+    wrong type or an impossible value is a one-line ConfigError starting with ``where`` (the recipe and its key).
+    A class with ``from_recipe(data, where)`` reads the mapping itself; one with ``validate()`` is checked
+    after it is built."""
+    from linlm.schema import from_dict
+
+    data = {} if data is None else data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} keys, got {data!r}")
+    if hasattr(cls, "from_recipe"):
+        return cls.from_recipe(dict(data), where)
+    try:
+        value = from_dict(cls, data)
+        checked = value.validate() if hasattr(value, "validate") else None
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e}" if getattr(e, "key", None) else f"{where}: {e}") from None
+    return value if checked is None else checked
+
+
+def option_rows(cls: type) -> list[tuple[str, str, str]]:
+    """(field, default, meaning) of each field of a settings dataclass, as docs/reproduce.md's table shows them."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = "(required)"
+        if dataclasses.is_dataclass(default):
+            default = {k: v for k, v in dataclasses.asdict(default).items()}
+        shown = default if isinstance(default, str) and default == "(required)" else _yaml_value(default)
+        rows.append((f.name, shown, f.metadata.get("doc") or f"as {cls.__name__}.{f.name} ({cls.__module__})"))
+    return rows
+
+
+def _yaml_value(value: Any) -> str:
+    import json
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        return f"{len(value)} values from {value[0]:g} to {value[-1]:g}"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value).replace('"', "")
+    return str(value)
 
 
 # ---- the models and the text sections evaluate ----------------------------------------------------------------
@@ -153,10 +228,11 @@ def missing(job, name: str, pending: list[str]) -> Optional[str]:
 def spread_blocks(spreads: dict, what: str, spec: str = ".4f") -> Blocks:
     """The table of a number's mean and spread over seeds per group (architecture), when some group has seeds."""
     if not spreads or max(s["n"] for s in spreads.values()) < 2:
-        return [("p", f"One seed per model: no spread over seeds of the {what} (one seed: no spread), so no "
-                      "difference between these models can count as beyond seed noise.")]
+        return [("p", f"One seed per model: no spread over seeds of the {what}, so a claim about a difference "
+                      "between these models cannot tell (one seed).")]
     rows = [[g, str(s["n"]), fmt(s["mean"], spec), fmt(s["std"], spec), fmt(s["min"], spec), fmt(s["max"], spec)]
             for g, s in spreads.items()]
     return [("p", f"The {what} over seeds: the mean, the sample standard deviation (n - 1) and the range (min-max); "
-                  "the claims count a difference only beyond it (the rule in the claims table)."),
+                  "the claims judge a difference by its interval over the seeds (paired where they share the data "
+                  "order: the rule above the claims table)."),
             ("table", ["model", "seeds", "mean", "std", "min", "max"], rows)]

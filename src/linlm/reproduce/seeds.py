@@ -1,38 +1,28 @@
-"""Seeds: the comparison trained once per seed, the spread of a number over seeds, and the rule that says whether
-two architectures differ by more than that spread.
+"""Seeds: the comparison trained once per seed, and the spread of a number over seeds (the report's tables). The
+rule that judges a difference over seeds is :mod:`linlm.reproduce.claims.rule`.
 
 A recipe's ``compare.seeds`` (default 1) trains every architecture of the comparison that many times, with the
 train config's ``seed`` set to the ladder's seed + 0, 1, ...; with more than one seed each rung ``R`` becomes the
 rungs ``R-s0``, ``R-s1``, ... (run directories ``ARCH-R-s0`` and so on), so one seed keeps the names it always had.
-
-The rule (:func:`compare`): a difference between two architectures counts only when their ranges over seeds do not
-overlap and their means differ by more than the claim's margin. Justification in one line: if the seed were the
-only difference, every ordering of the ``n_a + n_b`` values would be equally likely, so all of one side below all
-of the other happens with probability ``1 / C(n_a + n_b, n_a)`` (:func:`chance_of_separation`: 0.05 for 3 seeds
-each) -- an exact permutation test that assumes nothing about the distribution. With fewer seeds than make that
-probability at most :data:`SIGNIFICANCE` a separation cannot count, and the outcome says so ("one seed: no spread"
-for a single seed).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 from linlm.errors import ConfigError
 
-SIGNIFICANCE = 0.05  # the largest chance of a separation by seed noise alone that still counts as a difference
-ONE_SEED = "one seed: no spread"
+MAX_SEEDS = 100  # trainings of one model: more is a typo (and would plan millions of runs)
 
 
 def seed_count(compare: dict, where: str) -> int:
     """The comparison's seeds (``compare.seeds``, default 1); anything but a whole number >= 1 is refused, the
     message starting with ``where`` (the recipe's key, or the flag)."""
     seeds = compare.get("seeds", 1)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"{where}: give a whole number of training seeds, 1 or more, got {seeds!r} (nothing was "
-                          "changed)")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError(f"{where}: give a whole number of training seeds from 1 to {MAX_SEEDS}, got {seeds!r} "
+                          "(nothing was changed)")
     return seeds
 
 
@@ -93,33 +83,3 @@ class Spread:
         if self.n < 2:
             return f"{self.mean:{spec}} (one seed)"
         return f"{self.mean:{spec}} ± {self.std:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}] ({self.n} seeds)"
-
-
-def chance_of_separation(n_a: int, n_b: int) -> float:
-    """The probability that all of n_a values fall below all of n_b when every ordering is equally likely."""
-    return 1.0 / math.comb(n_a + n_b, n_a)
-
-
-def compare(a: Sequence[float], b: Sequence[float], margin: float) -> str:
-    """``"lower"`` (a below b), ``"higher"``, ``"tie"`` (ranges overlap, or the means within ``margin``),
-    ``ONE_SEED`` or ``"too few seeds"`` (no separation could count: see the module doc)."""
-    sa, sb = Spread(list(a)), Spread(list(b))
-    if min(sa.n, sb.n) < 2:
-        return ONE_SEED
-    if chance_of_separation(sa.n, sb.n) > SIGNIFICANCE:
-        return "too few seeds"
-    if abs(sa.mean - sb.mean) <= margin:
-        return "tie"
-    if sa.hi < sb.lo:
-        return "lower"
-    if sb.hi < sa.lo:
-        return "higher"
-    return "tie"
-
-
-def rule_text(margin: float, unit: str) -> str:
-    """The rule of :func:`compare`, as the report states it."""
-    return (f"a difference counts only when the ranges over seeds do not overlap and the means differ by more than "
-            f"{margin:g} {unit} (a separation that seed noise alone gives with probability 1/C(n_a+n_b, n_a) = "
-            f"{chance_of_separation(3, 3):.2f} for 3 seeds each; counted only when that is <= {SIGNIFICANCE}); "
-            "otherwise a tie")

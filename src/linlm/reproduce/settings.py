@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from linlm.errors import ConfigError
-from linlm.reproduce.sections import SECTIONS, affected_by
+from linlm.reproduce import sections
 
 # The job's settings and their flags.
 FLAGS = {"overrides": "--set", "scaling_dir": "--scaling-dir", "data_dir": "--data-dir", "seeds": "--seeds"}
-# The sections whose numbers each setting changes.
-AFFECTS = {key: affected_by(key) for key in FLAGS}
+
+
+def affects(key: str) -> tuple[str, ...]:
+    """The sections whose numbers the setting ``key`` changes (those that name it in their ``settings``)."""
+    return sections.affected_by(key)
 
 
 def _shown_setting(key: str, value: Any) -> str:
@@ -38,12 +41,33 @@ def _flat(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+# Training keys a ladder sets for each of its runs: a --set of one would be overwritten or would train another model
+# under the ladder's name, so it is refused by name (the recipe's ladders and tokens are where they change).
+LADDER_KEYS = {"steps": "each run's steps come from its rung's tokens (change the tokens in the recipe)",
+               "out_dir": "each run's directory is the job's (DIR/NAME/runs/RUN)",
+               "model.arch": "the ladders name the architectures",
+               "model.preset": "the rungs set the model's size",
+               **{f"model.overrides.{k}": "the rungs set the model's shape"
+                  for k in ("d_model", "n_layers", "n_heads", "head_dim", "glu_dim")}}
+
+
+def check_overrides(overrides: Optional[dict]) -> None:
+    """Refuse a --set of a key the ladders own (:data:`LADDER_KEYS`), naming it."""
+    for key, _ in _flat(overrides or {}):
+        owned = next((k for k in LADDER_KEYS if key == k or key.startswith(k + ".")), None)
+        if owned is not None:
+            raise ConfigError(f"--set {key}: {LADDER_KEYS[owned]}; a --set applies to every training run and may "
+                              "not change what the ladders decide. Drop it (nothing was changed)")
+
+
 def given_settings(out: Path, data_dir: Optional[str | Path], overrides: Optional[dict],
                    scaling_dir: Optional[str | Path], seeds: Optional[int] = None) -> dict:
     """The settings a command gives, as the marker stores them (None: not given). Paths are made absolute, and
-    --scaling-dir DIR/scaling is the job's own sweep, as if not given; --seeds below 1 is refused."""
+    --scaling-dir DIR/scaling is the job's own sweep, as if not given; --seeds out of range and a --set of a key
+    the ladders own are refused."""
     from linlm.reproduce.seeds import seed_count
 
+    check_overrides(overrides)
     if seeds is not None:
         seed_count({"seeds": seeds}, "--seeds")
     sweep = str(Path(scaling_dir).expanduser().resolve()) if scaling_dir else None
@@ -64,7 +88,7 @@ def resolve_settings(out: Path, marker: Optional[dict], given: dict, finished: l
         if new is None or new == old:
             settings[key] = old
             continue
-        done = [s for s in AFFECTS[key] if s in finished]
+        done = [s for s in affects(key) if s in finished]
         if done:
             raise ConfigError(f"{flag}: the job in {out} runs with {_shown_setting(key, old)}, and its finished "
                               f"sections {', '.join(done)} were computed with it; a finished section is never "
@@ -72,7 +96,7 @@ def resolve_settings(out: Path, marker: Optional[dict], given: dict, finished: l
                               "--overwrite to start the job over (nothing was changed)")
         settings[key] = new
         notes.append(f"{flag}: the job ran with {_shown_setting(key, old)}; from now on {_shown_setting(key, new)} "
-                     f"(none of the sections it changes, {', '.join(AFFECTS[key])}, has finished)")
+                     f"(none of the sections it changes, {', '.join(affects(key))}, has finished)")
     return settings, notes
 
 
@@ -84,7 +108,7 @@ def check_settings(job, finished: list[str], *, replace: bool, from_marker: dict
     sweeps are about to be removed."""
     from linlm.scaling.sweepdir import check_sweep_dir
 
-    todo = [s for s in SECTIONS if s.name not in finished]
+    todo = [s for s in sections.SECTIONS if s.name not in finished]
 
     def kept(key: str) -> str:  # a setting the command did not give comes from the job: say so, and how to fix it
         return " (kept from the job's reproduce.json: give it again to correct it)" if from_marker.get(key) else ""

@@ -12,18 +12,34 @@ from linlm.errors import DataError
 from linlm.scaling.fits import (PFLOPS_DAY, Crossover, Envelope, EnvelopeFit, IsoFlopFit, ParametricFit,
                                 compute_optimal, crossover_between, envelope, fit_envelope, fit_runs_parametric,
                                 isoflop)
+from linlm.scaling.fits_common import usable
+from linlm.scaling.fits_seeds import SeedSpread, measure_spread, pooled_spread, sizes_of
 from linlm.scaling.paper import PAPER_TABLE3
 from linlm.scaling.runs import META_FILE, METRICS, Loaded, flops_key, load_runs
 
 
+def _doc(default, text: str):
+    return field(default=default, metadata={"doc": text})
+
+
 @dataclass
 class FitOptions:
-    bootstrap: int = 1000
-    parametric_bootstrap: int = 50
-    smooth: int = 5  # trailing mean over this many logged losses before the envelope is taken
-    points: int = 60  # envelope grid
-    levels: int = 8  # IsoFLOP compute levels
-    seed: int = 0
+    """How the fits are made (the reproduce recipes' ``fits:`` too)."""
+
+    bootstrap: int = _doc(1000, "seed replicates of each envelope fit's intervals (linlm.scaling.fits_seeds)")
+    parametric_bootstrap: int = _doc(50, "bootstrap replicates of the L(N, D) fit")
+    smooth: int = _doc(5, "logged losses in the local log-log line that smooths each curve before the envelope")
+    points: int = _doc(60, "the envelope's compute grid")
+    levels: int = _doc(8, "IsoFLOP compute levels")
+    seed: int = _doc(0, "the bootstrap's random seed")
+
+    def validate(self) -> "FitOptions":
+        from linlm.errors import ConfigError
+
+        for key in ("bootstrap", "parametric_bootstrap", "smooth", "points", "levels", "seed"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: {getattr(self, key)}; give a whole number >= 0")
+        return self
 
 
 @dataclass
@@ -32,6 +48,7 @@ class ArchFits:
     curves: list
     env: Optional[Envelope] = None  # the envelope itself, drawn even when no law could be fitted to it
     envelope: Optional[EnvelopeFit] = None
+    spread: Optional[SeedSpread] = None  # the seed spread its intervals were drawn from
     isoflop: Optional[IsoFlopFit] = None
     parametric: Optional[ParametricFit] = None
     errors: dict = field(default_factory=dict)  # fit name -> why it could not be made
@@ -68,24 +85,29 @@ class Analysis:
                                                  "params": "non-embedding parameters", "tokens": "training tokens"},
                 "runs": runs, "skipped": [{"run": n, "reason": w} for n, w in self.loaded.skipped],
                 "archs": archs, "crossovers": [c.to_dict() for c in self.crossovers],
-                "compute_optimal": compute_optimal({a: f.envelope for a, f in self.archs.items() if f.envelope},
-                                                   PAPER_TABLE3),
+                "compute_optimal": compute_optimal({a: f.envelope for a, f in self.archs.items() if f.envelope}),
                 "options": self.options.__dict__}
 
 
-def fit_arch(arch: str, curves: list, opt: FitOptions) -> ArchFits:
-    out = ArchFits(arch, curves)
+def fit_arch(arch: str, curves: list, opt: FitOptions, spread: Optional[SeedSpread] = None) -> ArchFits:
+    """Every fit of one architecture; the envelope's intervals are drawn from ``spread`` (its own seeds', or one
+    pooled from the other architectures: :func:`seed_spreads`; None: no intervals, and the error says why)."""
+    out = ArchFits(arch, curves, spread=spread)
     kw = dict(bootstrap=opt.bootstrap, seed=opt.seed)
     try:
         out.envelope = fit_envelope(curves, points=opt.points, smooth_window=opt.smooth, what=f"{arch} envelope",
-                                    **kw)
+                                    spread=spread, **kw)
         out.env = out.envelope.envelope
-        if out.envelope.params is None:
+        if spread is None:
+            out.errors["intervals"] = (f"{arch}: no seed spread was measured (no size of any architecture was "
+                                       "trained with two seeds), so the fits have no intervals; train a second seed "
+                                       "of some sizes")
+        elif out.envelope.params is None:
             env = out.env
             size = int(env.params[env.interior][0])
             out.errors["N_opt"] = (f"{arch} N_opt(C), D_opt(C): every fitted envelope point lies on one size "
                                    f"({size:,} parameters), so the optimal size cannot be seen to move with compute; "
-                                   "L(C) is fitted. Train sizes that overtake one another over a wider range")
+                                   "train sizes that overtake one another over a wider range")
     except DataError as e:
         out.errors["envelope"] = str(e)
         try:
@@ -107,6 +129,18 @@ def fit_arch(arch: str, curves: list, opt: FitOptions) -> ArchFits:
     except DataError as e:
         out.errors["parametric"] = str(e)
     return out
+
+
+def seed_spreads(by_arch: dict[str, list], opt: FitOptions) -> dict[str, SeedSpread]:
+    """Each architecture's seed spread (:mod:`linlm.scaling.fits_seeds`): measured on its own sizes with two
+    seeds or more, else pooled from the architectures that have some (none: no architecture gets one)."""
+    own = {}
+    for arch, curves in by_arch.items():
+        found = measure_spread(sizes_of(usable(curves, opt.smooth, 0.0)))
+        if found is not None:
+            own[arch] = found
+    pooled = pooled_spread(own)
+    return {arch: own.get(arch, pooled) for arch in by_arch if own.get(arch, pooled) is not None}
 
 
 def analyze(root: str | Path, *, strict: bool = False, include_unfinished: bool = False,
@@ -151,7 +185,8 @@ def _analyze(root: str | Path, strict: bool, include_unfinished: bool, opt: FitO
     by_arch: dict[str, list] = {}
     for r in loaded.runs:
         by_arch.setdefault(r.curve.arch, []).append(r.curve)
-    archs = {a: fit_arch(a, cs, opt) for a, cs in sorted(by_arch.items())}
+    spreads = seed_spreads(by_arch, opt)
+    archs = {a: fit_arch(a, cs, opt, spreads.get(a)) for a, cs in sorted(by_arch.items())}
     fitted = [(a, f.envelope.loss) for a, f in archs.items() if f.envelope is not None]
     crossovers = [crossover_between(a, la, b, lb) for (a, la), (b, lb) in itertools.combinations(fitted, 2)]
     if strict:

@@ -52,6 +52,7 @@ class Rung:
     per_arch: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
     tags: dict = field(default_factory=dict)  # what a study's rung varies: {shape, d_model, n_layers, seed}, ...
+    archs: Optional[list[str]] = None  # the architectures this rung trains (None: every one of the ladder's)
 
 
 @dataclass
@@ -165,6 +166,8 @@ def plan_runs(ladder: Ladder, archs: Optional[list[str]], out_dir: str | Path,
     runs = []
     for rung in ladder.rungs:
         for arch in archs:
+            if rung.archs is not None and arch not in rung.archs:
+                continue
             name = f"{arch}-{rung.name}"
             where = f"ladder {ladder.name}, rung {rung.name!r}, arch {arch}"
             model = dict(rung.model)

@@ -15,6 +15,17 @@ PAPER_TABLE3: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
+# The compute the paper's ladder reaches at 300B tokens, C = 6 N D for its smallest and largest rows (20.5M and
+# 6,476.5M non-embedding parameters), in PFLOP/s-days: Table 3's laws are quoted only inside this range.
+PAPER_COMPUTE_RANGE = (6 * 20.5e6 * 300e9 / 8.64e19, 6 * 6476.5e6 * 300e9 / 8.64e19)
+
+
+def paper_ratio(arch: str, base: str, quantity: str, c: float) -> float:
+    """Table 3's ``quantity`` of ``arch`` over ``base``'s at compute ``c`` (PFLOP/s-days)."""
+    (ba, aa), (bb, ab) = PAPER_TABLE3[arch][quantity], PAPER_TABLE3[base][quantity]
+    return ba / bb * c ** (aa - ab)
+
+
 def paper_law(arch: str, quantity: str = "L(C)") -> PowerLaw:
     beta, alpha = PAPER_TABLE3[arch][quantity]
     return PowerLaw(beta=beta, alpha=alpha, r2=float("nan"), n_points=0)

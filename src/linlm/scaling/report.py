@@ -185,15 +185,30 @@ def law_row(arch: str, quantity: str, law: Optional[PowerLaw], why: str = "") ->
             _ci(*law.alpha_ci, ".4f"), f"{law.r2:.4f}", p_beta, p_alpha]
 
 
+def _spreads(a: Analysis) -> str:
+    """Where each architecture's seed spread came from, and each envelope fit's replicates."""
+    parts = []
+    for arch, f in a.archs.items():
+        if f.envelope is None:
+            continue
+        e = f.envelope
+        spread = (f"spread {f.spread.offset:.4f} (offset) and {f.spread.wiggle:.4f} (wiggle) from {f.spread.source}"
+                  if f.spread else "no seed spread")
+        parts.append(f"{arch}: {spread}; {e.replicates} replicates used, {e.failed} failed")
+    return (" " + "; ".join(parts) + ".") if parts else ""
+
+
 def build_blocks(a: Analysis, images: dict[str, bytes]) -> list[tuple]:
     b: list[tuple] = [("h1", f"Scaling report: {a.root.name or a.root}")]
     runs = a.loaded.runs
     b.append(("p", f"{len(runs)} runs over {len(a.archs)} architecture(s) from {a.root}. Compute C is in "
                    "PFLOP/s-days (1 PFLOP/s-day = 8.64e19 FLOPs), counted by linlm's own counters with the paper's "
                    "convention (embeddings and LM head excluded); N is non-embedding parameters; D is training "
-                   "tokens. Losses are training losses (nats per token), logged every step and smoothed over "
-                   f"{a.options.smooth} logged points. Intervals are 95 % bootstrap percentiles "
-                   f"({a.options.bootstrap} resamples for power laws, {a.options.parametric_bootstrap} for L(N, D))."))
+                   "tokens. Losses are training losses (nats per token), logged every step and smoothed by a "
+                   f"log-log line through {a.options.smooth} logged points; runs of one size are its seeds. "
+                   f"Intervals are 95 % percentiles: of {a.options.bootstrap} seed replicates for the envelope's "
+                   "laws (the seed spread measured on sizes trained twice; none: no interval), of "
+                   f"{a.options.parametric_bootstrap} run resamples for L(N, D)." + _spreads(a)))
     rows = []
     for r in sorted(runs, key=lambda r: (r.curve.arch, r.curve.params)):
         c = r.curve

@@ -19,6 +19,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -89,6 +90,19 @@ def _meta_from_config(path: Path) -> dict:
     return {"arch": cfg.model.arch, "rung": path.name, "params": cost.params, FLOPS_KEY: cost.paper_flops_per_token,
             "tokens_per_step": cfg.batch_size * cfg.data.seq_len, "steps": cfg.steps,
             "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer}}
+
+
+def train_seed(path: Path) -> Optional[int]:
+    """The train config's seed of a run directory (its config.yaml), or None when it cannot be read: the fits
+    tell seeds of one size apart by it (linlm.scaling.fits_seeds)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    seed = raw.get("seed", 0) if isinstance(raw, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def read_losses(path: Path) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -186,7 +200,7 @@ def load_runs(root: str | Path, *, strict: bool = False, include_unfinished: boo
             continue
         try:
             curve = Curve(name, meta["arch"], float(meta["params"]), float(meta[flops_key(meta)]), tokens,
-                          loss)
+                          loss, seed=train_seed(path))
             steps = int(meta.get("steps", 0))
         except (AttributeError, KeyError, TypeError, ValueError) as e:  # no arch, params, FLOPs per token, steps
             skip(name, f"unreadable run description ({path / META_FILE}: {type(e).__name__} {e})")

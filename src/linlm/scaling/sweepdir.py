@@ -77,10 +77,10 @@ def check_started_runs(runs: list[PlannedRun], what: str = "--out") -> None:
     import yaml
 
     from linlm.train.train_config import config_diff, is_resumable_change
-    from linlm.train.rundir import CONFIG_FILE
+    from linlm.train.rundir import RUN_CONFIG_FILE
 
     for r in runs:
-        path = Path(r.config.out_dir) / CONFIG_FILE
+        path = Path(r.config.out_dir) / RUN_CONFIG_FILE
         try:
             saved = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
         except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError):

@@ -2,28 +2,34 @@
 
 ``Trainer(cfg, hooks=..., data=...).run()`` (or ``train(cfg)``) runs a :class:`TrainConfig`;
 ``build_config(path, overrides)`` / ``load_train_config(path, ["key=value"])`` build one. See docs/training.md.
-Names are imported lazily so that ``import linlm.train`` stays cheap.
+Names are imported when first used, so that ``import linlm.train`` stays cheap.
+
+The package is callable: ``linlm.train(cfg)`` is ``linlm.train.train(cfg)`` (:func:`linlm.train.trainer.train`), so
+that ``linlm.train`` is what a user calls whether or not this package was imported before.
 """
 
 from __future__ import annotations
 
-import importlib
+import sys
+import types
 
-_EXPORTS = {
-    "TrainConfig": "train_config", "load_train_config": "config_sources", "build_config": "config_sources",
-    "Trainer": "trainer", "TrainHooks": "trainer", "TrainResult": "trainer", "train": "trainer",
-    "TrainData": "pipeline",
-    "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_valid": "checkpoint",
-}
+from linlm.exports import exports
 
-__all__ = sorted([*_EXPORTS, "TrainingDiverged"])
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "TrainConfig": "linlm.train.train_config", "load_train_config": "linlm.train.config_sources",
+    "build_config": "linlm.train.config_sources",
+    "Trainer": "linlm.train.trainer", "TrainHooks": "linlm.train.trainer", "TrainResult": "linlm.train.trainer",
+    "train": "linlm.train.trainer", "TrainData": "linlm.train.pipeline",
+    "save_checkpoint": "linlm.train.checkpoint", "load_checkpoint": "linlm.train.checkpoint",
+    "latest_valid": "linlm.train.checkpoint", "TrainingDiverged": "linlm.errors",
+})
 
 
-def __getattr__(name: str):
-    if name == "TrainingDiverged":  # lives in linlm.errors
-        from linlm.errors import TrainingDiverged
+class _TrainPackage(types.ModuleType):
+    """This package's type: a module that trains when called."""
 
-        return TrainingDiverged
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"linlm.train.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'linlm.train' has no attribute {name!r}")
+    def __call__(self, *args, **kwargs):
+        return self.train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _TrainPackage

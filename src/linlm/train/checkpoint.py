@@ -55,8 +55,8 @@ FORMAT_VERSION = 1
 OPTIM_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 STATE_FILE = "state.json"
-CONFIG_FILE = "train_config.yaml"
-REQUIRED = (MODEL_WEIGHTS, MODEL_CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, CONFIG_FILE)
+CHECKPOINT_CONFIG_FILE = "train_config.yaml"
+REQUIRED = (MODEL_WEIGHTS, MODEL_CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, CHECKPOINT_CONFIG_FILE)
 _NAME = re.compile(r"^step_(\d{8})$")
 
 
@@ -181,7 +181,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
         save_file(rng_tensors, str(tmp / RNG_FILE), metadata={"format": FORMAT})
         _write_json(tmp / STATE_FILE, {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
                                        **state, "optimizer": opt_meta, "rng": rng_rest})
-        (tmp / CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
+        (tmp / CHECKPOINT_CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
         if tokenizer_dir is not None:
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 if (Path(tokenizer_dir) / name).is_file():
@@ -324,7 +324,7 @@ def load_checkpoint(path: str | Path, *, verified: bool = False) -> Checkpoint:
         model = load_file(str(path / MODEL_WEIGHTS))
         opt_tensors = load_file(str(path / OPTIM_FILE))
         rng_tensors = load_file(str(path / RNG_FILE))
-        config_yaml = (path / CONFIG_FILE).read_text(encoding="utf-8")
+        config_yaml = (path / CHECKPOINT_CONFIG_FILE).read_text(encoding="utf-8")
     except (OSError, ValueError, SafetensorError) as e:
         raise CheckpointError(f"{path}: cannot be read ({e}); it is corrupt") from None
     if state.get("format") != FORMAT:

@@ -74,7 +74,7 @@ def config_from_args(args):
     from linlm.schema import deep_merge, load_yaml, parse_overrides
     from linlm.errors import ConfigError
     from linlm.train.config_sources import build_config, config_path
-    from linlm.train.rundir import CONFIG_FILE
+    from linlm.train.rundir import RUN_CONFIG_FILE
 
     flags: dict = {}
     for attr, key in FLAGS.items():
@@ -94,7 +94,7 @@ def config_from_args(args):
     base = None
     if args.resume and path is None:
         out_dir = overrides.get("out_dir") or "runs/default"
-        saved = Path(out_dir) / CONFIG_FILE
+        saved = Path(out_dir) / RUN_CONFIG_FILE
         if saved.is_file():
             base = load_yaml(saved)
     return build_config(path, overrides, base=base)

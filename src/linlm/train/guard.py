@@ -111,6 +111,33 @@ class LossWatch:
         return (self.lowest if self.lowest is not None else self.uniform) + RISE_NATS
 
 
+class Guard:
+    """The per-step decision of a run, from the numbers a step produces and nothing else (no model, no data): a bad
+    step (see :func:`bad_step`) is skipped and ``max_bad_steps`` of them in a row stop the run; a good step stops it
+    when the update blew up the weights (:func:`exploded`) or the loss watch sees a divergence (:class:`LossWatch`).
+    The trainer feeds it every step; the tests feed it loss sequences built for each rule."""
+
+    def __init__(self, watch: LossWatch, max_bad_steps: int, weight_norm: float):
+        self.watch = watch  # its state is the checkpoint's; the streak starts afresh with each process
+        self.max_bad_steps = max_bad_steps
+        self.weight_norm = weight_norm  # the weights' global norm after the last good update
+        self.streak = 0  # bad steps in a row
+
+    def good(self, loss: float, weight_norm: float) -> Optional[str]:
+        """Record a good step (its loss and the weights' norm after its update); return why the run must stop now,
+        or None."""
+        self.streak = 0
+        before, self.weight_norm = self.weight_norm, weight_norm
+        return exploded(before, weight_norm) or self.watch.check(loss)
+
+    def bad(self, why: str) -> Optional[str]:
+        """Record a skipped step and why it was bad; return why the run must stop now, or None."""
+        self.streak += 1
+        if self.streak >= self.max_bad_steps:
+            return f"{self.streak} steps in a row were bad ({why}; max_bad_steps={self.max_bad_steps})"
+        return None
+
+
 def last_good_checkpoint(root: Path, max_loss: Optional[float] = None) -> Optional[Path]:
     """The newest verified checkpoint under ``root`` whose step had a finite loss (at most ``max_loss``)."""
     for _, path in reversed(ckpt.list_checkpoints(root)):

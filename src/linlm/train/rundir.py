@@ -54,13 +54,15 @@ from linlm.train.metrics import METRICS_FILE
 
 log = logging.getLogger("linlm.train")
 
-CONFIG_FILE = "config.yaml"
+# The config the run was started with; each checkpoint keeps the one it was computed with (its
+# checkpoint.CHECKPOINT_CONFIG_FILE).
+RUN_CONFIG_FILE = "config.yaml"
 SAMPLES_FILE = "samples.txt"
 PLOT_FILE = "loss_curve.png"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
 # The files and the folder a run writes into its out_dir (a user's path at one of these names blocks a run).
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SAMPLES_FILE, PLOT_FILE, SUMMARY_FILE, CHECKPOINT_DIR)
+RUN_FILES = (RUN_CONFIG_FILE, METRICS_FILE, SAMPLES_FILE, PLOT_FILE, SUMMARY_FILE, CHECKPOINT_DIR)
 # A path relative to out_dir at a checkpoint's name (group 1: the rest of a path inside one).
 _CHECKPOINT_PATH = re.compile(rf"^{CHECKPOINT_DIR}/step_\d{{8}}(/.*)?$")
 
@@ -156,15 +158,15 @@ class RunDir:
 
     def saved_config(self) -> tuple[Optional[dict], Optional[str]]:
         """(config.yaml as a dict or None, why it is unusable or None)."""
-        path = self.path / CONFIG_FILE
+        path = self.path / RUN_CONFIG_FILE
         if not path.is_file():
-            return None, f"its {CONFIG_FILE} is missing"
+            return None, f"its {RUN_CONFIG_FILE} is missing"
         try:
             saved = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-            return None, f"its {CONFIG_FILE} is unreadable ({str(e).splitlines()[0]})"
+            return None, f"its {RUN_CONFIG_FILE} is unreadable ({str(e).splitlines()[0]})"
         if not isinstance(saved, dict):
-            return None, f"its {CONFIG_FILE} is not a mapping"
+            return None, f"its {RUN_CONFIG_FILE} is not a mapping"
         return saved, None
 
     def plan(self, cfg: TrainConfig, resume: bool, overwrite: bool) -> Plan:
@@ -187,7 +189,7 @@ class RunDir:
             raise ConfigError(f"out_dir: {out} already holds {what}; pass --resume to continue it, --overwrite to "
                               "delete it and start over, or choose another out_dir")
         if saved is not None:
-            self._refuse_changes(_differing(saved, cfg), f"its run was made with", out / CONFIG_FILE)
+            self._refuse_changes(_differing(saved, cfg), f"its run was made with", out / RUN_CONFIG_FILE)
         elif why and "missing" not in why:
             raise ConfigError(f"out_dir: cannot resume {out}: {why}; fix or remove it (the checkpoint keeps its own "
                               "copy), or pass --overwrite to start over")
@@ -203,12 +205,12 @@ class RunDir:
             return Plan(notes=[f"{self.checkpoints} has no checkpoint yet; starting from step 0"])
         notes = [f"checkpoint {path} is corrupt and is skipped: {reason}" for path, reason in corrupt]
         try:
-            own = yaml.safe_load((found / ckpt.CONFIG_FILE).read_text(encoding="utf-8"))
+            own = yaml.safe_load((found / ckpt.CHECKPOINT_CONFIG_FILE).read_text(encoding="utf-8"))
         except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{found / ckpt.CONFIG_FILE}: unreadable ({e})") from None
+            raise CheckpointError(f"{found / ckpt.CHECKPOINT_CONFIG_FILE}: unreadable ({e})") from None
         if isinstance(own, dict):
             self._refuse_changes(_differing(own, cfg), f"its checkpoint {found.name} was made with",
-                                 found / ckpt.CONFIG_FILE)
+                                 found / ckpt.CHECKPOINT_CONFIG_FILE)
         if saved is not None and "steps" in _differing(saved, cfg):
             notes.append(f"steps changed from {saved.get('steps')} to {cfg.steps}: the learning-rate schedule after "
                          "the checkpoint follows the new length")
@@ -234,7 +236,7 @@ class RunDir:
         for path in plan.corrupt:
             log.warning("moved %s aside to %s", path, ckpt.set_aside(path).name)
         ckpt.clean_temporaries(self.checkpoints)
-        self.write_file(CONFIG_FILE, cfg.to_yaml().encode())
+        self.write_file(RUN_CONFIG_FILE, cfg.to_yaml().encode())
 
     def write_file(self, name: str, data: bytes) -> Path:
         """Write ``out_dir/name`` atomically through linlm.outputs: a user's file there is refused, never

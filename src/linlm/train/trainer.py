@@ -290,8 +290,7 @@ class Trainer:
         cfg, info = self.cfg, self.info
         params = self.train_step.params
         nan_steps = set(cfg.debug.nan_steps)
-        bad_streak = 0
-        norm_before = weight_norm(params, info)
+        judge = guard.Guard(self.watch, cfg.max_bad_steps, weight_norm(params, info))
         progress = Progress(cfg.steps, start_step, cfg.log_every, enabled=self.verbose and info.is_main,
                             live=self.live)
         run_t0 = time.perf_counter()
@@ -304,26 +303,23 @@ class Trainer:
                                       stop_requested=lambda: bool(stop.name))
                 loss_value, aux_value, norm, why = out.loss, out.aux_loss, out.grad_norm, out.skipped
                 stop_now, data_s = out.stop, out.data_s
-                diverged = None  # why the run must stop now although this step was not bad
                 if why is None:
-                    norm_after = weight_norm(params, info)
-                    diverged = guard.exploded(norm_before, norm_after) or self.watch.check(loss_value)
-                    norm_before = norm_after
-                    bad_streak = 0
+                    diverged = judge.good(loss_value, weight_norm(params, info))  # why the run must stop now
+                    stop_why = f"{diverged} (lr={lr:g})" if diverged else None
                 else:
                     self.skipped += 1
-                    bad_streak += 1
+                    diverged, stop_why = None, judge.bad(why)
                 dt = time.perf_counter() - t0
                 tps = self.tokens_per_step / dt
                 rec: dict[str, Any] = {
                     "step": n, "tokens": n * self.tokens_per_step, "loss": loss_value, "lr": lr,
-                    "grad_norm": norm, "param_norm": norm_before, "tokens_per_s": tps, "step_s": dt,
+                    "grad_norm": norm, "param_norm": judge.weight_norm, "tokens_per_s": tps, "step_s": dt,
                     "data_s": data_s, "mfu": tps / info.world_size * self.training_flops_per_token / self.peak,
                     "skipped": why is not None, "skipped_steps": self.skipped, "time": time.perf_counter() - run_t0}
                 if aux_value:
                     rec["aux_loss"] = aux_value
                 if why is not None:
-                    log.warning("step %d: %s; the update was skipped (%d in a row)", n, why, bad_streak)
+                    log.warning("step %d: %s; the update was skipped (%d in a row)", n, why, judge.streak)
                 if cfg.eval.every and (n % cfg.eval.every == 0 or n == cfg.steps) and diverged is None:
                     rec["val_loss"] = validation_loss(self.model, self.step_model, self.data.val, info=self.info,
                                                       autocast=self.autocast)
@@ -334,10 +330,8 @@ class Trainer:
                     self.hooks.on_step(rec)
                 progress.update(rec)
                 result.step, result.loss, result.skipped_steps = n, loss_value, self.skipped
-                if diverged is not None or bad_streak >= cfg.max_bad_steps:
-                    what = (f"{diverged} (lr={lr:g})" if diverged else
-                            f"{bad_streak} steps in a row were bad ({why}; max_bad_steps={cfg.max_bad_steps})")
-                    raise TrainingDiverged(f"stopped at step {n}: {what}; {self._advice()}")
+                if stop_why is not None:
+                    raise TrainingDiverged(f"stopped at step {n}: {stop_why}; {self._advice()}")
                 # A bad step writes no periodic checkpoint: the newest one stays the last good state.
                 due = (why is None and cfg.checkpoint.every and n % cfg.checkpoint.every == 0) or n == cfg.steps
                 if due or stop_now:

@@ -13,7 +13,9 @@ from typing import Any, Callable, Mapping, Optional
 
 from torch import nn
 
+from linlm.errors import ConfigError
 from linlm.layers.glu import GLU
+from linlm.schema import config_error
 
 # (values: a full dict of ModelConfig fields) -> (parameters, active parameters) of one block, counted on the meta
 # device. Preset rules receive it, so that no parameter count is written out as a formula.
@@ -36,7 +38,7 @@ class NoOptions:
 @dataclass(frozen=True)
 class ArchSpec:
     name: str
-    mixer: Callable[..., nn.Module]  # (cfg, layer_idx) -> token mixer
+    mixer: type  # a linlm.layers.mixer.TokenMixer subclass, built as mixer(cfg, layer_idx)
     mlp: Optional[Callable[..., nn.Module]]  # (cfg, layer_idx) -> channel mixer, or None (Mamba)
     norm: str  # the architecture's own norm: "rms" (with weight) or "srms" (no weight); cfg.norm_type may replace it
     description: str
@@ -67,14 +69,17 @@ class ArchSpec:
     # The value each option had before it existed ({"v_silu": False}): a config saved then, which lacks the
     # option, is read back with it (ModelConfig.from_saved), so that it computes what it computed.
     saved_before: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # Options another architecture must not be given in their flat spelling with a value other than the default,
+    # with what they are ({"n_kv_heads": "grouped-query attention"}): elsewhere they would be silently ignored.
+    only_here: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ValueError(f"ArchSpec {self.name!r}: family {self.family!r} is not one of {FAMILIES}")
+            raise ConfigError(f"ArchSpec {self.name!r}: family {self.family!r} is not one of {FAMILIES}")
         names = {f.name for f in dataclasses.fields(self.options)}
-        unknown = sorted({*self.flat_options.values(), *self.saved_before} - names)
+        unknown = sorted({*self.flat_options.values(), *self.saved_before, *self.only_here} - names)
         if unknown:
-            raise ValueError(f"ArchSpec {self.name!r}: {unknown} are not fields of {self.options.__name__}")
+            raise ConfigError(f"ArchSpec {self.name!r}: {unknown} are not fields of {self.options.__name__}")
 
     def validate(self, cfg) -> None:
         if self.extra_validate is not None:
@@ -87,6 +92,19 @@ class ArchSpec:
 
     def preset_row(self, preset: str, row: dict, layer_params: LayerCounter) -> dict:
         return self.preset_rule(preset, dict(row), layer_params) if self.preset_rule is not None else row
+
+
+def own_names(options: type) -> dict[str, str]:
+    """``flat_options`` for options that were flat ModelConfig fields under their own names (Mamba's d_state)."""
+    return {f.name: f.name for f in dataclasses.fields(options)}
+
+
+def positive_ints(options, *names: str) -> None:
+    """Raise a ConfigError naming ``options.NAME`` for the first of ``names`` that is not a positive integer."""
+    for name in names:
+        value = getattr(options, name)
+        if value <= 0:
+            raise config_error(f"options.{name}", f"must be a positive integer, got {value}")
 
 
 def swiglu(cfg, layer_idx: int) -> nn.Module:

@@ -3,33 +3,53 @@ each architecture of the comparison at its shapes (random weights: speed and mem
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from linlm.errors import DataError
-from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, image
+from linlm.errors import ConfigError, DataError
+from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, image, setting
 
 
-def measure(settings: dict, archs: list[str], plots: Path, tick: Tick) -> dict:
+@dataclass
+class DecodeSettings:
+    """The recipe's ``decode:``."""
+
+    contexts: list[int] = setting([128, 512, 2048], "context lengths profiled")
+    decode_tokens: int = setting(16, "tokens decoded at each context")
+    archs: Optional[list[str]] = setting(None, "architectures (null: the comparison's)")
+    preset: Optional[str] = setting(None, "a size preset for every architecture (null: model and per_arch)")
+    model: dict = setting({}, "model config keys of every architecture")
+    per_arch: dict = setting({}, "model config keys of one architecture, over model's")
+    device: str = setting("cpu", "where it runs")
+    dtype: str = setting("float32", "weights and activations")
+
+    def validate(self) -> "DecodeSettings":
+        if not self.contexts or min(self.contexts) < 1 or self.decode_tokens < 1:
+            raise ConfigError(f"contexts: {self.contexts}, decode_tokens: {self.decode_tokens}; give positive "
+                              "context lengths and at least 1 decoded token")
+        return self
+
+
+def measure(settings: DecodeSettings, archs: list[str], plots: Path, tick: Tick) -> dict:
     """Decode latency, peak memory and state size against context length (random weights: speed and memory do
     not depend on them), one architecture at a time with its shape from the recipe."""
     from linlm.environment import environment
     from linlm.infer.profile import plot, profile, rows_to_dicts
 
     rows = []
-    archs = list(settings.get("archs") or archs)
+    archs = list(settings.archs or archs)
     for i, arch in enumerate(archs):
-        overrides = {**settings.get("model", {}), **settings.get("per_arch", {}).get(arch, {})}
-        rows += profile([arch], settings.get("preset"), settings.get("contexts", [128, 512, 2048]),
-                        device=settings.get("device", "cpu"), dtype=settings.get("dtype", "float32"),
-                        decode_tokens=settings.get("decode_tokens", 16), overrides=overrides)
+        overrides = {**settings.model, **settings.per_arch.get(arch, {})}
+        rows += profile([arch], settings.preset, settings.contexts, device=settings.device, dtype=settings.dtype,
+                        decode_tokens=settings.decode_tokens, overrides=overrides)
         tick((i + 1) / len(archs))
     measured = rows_to_dicts(rows)
     if not any(r.get("error") is None for r in measured):
         why = "; ".join(sorted({str(r.get("error")) for r in measured})) or "no context was profiled"
         raise DataError(f"decode: no context could be profiled ({why}); the section runs again next time")
     plot(rows, plots / "decode.png", title="decode latency and memory against context")
-    return {"rows": measured, "environment": environment(), "plot": "decode.png", "settings": settings}
+    return {"rows": measured, "environment": environment(), "plot": "decode.png", "settings": asdict(settings)}
 
 
 def run(job, tick: Tick) -> Optional[dict]:
@@ -69,5 +89,5 @@ def render(job, pending: list[str]) -> Blocks:
     return b
 
 
-SECTION = Section("decode", run, 0.04, render=render, report_rank=7, plots=("decode.png",),
-                  plan=lambda p: f"decode: contexts {p.decode.get('contexts')}")
+SECTION = Section("decode", run, 0.04, render=render, report_rank=7, plots=("decode.png",), key="decode",
+                  options=DecodeSettings, plan=lambda p: f"decode: contexts {p.decode.contexts}")

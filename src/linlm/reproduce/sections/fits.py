@@ -9,17 +9,18 @@ from typing import Optional
 
 from linlm import outputs
 from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading
+from linlm.scaling.analysis import FitOptions
 
 
-def measure(sweep: Path, report_dir: Path, options: dict) -> Optional[dict]:
+def measure(sweep: Path, report_dir: Path, options) -> Optional[dict]:
     """The analysis of the sweep in ``sweep`` as a dict (its report written into ``report_dir``), or None while
     the sweep holds no runs."""
-    from linlm.scaling.analysis import FitOptions, analyze
+    from linlm.scaling.analysis import analyze
     from linlm.scaling.report import write_report
 
     if not (sweep / "runs").is_dir():
         return None
-    analysis = analyze(sweep, options=FitOptions(**options))
+    analysis = analyze(sweep, options=options)
     files = write_report(analysis, report_dir)
     data = json.loads(outputs.dumps(analysis.to_dict()))
     data["report"] = {k: str(v) for k, v in files.items()}
@@ -63,7 +64,7 @@ def render(job, pending: list[str]) -> Blocks:
     b, fits = heading(job, f"Scaling laws ({archs})", pending, "fits", "scaling")
     if fits is None:
         return b
-    return b + laws_blocks(fits, f"Ladder {job.recipe.scaling['ladder']!r}: {len(fits['runs'])} runs. The full "
+    return b + laws_blocks(fits, f"Ladder {job.recipe.scaling.ladder!r}: {len(fits['runs'])} runs. The full "
                            "scaling report, with IsoFLOP profiles, L(N, D) and bootstrap intervals, is "
                            "scaling_report/report.md. C is in PFLOP/s-days, counted with the paper's convention.",
                            "loss_vs_compute.png", interval=False, paper=True)
@@ -71,4 +72,4 @@ def render(job, pending: list[str]) -> Blocks:
 
 SECTION = Section("fits", run, 0.02, needs=("scaling",), settings=("overrides", "scaling_dir"), render=render,
                   report_rank=1, trees=("scaling_report",), plots=("loss_vs_compute.png",),
-                  copies=("plots/loss_vs_compute.png",))
+                  copies=("plots/loss_vs_compute.png",), key="fits", options=FitOptions)

@@ -1,63 +1,92 @@
 """The ``mqar`` section: the MQAR experiment (:mod:`linlm.experiments.mqar`) with the recipe's settings, in
-DIR/mqar. A torchrun recipe trains its models only where --train-here is given (a GPU node).
+DIR/mqar: the architectures the retrieval claims compare, and MossNet's configurations for the heads claim. A
+torchrun recipe trains its models only where --train-here is given (a GPU node).
 
-Settings (the recipe's ``mqar:``): ``task`` (MQARConfig fields), ``widths``, ``archs``, ``experts`` (MossNet's SSM
-expert counts, a list; [] or 0: no MossNet runs), ``policies`` (``routed-kN``, ``dense``, ``dense-kN``),
-``matched`` (the baselines sized to MossNet, default true), ``seeds`` (a count >= 1, from ``seed``, default 0),
-``steps``, ``batch_size``, ``lr``, ``n_layers``, ``head_dim``, ``test_sequences``. The result's ``rows`` are the
-configurations (accuracy: the seeds' mean, with their min and max), ``runs`` every seed's row and ``groups`` the
-comparisons at equal active parameters and at equal state size (:mod:`linlm.experiments.mqar_summary`).
+Settings (the recipe's ``mqar:``): the task (enough key-value pairs that a small state is the limit: 16-64), the
+widths and architectures, MossNet's SSM expert counts and routing policies, the baselines sized to it
+(``equal_params``, ``equal_state``, ``wide_to``), and how the models train (:mod:`.mqar_training`: seeds, a
+learning-rate sweep per configuration, a plateau rule). The result's ``runs`` are every (configuration, seed) row
+with its learning rate and whether it plateaued, ``rows`` the configurations over their seeds, ``groups`` the
+comparisons at equal active parameters and at equal state, ``lr_sweep`` the sweep's table.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from linlm.reproduce.section import Blocks, Section, Tick, heading, image
+from linlm.errors import ConfigError
+from linlm.eval.mqar import MQARConfig
+from linlm.reproduce.section import Blocks, Section, Tick, heading, image, setting
+from linlm.reproduce.sections.mqar_training import TrainSettings, runs_blocks, seconds, train
 
 
-def run_settings(settings: dict) -> dict:
-    """The experiment's runs and training options from the recipe's ``mqar:`` settings; a seed count below 1 and
-    the other bad values are refused here, before any training."""
-    from linlm.errors import ConfigError
-    from linlm.eval.mqar import MQARConfig
-    from linlm.experiments.mqar import default_runs
-    from linlm.experiments.mqar_grid import DEFAULT_EXPERTS, DEFAULT_POLICIES
+@dataclass
+class MQARSettings(TrainSettings):
+    """The recipe's ``mqar:``."""
 
-    task = MQARConfig(**settings.get("task", {})).validate()
-    seeds, first = settings.get("seeds", 1), settings.get("seed", 0)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        raise ConfigError(f"mqar seeds: {seeds!r}; give a count of seeds >= 1 (e.g. seeds: 3)")
-    experts = settings.get("experts", list(DEFAULT_EXPERTS))
-    experts = ([experts] if experts else []) if isinstance(experts, int) else list(experts)
-    train = {k: settings[k] for k in ("steps", "batch_size", "lr", "n_layers", "head_dim", "test_sequences")
-             if k in settings}
-    shape = {"n_layers": train.get("n_layers", 2), "head_dim": train.get("head_dim", 16),
-             "vocab_size": task.vocab_size, "seq_len": task.seq_len}
-    kw = {"archs": tuple(settings["archs"])} if settings.get("archs") else {}
-    runs = default_runs(tuple(settings.get("widths", (32, 64))), experts,
-                        policies=tuple(settings.get("policies", DEFAULT_POLICIES)), seeds=range(first, first + seeds),
-                        matched=settings.get("matched", True), **shape, **kw)
-    return {"task": task, "runs": runs, "train": train, "seeds": list(range(first, first + seeds))}
+    task: MQARConfig = setting(MQARConfig(), "the task: vocab_size, num_kv (key-value pairs), num_queries")
+    widths: list[int] = setting([32, 64], "d_model of every configuration (the claims read the largest)")
+    archs: Optional[list[str]] = setting(None, "architectures trained at each width (null: every registered one "
+                                               "but the mixtures of experts)")
+    experts: list[int] = setting([1, 2, 4], "MossNet's SSM expert counts ([]: no MossNet runs)")
+    policies: list[str] = setting(["routed-k1", "routed-k2", "dense"], "MossNet's routing policies: routed-kN, "
+                                                                       "dense, dense-kN")
+    equal_params: bool = setting(True, "train the baseline and SSMs sized to the one-expert MossNet's active "
+                                       "parameters")
+    equal_state: Optional[list[str]] = setting(None, "SSMs trained with E times MossNet's state per layer (null: "
+                                                     "the SSMs among archs)")
+    wide_to: Optional[str] = setting(None, "one expert widened to this MossNet's active parameters (e.g. "
+                                           "E4-routed-k2; null: none)")
+
+    def validate(self) -> "MQARSettings":
+        from linlm.experiments.mqar_grid import parse_policy
+
+        self.task.validate()
+        self.check_training()
+        for p in self.policies:
+            parse_policy(p)
+        if any(e < 1 for e in self.experts):
+            raise ConfigError(f"experts: {self.experts}; give SSM expert counts >= 1 ([] for no MossNet runs)")
+        bad = [w for w in self.widths if w < 1 or w % self.head_dim]
+        if not self.widths or bad:
+            raise ConfigError(f"widths: {self.widths}; give widths that are multiples of head_dim {self.head_dim}")
+        if self.archs is not None:
+            from linlm.models.registry import arch_names
+
+            unknown = [a for a in self.archs if a not in arch_names()]
+            if unknown:
+                raise ConfigError(f"archs: unknown architecture(s) {unknown}; registered: {arch_names()}")
+        self.configs()  # the grid itself: a policy above E, an unknown SSM, a wide_to that is no MossNet
+        return self
+
+    def configs(self) -> list:
+        """Every configuration of the experiment (MQARRun, seed 0)."""
+        from linlm.experiments.mqar import default_runs
+
+        kw = {"archs": tuple(self.archs)} if self.archs is not None else {}
+        return default_runs(tuple(self.widths), list(self.experts), policies=tuple(self.policies), seeds=[0],
+                            n_layers=self.n_layers, head_dim=self.head_dim, vocab_size=self.task.vocab_size,
+                            seq_len=self.task.seq_len, equal_params=self.equal_params, equal_state=self.equal_state,
+                            wide_to=self.wide_to, **kw)
 
 
-def measure(settings: dict, out: Path, plots: Path, tick: Tick) -> dict:
-    """The MQAR experiment in ``out`` (a directory per run and seed): a rerun reads the finished runs' results back
-    and resumes a stopped run from its checkpoint. A run stopped by Ctrl-C or SIGTERM is not recorded; the stop (a
-    KeyboardInterrupt) goes up to the job, which exits 130."""
-    from linlm.experiments.mqar import plot_experiment, run_experiment
+def measure(settings: MQARSettings, out: Path, plots: Path, tick: Tick) -> dict:
+    """The MQAR experiment in ``out`` (a directory per run and seed, the sweep's in out/lr-sweep): a rerun reads
+    the finished runs' results back and resumes a stopped run from its checkpoint. A run stopped by Ctrl-C or
+    SIGTERM is not recorded; the stop (a KeyboardInterrupt) goes up to the job, which exits 130."""
+    from linlm.experiments.mqar import plot_experiment
     from linlm.experiments.mqar_summary import comparison_groups, summarize
 
-    plan = run_settings(settings)
-    task = plan["task"]
-    rows = run_experiment(plan["runs"], task, out, threads=1, what="--out", on_fraction=tick, **plan["train"])
+    task = settings.task
+    rows, swept = train(settings, task, settings.configs(), out, tick)
     configs = summarize(rows)
     plot_experiment(configs, plots / "mqar.png", "--out")
     chance = 1.0 / max(1, task.vocab_size - 1 - task.num_keys)
-    return {"task": asdict(task), "chance": chance, "settings": settings, "seeds": plan["seeds"], "rows": configs,
-            "runs": rows, "groups": comparison_groups(configs), "plot": "mqar.png"}
+    return {"task": asdict(task), "chance": chance, "settings": asdict(settings), "seeds": settings.seed_list,
+            "rows": configs, "runs": rows, "groups": comparison_groups(configs), "lr_sweep": swept,
+            "training": settings.how(), "plot": "mqar.png"}
 
 
 def run(job, tick: Tick) -> Optional[dict]:
@@ -75,23 +104,27 @@ def render(job, pending: list[str]) -> Blocks:
     b, m = heading(job, "Retrieval: MQAR", pending, "mqar")
     if m is None:
         return b
-    seeds = m.get("seeds") or [0]
     b.append(("p", f"Multi-query associative recall: {m['task']['num_kv']} key-value pairs, vocabulary "
                    f"{m['task']['vocab_size']}, chance {m['chance']:.3f}. Each model is trained on MQAR and tested "
-                   f"on held-out sequences, with {len(seeds)} seed(s); accuracy is the seeds' mean, with their min "
-                   "and max. MossNet runs with E SSM experts under each routing policy; the groups compare models "
-                   "at equal active parameters and at equal state per layer."))
+                   f"on held-out sequences: {m.get('training', '')}. Accuracy is the seeds' mean, with their min and "
+                   "max; the groups compare models at equal active parameters and at equal state per layer."))
     if m["rows"]:
         b.append(("table", *config_table(m["rows"])))
     if m.get("groups"):
         b.append(("table", *group_table(m["groups"])))
+    b += runs_blocks(m)
     img = image(job, m["plot"])
     if img:
         b.append(img)
     return b
 
 
-SECTION = Section("mqar", run, 0.14, render=render, report_rank=5, trees=("mqar",), plots=("mqar.png",),
-                  plan=lambda p: f"MQAR: widths {p.mqar.get('widths')}, MossNet experts {p.mqar.get('experts')} x "
-                                 f"policies {p.mqar.get('policies')}, {p.mqar.get('seeds', 1)} seed(s), "
-                                 f"{p.mqar.get('steps')} steps per model")
+def plan(p) -> str:
+    m = p.mqar
+    names = [c.name() for c in m.configs()]
+    return (f"MQAR: {m.task.num_kv} pairs; {len(names)} configurations ({', '.join(names)}); {m.how()}")
+
+
+SECTION = Section("mqar", run, 0.14, render=render, report_rank=5, trees=("mqar",), plots=("mqar.png",), plan=plan,
+                  key="mqar", options=MQARSettings,
+                  estimate=lambda p: seconds(p.mqar, p.mqar.task, p.mqar.configs()))

@@ -5,8 +5,11 @@ chance says that the measurement cannot separate the models at this scale."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
+
+from linlm.eval.niah import NIAHConfig
 
 from linlm.reproduce.section import (Blocks, Section, Tick, fmt, group_spreads, heading, image, largest_models,
                                     seeded_models, spread_blocks, validation_text)
@@ -37,7 +40,7 @@ def run(job, tick: Tick) -> Optional[dict]:
     models = {**largest_models(job, "scaling"), **seeded_models(job, "compare", prefix="compare-")}
     if not models:
         return None
-    return measure(models, job.recipe.niah, job.plots, tick)
+    return measure(models, dataclasses.asdict(job.recipe.niah), job.plots, tick)
 
 
 def render(job, pending: list[str]) -> Blocks:
@@ -70,8 +73,20 @@ def render(job, pending: list[str]) -> Blocks:
     return b
 
 
+def grid(values: list, unit: str = "") -> str:
+    """A grid of the plan: its values, or for a long one its count and range."""
+    shown = [f"{v:g}" for v in values]
+    if len(values) <= 6:
+        return ", ".join(shown) + unit
+    return f"{len(values)} from {shown[0]}{unit} to {shown[-1]}{unit}"
+
+
+def plan(p) -> str:
+    n = p.niah
+    return (f"NIAH ({n.mode}, {n.scoring} scoring): lengths {grid(n.lengths)}, depths {grid(n.depths, ' %')}, "
+            f"{n.trials} trial(s) per cell; the scaling sweep's largest models and every seed of the comparison")
+
+
+# The settings are NIAHConfig's own fields and defaults (linlm.eval.niah), checked by its validate().
 SECTION = Section("niah", run, 0.05, needs=("scaling", "compare"), settings=("overrides", "scaling_dir", "seeds"),
-                  render=render, report_rank=6, plots=("niah_*",),
-                  plan=lambda p: (f"NIAH ({p.niah.get('mode', 'standard')}, {p.niah.get('scoring', 'greedy')} "
-                                  f"scoring): lengths {p.niah.get('lengths')}, depths {p.niah.get('depths')}; the "
-                                  "scaling sweep's largest models and every seed of the comparison"))
+                  render=render, report_rank=6, plots=("niah_*",), plan=plan, key="niah", options=NIAHConfig)

@@ -4,10 +4,24 @@ seeds of each architecture."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
+from linlm.errors import ConfigError
 from linlm.reproduce.section import (Blocks, Section, Tick, fmt, group_spreads, heading, largest_models,
-                                    seeded_models, spread_blocks, validation_text)
+                                    seeded_models, setting, spread_blocks, validation_text)
+
+
+@dataclass
+class QualitySettings:
+    """The recipe's ``quality:`` (both quality sections)."""
+
+    max_tokens: int = setting(40_000, "validation tokens scored per model")
+
+    def validate(self) -> "QualitySettings":
+        if self.max_tokens < 2:
+            raise ConfigError(f"max_tokens: {self.max_tokens}; give at least 2 tokens to score")
+        return self
 
 
 def measure(models: dict[str, dict], max_tokens: int, tick: Tick) -> dict:
@@ -37,7 +51,7 @@ def quality_section(name: str, sweep: str, title: str, weight: float, settings: 
         models = seeded_models(job, sweep) if every_seed else largest_models(job, sweep)
         if not models:
             return None
-        return measure(models, int(job.recipe.quality.get("max_tokens", 40_000)), tick)
+        return measure(models, job.recipe.quality.max_tokens, tick)
 
     def render(job, pending: list[str]) -> Blocks:
         b, q = heading(job, title, pending, name)
@@ -56,13 +70,13 @@ def quality_section(name: str, sweep: str, title: str, weight: float, settings: 
         return b
 
     return Section(name, run, weight, needs=(sweep,), settings=settings, render=render, report_rank=report_rank,
-                   plan=plan)
+                   plan=plan, key="quality", options=QualitySettings)
 
 
 QUALITY = quality_section(
     "quality", "scaling", "Validation loss and bits per byte (largest rung per architecture)", 0.02,
     ("overrides", "scaling_dir"), report_rank=3,
-    plan=lambda p: f"validation loss and bits/byte: up to {p.quality.get('max_tokens', 40_000):,} tokens per model")
+    plan=lambda p: f"validation loss and bits/byte: up to {p.quality.max_tokens:,} tokens per model")
 COMPARE_QUALITY = quality_section(
     "compare_quality", "compare", "MossNet against Mamba and LLaMA (equal active parameters, equal tokens)", 0.02,
     ("overrides", "seeds"), report_rank=2, every_seed=True,

@@ -8,12 +8,85 @@ until the cluster has run them. Either way the section is done only when every r
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from linlm import outputs
 from linlm.errors import ConfigError, LinlmError
-from linlm.reproduce.section import Section, Tick
+from linlm.reproduce.section import Section, Tick, setting
+
+
+@dataclass
+class SeedRungs:
+    """More seeds of some rungs of the scaling ladder, for some architectures: the seed spread the fits' intervals
+    are drawn from (linlm.scaling.fits_seeds)."""
+
+    rungs: list[str]
+    archs: list[str]
+    count: int = 2
+
+
+@dataclass
+class ScalingSettings:
+    """The recipe's ``scaling:``."""
+
+    ladder: str = setting(dataclasses.MISSING, "the scaling ladder: a built-in ladder of linlm/scaling/ladders/")
+    seeds: Optional[SeedRungs] = setting(None, "{rungs, archs, count}: those rungs trained count times for those "
+                                               "archs (rungs RUNG-s1, ...; train seeds the ladder's + 1, ...): the "
+                                               "seed spread of the fits' intervals (null: none, no intervals)")
+
+    def validate(self) -> "ScalingSettings":
+        from linlm.reproduce.seeds import MAX_SEEDS
+
+        ladder = self.load()
+        if self.seeds is not None:
+            names = [r.name for r in ladder.rungs if r.archs is None]
+            bad = [r for r in self.seeds.rungs if r not in names] + [a for a in self.seeds.archs
+                                                                     if a not in ladder.archs]
+            if bad or not self.seeds.rungs or not 2 <= self.seeds.count <= MAX_SEEDS:
+                raise ConfigError(f"seeds: {bad or self.seeds}; name rungs ({', '.join(names)}) and architectures "
+                                  f"({', '.join(ladder.archs)}) of ladder {self.ladder}, and a count from 2 to "
+                                  f"{MAX_SEEDS}")
+        return self
+
+    def load(self):
+        """The ladder, with the seed rungs added."""
+        from linlm.scaling.ladder import load_ladder
+        from linlm.schema import deep_merge
+
+        try:
+            ladder = load_ladder(self.ladder)
+        except ConfigError as e:
+            raise ConfigError(f"ladder: {str(e).removeprefix('--ladder: ')}") from None
+        if self.seeds is None:
+            return ladder
+        base = int(ladder.train.get("seed") or 0)
+        extra = [dataclasses.replace(r, name=f"{r.name}-s{i}", archs=list(self.seeds.archs),
+                                     train=deep_merge(r.train, {"seed": base + i}))
+                 for r in ladder.rungs if r.name in self.seeds.rungs for i in range(1, self.seeds.count)]
+        return dataclasses.replace(ladder, rungs=[*ladder.rungs, *extra])
+
+
+@dataclass
+class CompareSettings:
+    """The recipe's ``compare:``: a ladder mapping (linlm.scaling.ladder.ladder_from_dict: name, archs, rungs,
+    train, jobs, ...) of one rung, trained once per seed, plus ``seeds``."""
+
+    seeds: int = setting(1, "trainings of each architecture, with train config seeds 0, 1, ... past the ladder's "
+                            "own (linlm.reproduce.seeds)")
+    ladder: dict = setting({}, "the rest of the mapping: the comparison's ladder (name, archs, rungs, train, ...)")
+
+    @classmethod
+    def from_recipe(cls, data: dict, where: str) -> "CompareSettings":
+        from linlm.reproduce.seeds import seed_count, seeded_ladder
+        from linlm.scaling.ladder import ladder_from_dict
+
+        seeds = seed_count(data, f"{where}.seeds")
+        ladder = {k: v for k, v in data.items() if k != "seeds"}
+        ladder_from_dict(seeded_ladder(ladder, seeds), "compare", where)
+        return cls(seeds, ladder)
 
 
 def train_sweep(ladder, out: Path, tick: Tick, say: Callable[[str], None], overrides: dict,
@@ -94,5 +167,7 @@ def training_section(name: str, weight: float, settings: tuple[str, ...]) -> Sec
                    check=lambda job, kept, replace: check(job, name, kept, replace), trees=(name,))
 
 
-SCALING = training_section("scaling", 0.55, ("overrides", "scaling_dir"))
-COMPARE = training_section("compare", 0.21, ("overrides", "seeds"))
+SCALING = dataclasses.replace(training_section("scaling", 0.55, ("overrides", "scaling_dir")), key="scaling",
+                              options=ScalingSettings)
+COMPARE = dataclasses.replace(training_section("compare", 0.21, ("overrides", "seeds")), key="compare",
+                              options=CompareSettings)

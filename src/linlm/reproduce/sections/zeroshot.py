@@ -5,12 +5,32 @@ no model scored any task it failed."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from linlm.errors import ConfigError, DataError
 from linlm.reproduce.section import (Blocks, Section, Tick, group_spreads, heading, largest_models, seeded_models,
-                                    spread_blocks)
+                                    setting, spread_blocks)
+
+
+@dataclass
+class ZeroshotSettings:
+    """The recipe's ``zeroshot:``."""
+
+    tasks: Union[str, list[str]] = setting("commonsense", "the tasks (names or groups, linlm.eval.tasks)")
+    limit: Optional[int] = setting(None, "items scored per task (null: every item)")
+
+    def validate(self) -> "ZeroshotSettings":
+        from linlm.eval.tasks import resolve_tasks
+
+        resolve_tasks(self.tasks)
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit: {self.limit}; give at least 1 item per task, or null for every item")
+        return self
+
+    def items(self) -> str:
+        return "every item of each task" if self.limit is None else f"at most {self.limit} items per task"
 
 
 def check_task_dir(data_dir: str | Path, tasks, what: str = "--data-dir") -> tuple[Path, list[str], list[str]]:
@@ -82,12 +102,12 @@ def run(job, tick: Tick) -> Optional[dict]:
     if not models:
         return None
     z = job.recipe.zeroshot
-    return measure(models, job.data_dir, z.get("tasks"), z.get("limit"), tick)
+    return measure(models, job.data_dir, z.tasks, z.limit, tick)
 
 
 def check(job, kept: Callable[[str], str], replace: bool) -> None:
     if job.data_dir:
-        check_task_dir(job.data_dir, job.recipe.zeroshot.get("tasks"), "--data-dir" + kept("data_dir"))
+        check_task_dir(job.data_dir, job.recipe.zeroshot.tasks, "--data-dir" + kept("data_dir"))
 
 
 def render(job, pending: list[str]) -> Blocks:
@@ -102,7 +122,8 @@ def render(job, pending: list[str]) -> Blocks:
         cells = [f"{m['tasks'][t][m['tasks'][t]['metric']]:.3f}" if t in m["tasks"] else "-" for t in tasks]
         avg = m.get("commonsense_avg")
         rows.append([label, *cells, f"{avg['score']:.3f}" if avg else "-"])
-    b.append(("p", f"From {z['data_dir']}, at most {z['limit']} items per task; each task's metric is the paper's "
+    items = ZeroshotSettings(limit=z["limit"]).items()
+    b.append(("p", f"From {z['data_dir']}, {items}; each task's metric is the paper's "
                    "(acc or acc_norm)." + (f" Missing task files: {', '.join(z['missing_tasks'])}."
                                           if z["missing_tasks"] else "")))
     b.append(("table", ["model", *tasks, "commonsense avg"], rows))
@@ -122,5 +143,6 @@ def render(job, pending: list[str]) -> Blocks:
 
 SECTION = Section("zeroshot", run, 0.05, needs=("scaling", "compare"),
                   settings=("overrides", "scaling_dir", "data_dir", "seeds"), check=check, render=render, report_rank=4,
-                  plan=lambda p: f"zero-shot: with --data-dir, at most {p.zeroshot.get('limit')} items per task, "
-                                 "for the scaling sweep's largest models and every seed of the comparison")
+                  key="zeroshot", options=ZeroshotSettings,
+                  plan=lambda p: f"zero-shot: with --data-dir, {p.zeroshot.items()}, for the scaling sweep's largest "
+                                 "models and every seed of the comparison")

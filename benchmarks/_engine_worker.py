@@ -1,0 +1,153 @@
+"""One engine's measurements for benchmarks/bench_llamacpp.py, in a process of its own (its peak resident set is the
+engine's alone): ``python _engine_worker.py linlm MODEL_DIR ...`` under linlm's environment, or
+``python _engine_worker.py llamacpp MODEL.gguf ...`` under llama.cpp's (benchmarks/_llamacpp_env.py). Prints one
+JSON object on its last line of output.
+
+The same protocol for both engines, at batch 1 and the given threads:
+1. load the model;
+2. greedy tokens: a seeded random prompt of ``--greedy-prompt`` ids, then ``--greedy-tokens`` argmax steps;
+3. for each context n of ``--contexts`` (ascending): prefill a seeded random prompt of n ids (timed: tokens/s), then
+   decode ``--decode-tokens`` tokens one at a time, each the argmax of the last logits (timed, after one untimed
+   step: the median per token);
+4. the process's peak resident set (VmHWM), which includes the interpreter and the engine's runtime.
+
+Each timing is taken on the wall clock and on the process's CPU clock. At one thread the CPU clock is the robust
+number on a shared machine (time spent descheduled is not counted); at more threads the wall clock is the latency.
+Token ids are drawn from [0, vocab) with numpy's seeded generator, the same ids for both engines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import numpy as np
+
+
+class Clock:
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def peak_rss() -> int:
+    """This process's peak resident set, VmHWM (ru_maxrss would carry over the parent's peak through fork)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, size=n).tolist()
+
+
+class LinlmEngine:
+    def __init__(self, path: str, threads: int):
+        import torch
+
+        from linlm.infer.generate import load_model
+        from linlm.runtime import tune_allocator
+
+        tune_allocator()
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.model, _ = load_model(path)
+        self.vocab = self.model.config.vocab_size
+        self.state = None
+
+    def prefill(self, ids: list[int]) -> int:
+        logits, self.state = self.model.prefill(self.torch.tensor([ids]))
+        return int(logits[0].argmax())
+
+    def step(self, token: int) -> int:
+        logits, self.state = self.model.step(self.torch.tensor([token]), self.state)
+        return int(logits[0].argmax())
+
+    def state_bytes(self):
+        return self.state.nbytes()
+
+
+class LlamaCppEngine:
+    def __init__(self, path: str, threads: int, n_ctx: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+        self.vocab = self.llm.n_vocab()
+
+    def _argmax(self) -> int:
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.vocab,))
+        return int(logits.argmax())
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return self._argmax()
+
+    def step(self, token: int) -> int:
+        self.llm.eval([token])
+        return self._argmax()
+
+    def state_bytes(self):
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("engine", choices=["linlm", "llamacpp"])
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--contexts", default="128,2048")
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--greedy-prompt", type=int, default=32)
+    ap.add_argument("--greedy-tokens", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    contexts = sorted(int(c) for c in args.contexts.split(","))
+    clock = Clock()
+    if args.engine == "linlm":
+        engine = LinlmEngine(args.model, args.threads)
+    else:
+        engine = LlamaCppEngine(args.model, args.threads, n_ctx=max(contexts) + args.decode_tokens + 8)
+    load_wall, load_cpu = clock.stop()
+    out = {"engine": args.engine, "model": args.model, "threads": args.threads, "load_wall_s": load_wall,
+           "load_cpu_s": load_cpu, "contexts": {}}
+
+    token = engine.prefill(prompt_ids(args.greedy_prompt, engine.vocab, args.seed))
+    greedy = [token]
+    for _ in range(args.greedy_tokens - 1):
+        token = engine.step(token)
+        greedy.append(token)
+    out["greedy"] = greedy
+
+    for n in contexts:
+        ids = prompt_ids(n, engine.vocab, args.seed + n)
+        clock = Clock()
+        token = engine.prefill(ids)
+        wall, cpu = clock.stop()
+        token = engine.step(token)  # untimed
+        walls, cpus = [], []
+        for _ in range(args.decode_tokens):
+            clock = Clock()
+            token = engine.step(token)
+            w, c = clock.stop()
+            walls.append(w)
+            cpus.append(c)
+        out["contexts"][str(n)] = {
+            "prefill_wall_s": wall, "prefill_cpu_s": cpu,
+            "prefill_tokens_per_s_wall": n / wall, "prefill_tokens_per_s_cpu": n / cpu,
+            "decode_ms_wall": 1e3 * statistics.median(walls), "decode_ms_cpu": 1e3 * statistics.median(cpus),
+            "state_bytes": engine.state_bytes(),
+        }
+    out["peak_rss_bytes"] = peak_rss()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

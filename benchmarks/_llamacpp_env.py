@@ -1,0 +1,93 @@
+"""llama.cpp for benchmarks/bench_llamacpp.py: llama-cpp-python in an environment of its own, made on demand.
+
+Nothing in linlm or its tests needs llama.cpp. The benchmark makes, once, a virtual environment under the user cache
+(``$LINLM_LLAMACPP_DIR``, default ``<user cache>/linlm/llamacpp``) holding:
+
+- llama-cpp-python, built from its PyPI source distribution (pinned below) for this CPU: llama.cpp's own build,
+  with its default flags (``GGML_NATIVE``: the instructions of the machine that builds it). On two cores the build
+  takes tens of minutes; later runs find it there.
+- What llama.cpp's converter needs: torch (the CPU build linlm pins), numpy, sentencepiece, transformers (the
+  version its requirements pin), and ``gguf`` from PyPI (the converter itself imports the copy of gguf-py that ships
+  beside it, as it does in llama.cpp's tree).
+- llama.cpp's converter, ``convert_hf_to_gguf.py`` with its ``conversion/`` package and ``gguf-py/``, taken from
+  the same source distribution (``vendor/llama.cpp``), so that converter and engine are one revision.
+
+A ready environment carries a stamp file naming the pinned packages; a missing or different stamp means it is made
+again (llama-cpp-python is rebuilt only when its version differs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "0.3.36"
+TORCH = "torch==2.13.0"
+# The converter's own packages; gguf-py ships beside it, gguf from PyPI brings the same dependencies.
+CONVERTER_PACKAGES = ("gguf", "sentencepiece", "numpy", "transformers==4.57.6", TORCH)
+VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+
+@dataclass(frozen=True)
+class LlamaCppEnv:
+    python: Path      # the environment's interpreter (imports llama_cpp, sentencepiece, torch)
+    converter: Path   # convert_hf_to_gguf.py
+    version: str
+
+
+def default_root() -> Path:
+    env = os.environ.get("LINLM_LLAMACPP_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("linlm")) / "llamacpp"
+
+
+def _run(cmd: list, log) -> None:
+    log("$ " + " ".join(str(c) for c in cmd))
+    subprocess.run([str(c) for c in cmd], check=True)
+
+
+def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
+    """The environment under ``root``, made first if it is not ready (downloads and builds: minutes)."""
+    root = Path(root) if root is not None else default_root()
+    venv, tree = root / "venv", root / "llama.cpp"
+    python = venv / "bin" / "python"
+    stamp = venv / f".linlm-ready-{LLAMA_CPP_PYTHON}"
+    env = LlamaCppEnv(python, tree / "convert_hf_to_gguf.py", LLAMA_CPP_PYTHON)
+    wanted = "\n".join([LLAMA_CPP_PYTHON, *CONVERTER_PACKAGES]) + "\n"
+    if stamp.is_file() and stamp.read_text() == wanted and env.converter.is_file():
+        return env
+    root.mkdir(parents=True, exist_ok=True)
+    sdist_dir = root / "sdist"
+    sdist = sdist_dir / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not sdist.is_file():
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", sdist_dir,
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], log)
+    if not python.is_file():
+        _run([sys.executable, "-m", "venv", venv], log)
+    have = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True,
+                          text=True).stdout.strip()
+    if have != LLAMA_CPP_PYTHON:
+        log(f"building llama-cpp-python {LLAMA_CPP_PYTHON} from source for this CPU (minutes on two cores)")
+        _run([python, "-m", "pip", "install", "-q", sdist], log)
+    _run([python, "-m", "pip", "install", "-q", *CONVERTER_PACKAGES], log)
+    tmp = root / "llama.cpp.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith(VENDOR) and m.name[len(VENDOR):].startswith(CONVERTER_FILES)]
+        for m in members:
+            m.name = m.name[len(VENDOR):]
+        tar.extractall(tmp, members=members, filter="data")
+    shutil.rmtree(tree, ignore_errors=True)
+    tmp.rename(tree)
+    stamp.write_text(wanted)
+    return env

@@ -1,0 +1,262 @@
+"""linlm against llama.cpp on one Mamba checkpoint, side by side in one run.
+
+    python benchmarks/bench_llamacpp.py [--threads 1,2] [--rounds 3] [--contexts 128,2048]
+
+1. The model: a Mamba at mamba-130m's shape (d 768, 24 layers, vocabulary 32,000, d_state 16, expand 2, dt rank
+   48) with transformers' random initialisation (seeded), saved by transformers as a ``MambaForCausalLM``
+   checkpoint, with a sentencepiece tokenizer trained here on linlm's built-in corpus (8,000 pieces; the other
+   embedding rows are unused, as in real checkpoints whose vocabulary is padded).
+2. It is converted twice: by ``linlm convert`` (fp32; then ``linlm quantize --to int8``) and by llama.cpp's own
+   ``convert_hf_to_gguf.py`` (``--outtype f32`` and ``q8_0``). llama.cpp comes from llama-cpp-python, built from
+   source into an environment of its own on first use (benchmarks/_llamacpp_env.py); nothing else needs it.
+3. Both engines must give the same greedy tokens for a seeded prompt at fp32 (checked: the run exits with an error
+   otherwise, after writing its JSON); for 8-bit weights the agreement with Q8_0 is reported (the two quantise
+   differently).
+4. Rounds: in each, every (engine, precision, threads) runs once as its own process (benchmarks/_engine_worker.py),
+   the two engines of a precision back to back, in an order that alternates between rounds. Each process loads
+   the model, prefills each context's prompt (tokens/s), decodes tokens after it (ms/token, median) and reports
+   its peak resident set. The table gives the medians over rounds.
+5. The memory bandwidth is measured in the same run (a read of a 1 GiB float32 tensor, at each thread count),
+   with the floor it puts under a batch-1 step: every weight read once.
+6. ``--hgrn2``: linlm's HGRN2 at the same shape (random weights) through the same protocol, for the
+   constant-memory claim: decode latency and state size after each context.
+
+Targets (the ratios are linlm over llama.cpp): decode ms/token fp32/F32 <= 1.0 and int8/Q8_0 <= 1.0; peak RSS
+<= 1.2 at each precision; prefill tokens/s >= 2. At one thread the CPU clock is used (robust on a shared machine),
+at more threads the wall clock. Writes benchmarks/results/bench_llamacpp.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from _common import apply_runtime_settings, meta, print_table, write_json
+from _llamacpp_env import default_root, ensure
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "_engine_worker.py"
+SHAPE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4,
+             time_step_rank=48)
+TOKENIZER_PIECES = 8000
+TARGETS = {"decode_fp32": 1.0, "decode_int8": 1.0, "peak_rss": 1.2, "prefill": 2.0}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ the models
+
+def build_checkpoint(out: Path, env, shape: dict) -> Path:
+    """A transformers MambaForCausalLM checkpoint with random weights and a trained sentencepiece tokenizer."""
+    if (out / "tokenizer.model").is_file():
+        return out
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MambaConfig(**shape, use_bias=False, use_conv_bias=True, tie_word_embeddings=True)
+    MambaForCausalLM(cfg).save_pretrained(out)
+    from linlm.data.corpus import load_builtin_corpus
+
+    text = out / "corpus.txt"
+    text.write_text(load_builtin_corpus()[:4_000_000], encoding="utf-8")
+    pieces = min(TOKENIZER_PIECES, shape["vocab_size"])
+    code = ("import sentencepiece as s, sys; s.SentencePieceTrainer.train(input=sys.argv[1], model_prefix=sys.argv[2],"
+            f" vocab_size={pieces}, model_type='bpe', byte_fallback=True, num_threads=1, minloglevel=2)")
+    subprocess.run([env.python, "-c", code, text, out / "tokenizer"], check=True)
+    text.unlink()
+    (out / "tokenizer.vocab").unlink()
+    return out
+
+
+def convert_all(work: Path, env, shape: dict) -> dict[str, Path]:
+    """{variant: path}: linlm fp32 and int8, llama.cpp F32 and Q8_0."""
+    import linlm
+    from linlm.infer.quantize import quantize
+
+    hf = build_checkpoint(work / "hf-mamba", env, shape)
+    paths = {"linlm-fp32": work / "linlm-fp32", "linlm-int8": work / "linlm-int8",
+             "llamacpp-f32": work / "mamba-f32.gguf", "llamacpp-q8_0": work / "mamba-q8_0.gguf"}
+    if not (paths["linlm-fp32"] / "config.json").is_file():
+        linlm.convert(hf, paths["linlm-fp32"])
+    if not (paths["linlm-int8"] / "config.json").is_file():
+        quantize(paths["linlm-fp32"], paths["linlm-int8"], "int8")
+    for outtype in ("f32", "q8_0"):
+        target = paths[f"llamacpp-{outtype}"]
+        if not target.is_file():
+            partial = target.with_suffix(".partial")
+            subprocess.run([env.python, env.converter, hf, "--outtype", outtype, "--outfile", partial], check=True,
+                           stdout=subprocess.DEVNULL)
+            partial.rename(target)
+    return paths
+
+
+def build_hgrn2(work: Path, shape: dict) -> Path:
+    from linlm.models.lm import create_model
+
+    out = work / "linlm-hgrn2"
+    if not (out / "config.json").is_file():
+        torch.manual_seed(0)
+        create_model("hgrn2", preset="paper-160m", d_model=shape["hidden_size"], n_layers=shape["num_hidden_layers"],
+                     vocab_size=shape["vocab_size"]).save(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+def bandwidth(threads: int, gib: float = 1.0, repeat: int = 5) -> dict:
+    """Read bandwidth: bytes of a float32 tensor over the fastest of `repeat` sums (wall and CPU clocks)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(int(gib * 2**30) // 4)
+        x.sum()
+        walls, cpus = [], []
+        for _ in range(repeat):
+            w, c = time.perf_counter(), time.process_time()
+            x.sum()
+            walls.append(time.perf_counter() - w)
+            cpus.append(time.process_time() - c)
+        n = x.numel() * 4
+        return {"threads": threads, "bytes": n, "gb_per_s_wall": n / min(walls) / 1e9,
+                "gb_per_s_cpu": n / min(cpus) / 1e9}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def run_worker(python: Path, engine: str, model: Path, threads: int, args) -> dict:
+    cmd = [str(python), str(WORKER), engine, str(model), "--threads", str(threads), "--contexts", args.contexts,
+           "--decode-tokens", str(args.decode_tokens)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def clock(threads: int) -> str:
+    return "cpu" if threads == 1 else "wall"
+
+
+def summarise(runs: list[dict], contexts: list[int]) -> dict:
+    """Medians over rounds of one (variant, threads)."""
+    threads = runs[0]["threads"]
+    c = clock(threads)
+    out = {"rounds": len(runs), "clock": c, "peak_rss_bytes": statistics.median(r["peak_rss_bytes"] for r in runs)}
+    for n in contexts:
+        rows = [r["contexts"][str(n)] for r in runs]
+        out[f"decode_ms_{n}"] = statistics.median(r[f"decode_ms_{c}"] for r in rows)
+        out[f"prefill_tokens_per_s_{n}"] = statistics.median(r[f"prefill_tokens_per_s_{c}"] for r in rows)
+        out[f"state_bytes_{n}"] = rows[0]["state_bytes"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--contexts", default="128,2048", help="decode after these many tokens; the largest is also "
+                                                            "the prefill")
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--work", default=None, help="where the models are written (default: <llama.cpp dir>/work)")
+    ap.add_argument("--llamacpp-dir", default=None, help="llama.cpp's environment (default: $LINLM_LLAMACPP_DIR or "
+                                                        "the user cache)")
+    ap.add_argument("--hgrn2", action="store_true", help="also run linlm's HGRN2 at the same shape")
+    ap.add_argument("--shape", default=None, help="override the shape, e.g. hidden_size=64,num_hidden_layers=2 "
+                                                   "(a quick check of the script)")
+    ap.add_argument("--name", default="bench_llamacpp")
+    args = ap.parse_args()
+    apply_runtime_settings()
+    threads = [int(t) for t in args.threads.split(",")]
+    contexts = sorted(int(c) for c in args.contexts.split(","))
+    shape = dict(SHAPE)
+    for kv in filter(None, (args.shape or "").split(",")):
+        k, v = kv.split("=")
+        shape[k] = int(v)
+    root = Path(args.llamacpp_dir) if args.llamacpp_dir else default_root()
+    env = ensure(root, log)
+    tag = "-".join(f"{shape[k]}" for k in sorted(shape))
+    work = Path(args.work) if args.work else root / "work" / tag
+    work.mkdir(parents=True, exist_ok=True)
+    paths = convert_all(work, env, shape)
+    if args.hgrn2:
+        paths["linlm-hgrn2"] = build_hgrn2(work, shape)
+    weights = {k: sum(f.stat().st_size for f in (p.glob("*.safetensors") if p.is_dir() else [p]))
+               for k, p in paths.items()}
+    pythons = {"linlm": Path(sys.executable), "llamacpp": env.python}
+    pairs = [("linlm-fp32", "llamacpp-f32"), ("linlm-int8", "llamacpp-q8_0")]
+    if args.hgrn2:
+        pairs.append(("linlm-hgrn2",))
+    runs: dict[tuple[str, int], list[dict]] = {}
+    bw: dict[int, list[dict]] = {t: [] for t in threads}
+    for r in range(args.rounds):
+        for t in threads:
+            bw[t].append(bandwidth(t))
+            for pair in pairs:
+                for variant in (pair if r % 2 == 0 else pair[::-1]):
+                    engine = variant.split("-")[0]
+                    res = run_worker(pythons[engine], engine, paths[variant], t, args)
+                    runs.setdefault((variant, t), []).append(res)
+                    c = res["contexts"]
+                    log(f"round {r + 1} threads {t} {variant:>14}: " + ", ".join(
+                        f"decode@{n} {c[str(n)][f'decode_ms_{clock(t)}']:.1f} ms" for n in contexts)
+                        + f", prefill@{contexts[-1]} {c[str(contexts[-1])][f'prefill_tokens_per_s_{clock(t)}']:.0f}"
+                        f" tok/s, peak {res['peak_rss_bytes'] / 2**20:.0f} MiB")
+
+    greedy = {v: runs[(v, threads[0])][0]["greedy"] for v in paths}
+    # On random weights the logits are nearly tied: 8-bit weights of either engine may pick other tokens than that
+    # engine's fp32 (the last two pairs say how often), so only fp32 against F32 is a check.
+    checks = [*pairs[:2], ("linlm-int8", "linlm-fp32"), ("llamacpp-q8_0", "llamacpp-f32")]
+    agree = {f"{a} vs {b}": sum(x == y for x, y in zip(greedy[a], greedy[b])) / len(greedy[a]) for a, b in checks}
+    summary = {f"{v}@{t}": summarise(rs, contexts) for (v, t), rs in runs.items()}
+    bandwidths = {t: {k: statistics.median(b[k] for b in bw[t]) for k in ("gb_per_s_wall", "gb_per_s_cpu")}
+                  for t in threads}
+    ratios = []
+    n_max = contexts[-1]
+    for t in threads:
+        for (lin, cpp), key in zip(pairs[:2], ("decode_fp32", "decode_int8")):
+            a, b = summary[f"{lin}@{t}"], summary[f"{cpp}@{t}"]
+            for n in contexts:
+                ratios.append({"threads": t, "what": f"{key} after {n}", "linlm": a[f"decode_ms_{n}"],
+                               "llamacpp": b[f"decode_ms_{n}"], "ratio": a[f"decode_ms_{n}"] / b[f"decode_ms_{n}"],
+                               "target": f"<= {TARGETS[key]}",
+                               "met": a[f"decode_ms_{n}"] / b[f"decode_ms_{n}"] <= TARGETS[key]})
+            rss = a["peak_rss_bytes"] / b["peak_rss_bytes"]
+            ratios.append({"threads": t, "what": f"peak_rss {lin}/{cpp}", "linlm": a["peak_rss_bytes"],
+                           "llamacpp": b["peak_rss_bytes"], "ratio": rss, "target": f"<= {TARGETS['peak_rss']}",
+                           "met": rss <= TARGETS["peak_rss"]})
+            pf = a[f"prefill_tokens_per_s_{n_max}"] / b[f"prefill_tokens_per_s_{n_max}"]
+            ratios.append({"threads": t, "what": f"prefill@{n_max} {lin}/{cpp}",
+                           "linlm": a[f"prefill_tokens_per_s_{n_max}"], "llamacpp": b[f"prefill_tokens_per_s_{n_max}"],
+                           "ratio": pf, "target": f">= {TARGETS['prefill']}", "met": pf >= TARGETS["prefill"]})
+    floors = {t: {v: weights[v] / (bandwidths[t]["gb_per_s_" + clock(t)] * 1e9) * 1e3 for v in weights}
+              for t in threads}
+    print_table(["variant@threads", *[f"decode ms @{n}" for n in contexts], f"prefill tok/s @{n_max}", "peak MiB",
+                 "floor ms"],
+                [[k, *[s[f"decode_ms_{n}"] for n in contexts], s[f"prefill_tokens_per_s_{n_max}"],
+                  s["peak_rss_bytes"] / 2**20, floors[int(k.split("@")[1])][k.split("@")[0]]]
+                 for k, s in summary.items()])
+    print()
+    print_table(["threads", "ratio", "linlm", "llama.cpp", "linlm/llama.cpp", "target", "met"],
+                [[r["threads"], r["what"], r["linlm"], r["llamacpp"], r["ratio"], r["target"], r["met"]]
+                 for r in ratios])
+    print(f"greedy agreement: {agree}; bandwidth GB/s: {bandwidths}")
+    payload = {"meta": meta(), "shape": shape, "llama_cpp_python": env.version, "contexts": contexts,
+               "threads": threads, "rounds": args.rounds, "decode_tokens": args.decode_tokens,
+               "weights_bytes": weights, "bandwidth": bandwidths, "floor_ms": floors, "greedy": greedy,
+               "greedy_agreement": agree, "summary": summary, "ratios": ratios,
+               "runs": {f"{v}@{t}": rs for (v, t), rs in runs.items()}}
+    print(f"wrote {write_json(args.name, payload)}")
+    if agree["linlm-fp32 vs llamacpp-f32"] < 1:
+        sys.exit("linlm fp32 and llama.cpp F32 disagree on the greedy tokens: " + json.dumps(greedy))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The studies of a recipe: MossNet's optional ladder (trained and fitted for real on a tiny ladder, skipped when the
+recipe names none) and the retrieval studies' settings (shapes of at least 3 layers, two contexts or more), refused
+in one line before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from linlm.reproduce.job import Job
+from linlm.reproduce.recipes import load_recipe
+from linlm.reproduce.sections import mossnet_ladder as shape
+from linlm.schema import load_yaml
+from linlm.scaling.ladder import LADDER_DIR
+
+
+def inline(name: str, archs: list[str]) -> dict:
+    """A built-in ladder as a recipe's inline mapping, with other architectures."""
+    return {"ladder": {**load_yaml(LADDER_DIR / f"{name}.yaml"), "archs": archs}}
+
+
+def test_mossnet_s_ladder_trains_fits_and_renders(tmp_path, text_file):
+    recipe = load_recipe("smoke").with_settings(mossnet=inline("mossnet-smoke", ["mossnet"]),
+                                                fits={"bootstrap": 10, "parametric_bootstrap": 0})
+    job = Job(recipe, tmp_path / "job", overrides={"data": {"source": str(text_file)}}, say=lambda s: None)
+    job.plots.mkdir(parents=True)
+    for section in (shape.MOSSNET, shape.MOSSNET_FITS):
+        section.check(job, lambda key: "", False) if section.check else None
+        job.results[section.name] = section.run(job, lambda f: None)
+    # The MossNet ladder is fitted as the scaling sweep is; its report lands in DIR/mossnet_report.
+    fits = job.results["mossnet_fits"]
+    assert set(fits["archs"]) == {"mossnet"} and (tmp_path / "job" / "mossnet_report" / "report.md").is_file()
+    assert any(b[0] == "table" for b in shape.MOSSNET_FITS.render(job, []))
+
+
+def test_a_recipe_without_a_study_skips_it_and_says_so(tmp_path):
+    job = Job(load_recipe("smoke"), tmp_path / "job")
+    for section in (shape.MOSSNET, shape.MOSSNET_FITS):
+        section.check(job, lambda key: "", False) if section.check else None
+        job.results[section.name] = section.run(job, lambda f: None)
+        assert "gives no" in job.results[section.name]["not_run"]
+    assert ("p", f"Skipped: {job.results['mossnet_fits']['not_run']}.") in shape.MOSSNET_FITS.render(job, [])
+    from linlm.reproduce.claims import judge
+
+    scales = next(v for v in judge(job.results) if v.key == "mossnet-scales")
+    assert scales.verdict == "cannot tell" and "gives no mossnet ladder" in scales.why
+    assert not (tmp_path / "job" / "mossnet").exists()
+
+
+def test_the_cpu_recipe_trains_no_ladder_it_cannot_judge(tmp_path):
+    """The cpu recipe's training ladders are the scaling ladder (with its seed rungs) and the comparison: MossNet's
+    3-size ladder could decide nothing at this scale."""
+    cpu = Job(load_recipe("cpu"), tmp_path)
+    assert [name for name, _ in cpu.training_ladders()] == ["scaling", "compare"]
+    seeded = [r for r in cpu.scaling_ladder().rungs if r.archs is not None]
+    assert [(r.name, r.archs, r.train["seed"]) for r in seeded] == [
+        (f"{n}-s1", ["llama", "hgrn2"], 1) for n in ("0.033m", "0.056m", "0.16m")]
+    assert [name for name, _ in Job(load_recipe("smoke"), tmp_path).training_ladders()] == ["scaling", "compare"]
+
+
+@pytest.mark.parametrize("key, bad, named", [
+    ("aspect", {"shapes": [[48, 3], [64, 2]]}, "each of at least 3 layers"),
+    ("aspect", {"shapes": [[48, 3]]}, "give 2 or more"),
+    ("aspect", {"shapes": [[40, 3], [48, 4]]}, "multiple of head_dim 16"),
+    ("context", {"gaps": [64]}, "give 2 or more different gaps"),
+    ("scaling", {"ladder": "smoke", "seeds": {"rungs": ["nosuch"], "archs": ["llama"]}}, "seeds: ['nosuch']"),
+])
+def test_a_study_that_cannot_be_run_is_refused_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, key, bad,
+                                                                           named):
+    import linlm.reproduce.job
+    from linlm.cli import main
+
+    monkeypatch.setattr(linlm.reproduce.job, "load_recipe",
+                        lambda name: load_recipe("smoke").with_settings(**{key: bad}))
+    out = tmp_path / "job"
+    assert main(["reproduce", "--recipe", "smoke", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and f"recipe smoke: {key}" in err and len(err.splitlines()) == 1
+    assert not out.exists()
