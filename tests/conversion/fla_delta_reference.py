@@ -5,12 +5,10 @@ float64, on a state dict of that layout. Independent of linlm's code."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from fla_reference import _conv, _rms
+from fla_reference import _conv, _rms, mlp_width
 
 
 def resolved(config: dict) -> dict:
@@ -21,8 +19,7 @@ def resolved(config: dict) -> dict:
     c["gated"] = gated
     c["k_dim"] = c.get("head_dim", 256) if gated else d // H
     c["v_dim"] = int(c["k_dim"] * c.get("expand_v", 2.0)) if gated else d // H
-    if c["intermediate_size"] is None:
-        c["intermediate_size"] = 256 * math.ceil(int(d * c["hidden_ratio"] * 2 / 3) / 256)
+    c["intermediate_size"] = mlp_width(c)
     return c
 
 

@@ -2,13 +2,11 @@
 checkpoint computes what fla computes (against fla_delta_reference.py, written from fla's equations, to 1e-5), and a
 setting linlm does not compute is refused naming the field."""
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import fla_delta_reference as fla
+from fla_reference import write_fla
 import linlm
 from linlm.errors import CheckpointError
 
@@ -23,13 +21,6 @@ VARIANTS = {
     "gated": GATED,
     "gated_conv3_expand1": dict(GATED, conv_size=3, expand_v=1.0, hidden_ratio=2, allow_neg_eigval=True),
 }
-
-
-def write_fla(directory, config, sd):
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(config))
-    save_file(sd, str(directory / "model.safetensors"))
-    return directory
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from linlm.conversion.fla_hgrn2 import mlp_width
-from linlm.conversion.layout import Layout, build, conv_weight, fill, glu_from_hf, refuse_model_type
+from linlm.conversion.fla_hgrn2 import fla_stack, mlp_width
+from linlm.conversion.layout import Layout, build, conv_weight, fill, refuse_model_type
 from linlm.conversion.source import Tensors
 from linlm.errors import CheckpointError
 from linlm.models.lm import CausalLM
@@ -82,20 +82,11 @@ def _to_linlm(config: dict, sd: Tensors, model_type: str, values, extra: tuple[s
     """``extra``: the projections after q, k, v in linlm's fused projection, in its order (b last)."""
     refuse_model_type(config, model_type, LAYOUTS[model_type].name)
     cfg = build(values(config), "config.json")
-    ours = {"embed.weight": sd["model.embeddings.weight"], "norm.weight": sd["model.norm.weight"]}
-    if not cfg.tie_embeddings:
-        ours["head.weight"] = sd["lm_head.weight"]
+    ours = fla_stack(cfg, sd)
     for i in range(cfg.n_layers):
-        p, o = f"model.layers.{i}.", f"layers.{i}."
-        a = p + "attn."
-        ours.update({
-            o + "norm1.weight": sd[p + "attn_norm.weight"],
-            o + "mixer.proj.weight": torch.cat([sd[a + f"{n}_proj.weight"] for n in ("q", "k", "v", *extra)], 0),
-            o + "mixer.norm.weight": sd[a + "o_norm.weight"],
-            o + "mixer.out.weight": sd[a + "o_proj.weight"],
-            o + "norm2.weight": sd[p + "mlp_norm.weight"],
-            **glu_from_hf(sd, p, o),
-        })
+        a, o = f"model.layers.{i}.attn.", f"layers.{i}."
+        ours[o + "mixer.proj.weight"] = torch.cat([sd[a + f"{n}_proj.weight"] for n in ("q", "k", "v", *extra)], 0)
+        ours[o + "mixer.norm.weight"] = sd[a + "o_norm.weight"]
         if cfg.options.short_conv:
             ours[o + "mixer.conv.weight"] = torch.cat([conv_weight(sd[a + f"{n}_conv1d.weight"]) for n in "qkv"], 0)
         if cfg.arch == "gated_deltanet":

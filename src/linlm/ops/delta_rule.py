@@ -50,7 +50,7 @@ from torch import Tensor
 from linlm.errors import ShapeError
 from linlm.ops import backends
 from linlm.ops.delta_chunk import chunk_forward
-from linlm.ops.gla import _check_chunk_size, _check_float, _shape, _work_dtype
+from linlm.ops.gla import _check_chunk_size, _check_float, _shape, _work_dtype, check_step_qkv
 
 __all__ = ["L2_EPS", "delta_rule", "delta_rule_chunk", "delta_rule_reference", "delta_rule_step"]
 
@@ -170,16 +170,7 @@ def delta_rule_step(q, k, v, beta=None, log_a=None, *, state=None, scale: float 
     """One decoding step. q, k: [B, H, K]; v: [B, H, V]; beta, log_a: None or [B, H]; state: [B, H, K, V] or None
     (zeros). Returns (o [B, H, V] in v's dtype, new state in the working dtype)."""
     fn = "delta_rule_step"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t, fn)
-        if t.dim() != 3:
-            raise ShapeError(f"{fn}: {name} must be 3-D [B, H, dim], got shape {_shape(t)}")
-    B, H, K = q.shape
-    if k.shape != q.shape:
-        raise ShapeError(f"{fn}: k has shape {_shape(k)}; expected the shape of q, {_shape(q)} ([B, H, K])")
-    if v.shape[:2] != q.shape[:2]:
-        raise ShapeError(f"{fn}: v has shape {_shape(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q")
-    V = v.shape[2]
+    B, H, K, V = check_step_qkv(q, k, v, fn)
     _check_per_head("beta", beta, (B, H), fn)
     _check_per_head("log_a", log_a, (B, H), fn)
     dt = _work_dtype(q, k, v, beta, log_a, state)

@@ -157,10 +157,9 @@ def _step(q: Tensor, k: Tensor, v: Tensor, log_a, S: Tensor, kind: str):
     return o, S
 
 
-def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
-    """One decoding step. q, k: [B, H, K]; v: [B, H, V]; log_a: None, [H], [B, H] or [B, H, K];
-    state: [B, H, K, V] or None (zeros). Returns (o [B, H, V] in v's dtype, new state in the working dtype)."""
-    fn = "gla_step"
+def check_step_qkv(q, k, v, fn: str) -> tuple[int, int, int, int]:
+    """(B, H, K, V) of one decoding step's q, k [B, H, K] and v [B, H, V], after checking their dtypes and shapes
+    (a ShapeError naming ``fn`` otherwise)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(name, t, fn)
         if t.dim() != 3:
@@ -171,6 +170,14 @@ def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
     if v.shape[:2] != q.shape[:2]:
         raise ShapeError(f"{fn}: v has shape {_shape(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q")
     V = v.shape[2]
+    return B, H, K, V
+
+
+def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
+    """One decoding step. q, k: [B, H, K]; v: [B, H, V]; log_a: None, [H], [B, H] or [B, H, K];
+    state: [B, H, K, V] or None (zeros). Returns (o [B, H, V] in v's dtype, new state in the working dtype)."""
+    fn = "gla_step"
+    B, H, K, V = check_step_qkv(q, k, v, fn)
     kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, H), "vector": (B, H, K)}, fn)
     dt = _work_dtype(q, k, v, log_a, state)
     if state is None:
