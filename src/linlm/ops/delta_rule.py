@@ -50,7 +50,8 @@ from torch import Tensor
 from linlm.errors import ShapeError
 from linlm.ops import backends
 from linlm.ops.delta_chunk import chunk_forward
-from linlm.ops.gla import _check_chunk_size, _check_float, _shape, _work_dtype, check_step_qkv
+from linlm.ops.gla import (_check_chunk_size, _check_float, _shape, _work_dtype, check_sequence_qkv,
+                           check_state_and_reset, check_step_qkv, step_state)
 
 __all__ = ["L2_EPS", "delta_rule", "delta_rule_chunk", "delta_rule_reference", "delta_rule_step"]
 
@@ -73,30 +74,11 @@ def _check_per_head(name: str, t, shape: tuple, fn: str) -> None:
 
 def check_sequence(q, k, v, beta, log_a, initial_state, reset, fn: str):
     """Validate the sequence-form arguments; return (B, T, H, K, V)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t, fn)
-        if t.dim() != 4:
-            raise ShapeError(f"{fn}: {name} must be 4-D [B, T, H, dim], got shape {_shape(t)}")
-    B, T, H, K = q.shape
-    if k.shape != q.shape:
-        raise ShapeError(f"{fn}: k has shape {_shape(k)}; expected the shape of q, {_shape(q)} ([B, T, H, K])")
-    if v.shape[:3] != q.shape[:3]:
-        raise ShapeError(f"{fn}: v has shape {_shape(v)}; expected [B, T, H, V] with [B, T, H] = {(B, T, H)} as in q")
-    V = v.shape[3]
+    B, T, H, K, V = dims = check_sequence_qkv(q, k, v, fn)
     _check_per_head("beta", beta, (B, T, H), fn)
     _check_per_head("log_a", log_a, (B, T, H), fn)
-    if initial_state is not None:
-        _check_float("initial_state", initial_state, fn)
-        if _shape(initial_state) != (B, H, K, V):
-            raise ShapeError(
-                f"{fn}: initial_state has shape {_shape(initial_state)}; expected [B, H, K, V] = {(B, H, K, V)}")
-    if reset is not None:
-        if not isinstance(reset, Tensor) or reset.dtype != torch.bool:
-            got = reset.dtype if isinstance(reset, Tensor) else type(reset).__name__
-            raise ShapeError(f"{fn}: reset must be a bool tensor [B, T], got {got}")
-        if reset.dim() != 2 or reset.shape[1] != T or reset.shape[0] not in (1, B):
-            raise ShapeError(f"{fn}: reset has shape {_shape(reset)}; expected [B, T] = {(B, T)} or [1, T]")
-    return B, T, H, K, V
+    check_state_and_reset(initial_state, reset, dims, fn)
+    return dims
 
 
 def _first(mask: Tensor) -> str:
@@ -174,13 +156,7 @@ def delta_rule_step(q, k, v, beta=None, log_a=None, *, state=None, scale: float 
     _check_per_head("beta", beta, (B, H), fn)
     _check_per_head("log_a", log_a, (B, H), fn)
     dt = _work_dtype(q, k, v, beta, log_a, state)
-    if state is None:
-        S = q.new_zeros((B, H, K, V), dtype=dt)
-    else:
-        _check_float("state", state, fn)
-        if _shape(state) != (B, H, K, V):
-            raise ShapeError(f"{fn}: state has shape {_shape(state)}; expected [B, H, K, V] = {(B, H, K, V)}")
-        S = state.to(dt)
+    S = step_state(state, q, (B, H, K, V), dt, fn)
     q, k = prepare_qk(q, k, dt, scale, qk_l2norm)
     check_conditions(k, beta, log_a, qk_l2norm, fn)
     o, S = _step(q, k, v, beta, log_a, S)
