@@ -67,6 +67,8 @@ TARGETS = [
     ("paper", None, 8192, "mamba", "llama", 1.4),
     ("paper", None, None, "mossnet", "mamba", 0.8),
     ("paper", None, None, "mossnet (ssd)", "mamba", 0.8),
+    ("paper", "fp32", 2048, "gated_deltanet", "llama", 1.1),
+    ("paper", "fp32", 8192, "gated_deltanet", "llama", 1.8),
 ]
 
 

@@ -4,10 +4,27 @@ pass in the recurrent form, one token at a time, on a state dict of that layout.
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
+
+
+def write_fla(directory, config: dict, sd: dict):
+    """An fla checkpoint directory: config.json and model.safetensors."""
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(sd, str(directory / "model.safetensors"))
+    return directory
+
+
+def mlp_width(c: dict) -> int:
+    """fla GatedMLP's width: intermediate_size, or 2/3 of hidden_size * hidden_ratio rounded up to 256."""
+    if c["intermediate_size"] is not None:
+        return c["intermediate_size"]
+    return 256 * math.ceil(int(c["hidden_size"] * c["hidden_ratio"] * 2 / 3) / 256)
 
 
 def resolved(config: dict) -> dict:
@@ -17,8 +34,7 @@ def resolved(config: dict) -> dict:
     d = c["hidden_size"]
     c["expand_ratio"] = c.get("expand_ratio") or d // c["num_heads"]
     c["num_heads"] = d // c["expand_ratio"]
-    if c["intermediate_size"] is None:
-        c["intermediate_size"] = 256 * math.ceil(int(d * c["hidden_ratio"] * 2 / 3) / 256)
+    c["intermediate_size"] = mlp_width(c)
     return c
 
 

@@ -5,11 +5,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import linlm
 from linlm.errors import CheckpointError, ConfigError
 import fla_reference as fla
+from fla_reference import write_fla
 
 BASE = dict(model_type="hgrn2", architectures=["HGRN2ForCausalLM"], hidden_size=32, num_hidden_layers=3,
             num_heads=4, expand_ratio=8, vocab_size=61, hidden_act="swish", attn_mode="chunk")
@@ -21,13 +22,6 @@ VARIANTS = {
     # A large eps, so that the output norm does not hide the scale of q.
     "heads_from_num_heads": dict(expand_ratio=None, num_heads=2, norm_eps=0.05),
 }
-
-
-def write_fla(directory, config, sd):
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(config))
-    save_file(sd, str(directory / "model.safetensors"))
-    return directory
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -52,7 +52,7 @@ def test_exported_prefill_and_steps_match_eager(tmp_path, capsys):
 # eager runs the compiled C kernel), which leaves differences of a few float32 ulps of the logits (measured: at
 # most 5e-7 on these models).
 TOL = 1e-5
-ARCHS = ["llama", "tnl", "hgrn2", "cosformer2", "mamba", "mossnet"]
+ARCHS = ["llama", "tnl", "hgrn2", "cosformer2", "mamba", "mossnet", "deltanet", "gated_deltanet"]
 
 
 @pytest.mark.slow

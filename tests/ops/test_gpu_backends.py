@@ -24,6 +24,7 @@ import torch
 
 from linlm.errors import ConfigError
 from linlm.ops import backends
+from linlm.ops.delta_rule import delta_rule_reference
 from linlm.ops.gla import gla, gla_reference
 from linlm.ops.selective_scan import selective_scan, selective_scan_reference
 
@@ -141,15 +142,17 @@ def test_fla_version_floor():
 
 @pytest.mark.parametrize("version, usable", [("0.4.2", False), ("0.5.2", True)])
 def test_fla_loader_checks_the_version(monkeypatch, version, usable):
-    """_fla() loads chunk_gla and chunk_simple_gla (here from stand-in modules) and refuses an fla too old for the
-    mapping, with a warning."""
+    """_fla() loads chunk_gla, chunk_simple_gla, chunk_delta_rule and chunk_gated_delta_rule (here from stand-in
+    modules) and refuses an fla too old for the mapping, with a warning."""
     import importlib.machinery
     from types import ModuleType
 
     fake = _fake_fla()
     for name, attrs in (("fla", {"__version__": version}), ("fla.ops", {}),
                         ("fla.ops.gla", {"chunk_gla": fake.chunk_gla}),
-                        ("fla.ops.simple_gla", {"chunk_simple_gla": fake.chunk_simple_gla})):
+                        ("fla.ops.simple_gla", {"chunk_simple_gla": fake.chunk_simple_gla}),
+                        ("fla.ops.delta_rule", {"chunk_delta_rule": fake.chunk_delta_rule}),
+                        ("fla.ops.gated_delta_rule", {"chunk_gated_delta_rule": fake.chunk_gated_delta_rule})):
         module = ModuleType(name)
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         vars(module).update(attrs)
@@ -157,7 +160,10 @@ def test_fla_loader_checks_the_version(monkeypatch, version, usable):
     backends._fla.cache_clear()
     try:
         if usable:
-            assert backends._fla().chunk_gla is fake.chunk_gla and backends.available("fla")
+            fla = backends._fla()
+            assert fla.chunk_gla is fake.chunk_gla and backends.available("fla")
+            assert fla.chunk_delta_rule is fake.chunk_delta_rule
+            assert fla.chunk_gated_delta_rule is fake.chunk_gated_delta_rule
         else:
             with pytest.warns(RuntimeWarning, match="fla 0.4.2 is older than 0.5.2"):
                 assert backends._fla() is None
@@ -207,6 +213,9 @@ def test_cpu_calls_never_look_for_the_libraries(monkeypatch, scan_backend):
     for log_a in (None, -torch.rand(2, generator=g), -torch.rand(2, 20, 2, generator=g),
                   -torch.rand(2, 20, 2, 16, generator=g)):
         gla(q, k, v, log_a)
+    from linlm.ops.delta_rule import delta_rule
+
+    delta_rule(q, k, v, torch.rand(2, 20, 2, generator=g), -torch.rand(2, 20, 2, generator=g), qk_l2norm=True)
     u, dt = torch.randn(2, 20, 8, generator=g), torch.randn(2, 20, 8, generator=g)
     A, Bm, Cm = -torch.rand(8, 4, generator=g), torch.randn(2, 20, 4, generator=g), torch.randn(2, 20, 4, generator=g)
     selective_scan(u, dt, A, Bm, Cm, torch.ones(8), dt_softplus=True)
@@ -273,7 +282,32 @@ def _fake_fla():
             gate_of = lambda lo, hi: None  # noqa: E731
         return run_ref(q, k, v, gate_of, scale, initial_state, output_final_state, cu_seqlens)
 
-    return SimpleNamespace(chunk_gla=chunk_gla, chunk_simple_gla=chunk_simple_gla)
+    def delta(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+              cu_seqlens_cpu):
+        check_common(q, k, v, initial_state, cu_seqlens, cu_seqlens_cpu)
+        assert beta is not None and beta.shape == q.shape[:3], "fla takes beta [B, T, H]"
+        assert g is None or (g.shape == q.shape[:3] and g.dtype == torch.float32)
+        scale = k.shape[-1] ** -0.5 if scale is None else scale
+
+        def run(lo, hi, h0, batch, ofs):
+            return delta_rule_reference(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], beta[:, lo:hi],
+                                        None if g is None else g[:, lo:hi], initial_state=h0, output_final_state=ofs,
+                                        scale=scale, qk_l2norm=use_qk_l2norm_in_kernel)
+        o, ht = _per_sequence(run, q, cu_seqlens, initial_state, output_final_state)
+        return o.to(q.dtype), ht
+
+    def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                         cu_seqlens=None, cu_seqlens_cpu=None, use_qk_l2norm_in_kernel=False):
+        return delta(q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     cu_seqlens, cu_seqlens_cpu)
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None):
+        return delta(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     cu_seqlens, cu_seqlens_cpu)
+
+    return SimpleNamespace(chunk_gla=chunk_gla, chunk_simple_gla=chunk_simple_gla, chunk_delta_rule=chunk_delta_rule,
+                           chunk_gated_delta_rule=chunk_gated_delta_rule)
 
 
 def _gla_inputs(kind, B=2, T=37, H=3, K=16, V=24, seed=0, dtype=torch.float32, init=True):
@@ -418,7 +452,7 @@ def test_mamba_mapping_promotes_mixed_dtypes():
 
 
 MODEL_CASES = [("tnl", {}), ("hgrn2", {}), ("cosformer2", {}), ("mamba", {}),
-               ("mossnet", {"ssm_kernel": "ssd", "ssm_policy": "dense"})]
+               ("mossnet", {"ssm_kernel": "ssd", "ssm_policy": "dense"}), ("deltanet", {}), ("gated_deltanet", {})]
 
 
 def _loss_and_grads(model, ids, reset):

@@ -40,10 +40,10 @@ def fits(alphas: dict, *, sd: float = 0.002, c_star: Optional[float] = 1e-7, los
 
 
 def mqar(acc: dict, *, chance: float = 0.01, width: int = 64, plateaued=True, study: Optional[dict] = None,
-         pairs: int = 16) -> dict:
+         pairs: int = 16, states: Optional[dict] = None) -> dict:
     """An MQAR section: ``acc[config] = [accuracy of seed 0, 1, ...]`` at ``width``; ``plateaued``: True, False,
     or {config: [per seed]}; ``study[config] = {tag: value}`` (a shape or a context) for a study's runs, whose
-    config names are ``ARCH@TAG``."""
+    config names are ``ARCH@TAG``; ``states[config]``: its state per layer (floats), recorded when given."""
     runs = []
     for config, values in acc.items():
         arch, _, tag = config.partition("@")
@@ -51,7 +51,8 @@ def mqar(acc: dict, *, chance: float = 0.01, width: int = 64, plateaued=True, st
             flat = plateaued.get(config, [True] * len(values))[seed] if isinstance(plateaued, dict) else plateaued
             runs.append({"name": f"{arch if study else config}-d{width}", "arch": arch.split("-")[0],
                          "d_model": width, "seed": seed, "accuracy": a, "plateaued": flat, "steps": 1000,
-                         "study": (study or {}).get(config, {})})
+                         "study": (study or {}).get(config, {}),
+                         **({"state_per_layer": states[config]} if states and config in states else {})})
     return {"task": {"num_kv": pairs, "vocab_size": 128}, "chance": chance, "runs": runs}
 
 

@@ -29,7 +29,7 @@ LINEAR = ("tnl", "hgrn2", "cosformer2")
 
 def test_every_claim_says_cannot_tell_with_the_reason_when_its_section_did_not_run():
     verdicts = judge({})
-    assert [v.key for v in verdicts] == [c.key for c in CLAIMS] and len(verdicts) == 11
+    assert [v.key for v in verdicts] == [c.key for c in CLAIMS] and len(verdicts) == 12
     for v in verdicts:
         assert v.verdict == "cannot tell" and v.why, v.key
         assert v.terms and v.difference and v.paper
@@ -181,6 +181,26 @@ def test_claims_take_their_architectures_from_the_registry(monkeypatch):
     monkeypatch.setattr(registry, "baseline_arch", lambda: "mamba")
     v = verdict("weaker-retrieval", mqar({"mamba": [0.9, 0.91, 0.92], "tnl": [0.1, 0.11, 0.12]}))
     assert v.parts[0].name == "tnl - mamba"
+
+
+def test_the_delta_rule_recalls_better_only_where_states_are_equal():
+    equal = {"deltanet": 1024, "gated_deltanet": 1024, "hgrn2": 1024, "llama": 8192}
+    strong = mqar({"llama": [0.95, 0.96, 0.97], "deltanet": [0.9, 0.91, 0.92], "gated_deltanet": [0.88, 0.9, 0.91],
+                   "hgrn2": [0.3, 0.31, 0.33]}, states=equal)
+    v = verdict("delta-recall", strong)
+    assert v.verdict == "for" and [p.name for p in v.parts] == ["deltanet - hgrn2", "gated_deltanet - hgrn2"]
+    assert "llama 0.960" in v.evidence and "hgrn2 1,024" in v.evidence
+    weak = mqar({"deltanet": [0.3, 0.31, 0.33], "hgrn2": [0.9, 0.91, 0.92]}, states=equal)
+    assert verdict("delta-recall", weak).verdict == "against"
+    # The same accuracies at unequal states, or with no state recorded: that pair cannot tell, and says why.
+    unequal = mqar({"deltanet": [0.9, 0.91, 0.92], "hgrn2": [0.3, 0.31, 0.33]}, states={"deltanet": 1152,
+                                                                                       "hgrn2": 1024})
+    v = verdict("delta-recall", unequal)
+    assert v.verdict == "cannot tell" and "not at equal state: 1,152 against 1,024" in v.evidence
+    v = verdict("delta-recall", mqar({"deltanet": [0.9, 0.91, 0.92], "hgrn2": [0.3, 0.31, 0.33]}))
+    assert v.verdict == "cannot tell" and "state per layer not recorded for deltanet" in v.evidence
+    v = verdict("delta-recall", mqar({"llama": [0.9, 0.91, 0.92], "hgrn2": [0.3, 0.31, 0.33]}, states=equal))
+    assert v.verdict == "cannot tell" and "mqar trained no delta-rule model" in v.why
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c.key)

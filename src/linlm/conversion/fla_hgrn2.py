@@ -44,6 +44,19 @@ def mlp_width(hidden: int, ratio, intermediate) -> int:
     return 256 * ((width + 255) // 256)
 
 
+def fla_stack(cfg, sd: Tensors) -> dict:
+    """The tensors every fla ``*ForCausalLM`` stack shares, under linlm's names: the embeddings, the final norm, an
+    untied head, and each layer's two norms, output projection (``attn.o_proj``) and SwiGLU MLP."""
+    ours = {"embed.weight": sd["model.embeddings.weight"], "norm.weight": sd["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        ours["head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        ours.update({o + "norm1.weight": sd[p + "attn_norm.weight"], o + "mixer.out.weight": sd[p + "attn.o_proj.weight"],
+                     o + "norm2.weight": sd[p + "mlp_norm.weight"], **glu_from_hf(sd, p, o)})
+    return ours
+
+
 def heads(c: dict) -> tuple[int, int]:
     """(num_heads, expand_ratio) as fla's HGRN2Attention resolves them."""
     d, ratio = int(c["hidden_size"]), c["expand_ratio"]
@@ -82,21 +95,12 @@ def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
     refuse_model_type(config, "hgrn2", "fla-hgrn2")
     cfg = build(config_values(config, set(sd)), "config.json")
     opts = cfg.options
-    ours = {"embed.weight": sd["model.embeddings.weight"], "norm.weight": sd["model.norm.weight"]}
+    ours = fla_stack(cfg, sd)
     if opts.lower_bound:
         ours["shared.table"] = sd["model.lower_bounds"]
-    if not cfg.tie_embeddings:
-        ours["head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.n_layers):
-        p, o = f"model.layers.{i}.", f"layers.{i}."
-        a = p + "attn."
-        ours.update({
-            o + "norm1.weight": sd[p + "attn_norm.weight"],
-            o + "mixer.proj.weight": torch.cat([sd[a + f"{n}_proj.weight"] for n in "qfi"], dim=0),
-            o + "mixer.out.weight": sd[a + "o_proj.weight"],
-            o + "norm2.weight": sd[p + "mlp_norm.weight"],
-            **glu_from_hf(sd, p, o),
-        })
+        a, o = f"model.layers.{i}.attn.", f"layers.{i}."
+        ours[o + "mixer.proj.weight"] = torch.cat([sd[a + f"{n}_proj.weight"] for n in "qfi"], dim=0)
         if opts.out_norm_weight:
             ours[o + "mixer.norm.weight"] = sd[a + "g_norm.weight"]
         for s in CONV_STREAMS if opts.short_conv else ():

@@ -223,8 +223,9 @@ def default_runs(widths=(32, 64), experts: Sequence[int] = DEFAULT_EXPERTS, arch
                  policies: Sequence[str] = DEFAULT_POLICIES, seeds: Sequence[int] = (0,), matched: bool = True, *,
                  n_layers: int = 2, head_dim: int = 16, vocab_size: int = 64, seq_len: int = 16,
                  equal_params: Optional[bool] = None, equal_state: Optional[Sequence[str]] = None,
-                 wide_to: Optional[str] = None) -> list[MQARRun]:
-    """Every architecture (``archs``, default :func:`default_archs`) at each width, MossNet's E x policy grid
+                 wide_to: Optional[str] = None, per_arch: Optional[dict] = None) -> list[MQARRun]:
+    """Every architecture (``archs``, default :func:`default_archs`; ``per_arch[arch]``: its model config
+    overrides, e.g. the options that give it another's state per layer) at each width, MossNet's E x policy grid
     (:func:`mossnet_runs`; ``experts`` empty: no MossNet runs) and, where MossNet runs and ``matched``, the
     baselines of :func:`matched_runs`; each configuration once per seed. The shape (``n_layers`` ...) must be the
     experiment's, since the matched baselines are sized from it."""
@@ -236,7 +237,8 @@ def default_runs(widths=(32, 64), experts: Sequence[int] = DEFAULT_EXPERTS, arch
     shape = {"n_layers": n_layers, "head_dim": head_dim, "vocab_size": vocab_size, "seq_len": seq_len}
     configs: list[MQARRun] = []
     for d in widths:
-        configs.extend(MQARRun(arch, d) for arch in archs)
+        configs.extend(MQARRun(arch, d, overrides=dict((per_arch or {})[arch]) if arch in (per_arch or {}) else None)
+                       for arch in archs)
         moss = mossnet_runs(d, experts, policies) if experts else []
         configs.extend(moss)
         if wide_to:

@@ -97,9 +97,10 @@ class ShortConv(nn.Module):
             pos = torch.arange(T, device=x.device)
             # Position of the latest document start at or before t; far in the past when none.
             last = torch.where(reset, pos, -(T + K)).cummax(dim=1).values  # [B, T]
-        if silu and self.bias is not None and x.device.type == "cpu" and kernel_library.available():
+        if silu and x.device.type == "cpu" and kernel_library.available():
             since = None if reset is None else pos - last
-            out = conv_kernel.conv_silu(x, state, self.weight, self.bias, since)
+            bias = self.bias if self.bias is not None else self.weight.new_zeros(()).expand(C)  # the kernel adds one
+            out = conv_kernel.conv_silu(x, state, self.weight, bias, since)
             if state is None:
                 state = x.new_zeros(B, K - 1, C)
             tail = torch.cat([state.to(x.dtype), x[:, max(0, T - (K - 1)):]], dim=1)  # K - 1 + min(T, K - 1)

@@ -16,6 +16,12 @@ Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure fu
   into one row of B * T tokens, cut at every row start and every reset; the first document of a row starts from
   that row's initial state (zeros where the row itself starts with a reset), the final state of a row is that of
   its last document. Finding the cuts costs one device-to-host copy of ``reset``.
+- ``linlm.ops.delta_rule.delta_rule`` (DeltaNet, Gated DeltaNet) runs on fla the same way:
+  - no gate  -> ``fla.ops.delta_rule.chunk_delta_rule(q, k, v, beta, scale, use_qk_l2norm_in_kernel=qk_l2norm)``
+  - gate [B, T, H] -> ``fla.ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g=log_a, beta, ...)``
+  beta None becomes ones (fla requires one); linlm's ``scale`` and ``qk_l2norm`` are fla's own (both normalise
+  x / sqrt(sum x^2 + 1e-6), then scale q); packed documents as for GLA. Head dims over 256 stay on linlm's path
+  (fla's delta-rule kernels refuse them).
 - ``linlm.ops.selective_scan.selective_scan`` (Mamba) runs on mamba_ssm's ``selective_scan_fn`` when its inputs
   are CUDA tensors and mamba_ssm imports, with u, dt [Bt, Din, T] and B, C [Bt, N, T] (mamba_ssm's layout:
   time last), A [Din, N] and D [Din] in float32, and dt_softplus as ``delta_softplus``.
@@ -60,13 +66,14 @@ from torch import Tensor
 
 from linlm.errors import ConfigError
 
-__all__ = ["MODES", "available", "choose_gla", "choose_scan", "fla_gated_backward_ok", "gla", "gpu_kernels", "mode",
-           "on_gpu", "selective_scan"]
+__all__ = ["MODES", "available", "choose_gla", "choose_scan", "delta_rule", "fla_gated_backward_ok", "gla",
+           "gpu_kernels", "mode", "on_gpu", "selective_scan"]
 
 ENV = "LINLM_GPU_KERNELS"
 MODES = ("auto", "torch")
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FLA_MIN_HEAD_DIM = 16
+FLA_MAX_DELTA_HEAD_DIM = 256  # fla's delta-rule kernels refuse larger head dims
 MAMBA_MAX_STATE = 256  # selective_scan_cuda rejects a larger d_state
 
 _override: list[str] = []  # innermost gpu_kernels() block last
@@ -125,7 +132,9 @@ def fla_version_ok(version: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _fla() -> SimpleNamespace | None:
     fns = _import("fla", {"chunk_gla": ("fla.ops.gla", "chunk_gla"),
-                          "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla")})
+                          "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+                          "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
+                          "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")})
     version = getattr(sys.modules.get("fla"), "__version__", "0")
     if fns is not None and not fla_version_ok(version):
         warnings.warn(f"linlm: fla {version} is older than {'.'.join(map(str, FLA_MIN_VERSION))}, the version its "
@@ -193,8 +202,10 @@ def _call(x):
 
 def choose_gla(*, device_type: str, dtypes, head_dims: tuple[int, int], seq_len: int, mode: str = "auto",
                fla_available: bool = False, exporting: bool = False, float64_state: bool = False,
-               gated_backward: bool = False, gated_backward_ok: bool = True, deterministic: bool = False) -> str:
-    """"fla" or "torch" for a gla call. dtypes: of q, k, v; head_dims: (K, V); float64_state: log_a or the initial
+               gated_backward: bool = False, gated_backward_ok: bool = True, deterministic: bool = False,
+               max_head_dim: int | None = None) -> str:
+    """"fla" or "torch" for a gla or delta_rule call. dtypes: of q, k, v; head_dims: (K, V), at least
+    FLA_MIN_HEAD_DIM and at most max_head_dim (None: no limit); float64_state: log_a (or beta) or the initial
     state is float64 (linlm then computes in float64); gated_backward: the call will backpropagate through
     chunk_simple_gla with a gate ``g``, and gated_backward_ok: fla can do that here (``fla_gated_backward_ok``);
     deterministic: torch.use_deterministic_algorithms is on (the kernels make no such promise). fla_available and
@@ -203,6 +214,8 @@ def choose_gla(*, device_type: str, dtypes, head_dims: tuple[int, int], seq_len:
     if mode == "torch" or device_type != "cuda" or exporting or deterministic or seq_len == 0 or float64_state:
         return "torch"
     if _kernel_dtype(dtypes) is None or min(head_dims) < FLA_MIN_HEAD_DIM:
+        return "torch"
+    if max_head_dim is not None and max(head_dims) > max_head_dim:
         return "torch"
     if not _call(fla_available) or (gated_backward and not _call(gated_backward_ok)):
         return "torch"
@@ -275,16 +288,10 @@ def _run_fla(fla, q, k, v, log_a, kind, initial_state, reset, output_final_state
     q, k, v = (x.to(dt) for x in (q, k, v))
     h0 = None if initial_state is None else initial_state.to(torch.float32)  # fla asserts a float32 state
     g = None if log_a is None else log_a.to(torch.float32)
-    cu = first = last = None
-    if reset is not None:
-        cu, first, last = _segments(reset, B, T)
-        q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
-        if kind in ("scalar", "vector"):
-            g = g.reshape(1, B * T, *g.shape[2:])
-        if h0 is not None:  # a row's first document carries its initial state, unless the row starts a document
-            kept = torch.where(reset.expand(B, T)[:, 0].view(B, 1, 1, 1), 0.0, h0)
-            h0 = h0.new_zeros(len(cu) - 1, H, K, V).index_copy(0, first, kept)
-    seq = {} if cu is None else {"cu_seqlens": cu.to(q.device), "cu_seqlens_cpu": cu}
+    if kind in ("scalar", "vector"):  # a gate per token is cut into documents with q, k, v
+        seq, last, (q, k, v, g), h0 = _documents(reset, B, T, h0, q, k, v, g)
+    else:
+        seq, last, (q, k, v), h0 = _documents(reset, B, T, h0, q, k, v)
     common = dict(scale=1.0, initial_state=h0, output_final_state=bool(output_final_state), **seq)
     if kind == "vector":
         o, ht = fla.chunk_gla(q, k, v, g=g, **common)
@@ -296,10 +303,72 @@ def _run_fla(fla, q, k, v, log_a, kind, initial_state, reset, output_final_state
             o, ht = fla.chunk_simple_gla(q, k, v, g_gamma=g, **common)
     else:  # "scalar" ([B, T, H] or flattened) or "none" (neither g nor g_gamma: plain linear attention)
         o, ht = fla.chunk_simple_gla(q, k, v, g=g, **common)
-    o = o.reshape(B, T, H, V).to(out_dtype)
+    return _from_documents(o, ht, last, B, T, out_dtype, output_final_state)
+
+
+def _documents(reset, B: int, T: int, h0, *per_token):
+    """fla's varlen form of packed rows (``reset`` None: everything as it is). The rows are flattened into one row
+    of B * T tokens cut at every row start and reset; a row's first document starts from that row's initial state
+    (zeros where the row itself starts with a reset). per_token: tensors [B, T, ...] (or None) to flatten.
+    Returns (fla's cu_seqlens keywords, last: each row's last document or None, the flattened tensors, h0)."""
+    if reset is None:
+        return {}, None, per_token, h0
+    cu, first, last = _segments(reset, B, T)
+    flat = tuple(None if x is None else x.reshape(1, B * T, *x.shape[2:]) for x in per_token)
+    if h0 is not None:
+        kept = torch.where(reset.expand(B, T)[:, 0].view(B, 1, 1, 1), 0.0, h0)
+        h0 = h0.new_zeros(len(cu) - 1, *h0.shape[1:]).index_copy(0, first, kept)
+    device = per_token[0].device
+    return {"cu_seqlens": cu.to(device), "cu_seqlens_cpu": cu}, last, flat, h0
+
+
+def _from_documents(o, ht, last, B: int, T: int, out_dtype, output_final_state):
+    """o back to [B, T, H, V] in out_dtype; the final state of each row is its last document's."""
+    o = o.reshape(B, T, *o.shape[2:]).to(out_dtype)
     if ht is not None and last is not None:
         ht = ht.index_select(0, last)
     return o, (ht if output_final_state else None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the delta rule on fla
+
+
+def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, log_a: Tensor | None, *,
+               initial_state: Tensor | None = None, reset: Tensor | None = None, output_final_state: bool = True,
+               scale: float = 1.0, qk_l2norm: bool = False) -> tuple[Tensor, Tensor | None] | None:
+    """linlm.ops.delta_rule.delta_rule on fla, or None when ``choose_gla`` says torch. Arguments already checked
+    (shapes as in linlm.ops.delta_rule)."""
+    K, V = q.shape[-1], v.shape[-1]
+    choice = choose_gla(device_type=_device_type(q), dtypes=[q.dtype, k.dtype, v.dtype], head_dims=(K, V),
+                        seq_len=q.shape[1], mode=mode(), fla_available=lambda: available("fla"),
+                        exporting=torch.compiler.is_exporting(),
+                        float64_state=any(t is not None and t.dtype == torch.float64
+                                          for t in (beta, log_a, initial_state)),
+                        deterministic=torch.are_deterministic_algorithms_enabled(),
+                        max_head_dim=FLA_MAX_DELTA_HEAD_DIM)
+    if choice != "fla":
+        return None
+    return _run_fla_delta(_fla(), q, k, v, beta, log_a, initial_state, reset, output_final_state, scale, qk_l2norm)
+
+
+def _run_fla_delta(fla, q, k, v, beta, log_a, initial_state, reset, output_final_state, scale, qk_l2norm):
+    """The fla call itself (fla: the namespace of ``_fla()``, or a stand-in in tests)."""
+    B, T, H, _ = q.shape
+    out_dtype = v.dtype
+    dt = _kernel_dtype([q.dtype, k.dtype, v.dtype])
+    q, k, v = (x.to(dt) for x in (q, k, v))
+    beta = q.new_ones(B, T, H) if beta is None else beta.to(dt)
+    g = None if log_a is None else log_a.to(torch.float32)
+    h0 = None if initial_state is None else initial_state.to(torch.float32)  # fla asserts a float32 state
+    seq, last, (q, k, v, beta, g), h0 = _documents(reset, B, T, h0, q, k, v, beta, g)
+    common = dict(scale=float(scale), initial_state=h0, output_final_state=bool(output_final_state),
+                  use_qk_l2norm_in_kernel=bool(qk_l2norm), **seq)
+    if g is None:
+        o, ht = fla.chunk_delta_rule(q, k, v, beta, **common)
+    else:
+        o, ht = fla.chunk_gated_delta_rule(q, k, v, g, beta, **common)
+    return _from_documents(o, ht, last, B, T, out_dtype, output_final_state)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -94,8 +94,9 @@ def _gate_kind(log_a, expected: dict, fn: str) -> str:
     raise ShapeError(f"{fn}: log_a has shape {_shape(log_a)}; expected None or one of: {allowed}")
 
 
-def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
-    """Validate the sequence-form arguments; return (B, T, H, K, V, gate kind)."""
+def check_sequence_qkv(q, k, v, fn: str) -> tuple[int, int, int, int, int]:
+    """(B, T, H, K, V) of a sequence form's q, k [B, T, H, K] and v [B, T, H, V], after checking their dtypes and
+    shapes (a ShapeError naming ``fn`` otherwise)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(name, t, fn)
         if t.dim() != 4:
@@ -107,8 +108,13 @@ def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
         raise ShapeError(
             f"{fn}: v has shape {_shape(v)}; expected [B, T, H, V] with [B, T, H] = {(B, T, H)} as in q"
         )
-    V = v.shape[3]
-    kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, T, H), "vector": (B, T, H, K)}, fn)
+    return B, T, H, K, v.shape[3]
+
+
+def check_state_and_reset(initial_state, reset, dims: tuple[int, int, int, int, int], fn: str) -> None:
+    """Check a sequence form's ``initial_state`` [B, H, K, V] and ``reset`` [B, T] (or [1, T]) bool, both
+    optional, against ``dims`` = (B, T, H, K, V)."""
+    B, T, H, K, V = dims
     if initial_state is not None:
         _check_float("initial_state", initial_state, fn)
         if _shape(initial_state) != (B, H, K, V):
@@ -121,6 +127,13 @@ def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
             raise ShapeError(f"{fn}: reset must be a bool tensor [B, T], got {got}")
         if reset.dim() != 2 or reset.shape[1] != T or reset.shape[0] not in (1, B):
             raise ShapeError(f"{fn}: reset has shape {_shape(reset)}; expected [B, T] = {(B, T)} or [1, T]")
+
+
+def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
+    """Validate the sequence-form arguments; return (B, T, H, K, V, gate kind)."""
+    B, T, H, K, V = dims = check_sequence_qkv(q, k, v, fn)
+    kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, T, H), "vector": (B, T, H, K)}, fn)
+    check_state_and_reset(initial_state, reset, dims, fn)
     return B, T, H, K, V, kind
 
 
@@ -157,10 +170,9 @@ def _step(q: Tensor, k: Tensor, v: Tensor, log_a, S: Tensor, kind: str):
     return o, S
 
 
-def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
-    """One decoding step. q, k: [B, H, K]; v: [B, H, V]; log_a: None, [H], [B, H] or [B, H, K];
-    state: [B, H, K, V] or None (zeros). Returns (o [B, H, V] in v's dtype, new state in the working dtype)."""
-    fn = "gla_step"
+def check_step_qkv(q, k, v, fn: str) -> tuple[int, int, int, int]:
+    """(B, H, K, V) of one decoding step's q, k [B, H, K] and v [B, H, V], after checking their dtypes and shapes
+    (a ShapeError naming ``fn`` otherwise)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(name, t, fn)
         if t.dim() != 3:
@@ -171,15 +183,28 @@ def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
     if v.shape[:2] != q.shape[:2]:
         raise ShapeError(f"{fn}: v has shape {_shape(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q")
     V = v.shape[2]
+    return B, H, K, V
+
+
+def step_state(state, q: Tensor, dims: tuple[int, int, int, int], dt: torch.dtype, fn: str) -> Tensor:
+    """A decoding step's state [B, H, K, V] (``dims``) in the working dtype ``dt``: zeros when ``state`` is None,
+    else ``state`` after checking its dtype and shape."""
+    if state is None:
+        return q.new_zeros(dims, dtype=dt)
+    _check_float("state", state, fn)
+    if _shape(state) != dims:
+        raise ShapeError(f"{fn}: state has shape {_shape(state)}; expected [B, H, K, V] = {dims}")
+    return state.to(dt)
+
+
+def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
+    """One decoding step. q, k: [B, H, K]; v: [B, H, V]; log_a: None, [H], [B, H] or [B, H, K];
+    state: [B, H, K, V] or None (zeros). Returns (o [B, H, V] in v's dtype, new state in the working dtype)."""
+    fn = "gla_step"
+    B, H, K, V = check_step_qkv(q, k, v, fn)
     kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, H), "vector": (B, H, K)}, fn)
     dt = _work_dtype(q, k, v, log_a, state)
-    if state is None:
-        S = q.new_zeros((B, H, K, V), dtype=dt)
-    else:
-        _check_float("state", state, fn)
-        if _shape(state) != (B, H, K, V):
-            raise ShapeError(f"{fn}: state has shape {_shape(state)}; expected [B, H, K, V] = {(B, H, K, V)}")
-        S = state.to(dt)
+    S = step_state(state, q, (B, H, K, V), dt, fn)
     o, S = _step(q, k, v, log_a, S, kind)
     return o.to(v.dtype), S
 

@@ -129,3 +129,21 @@ def layers_on(presets: dict[str, int]) -> Callable[[str, dict, Any], dict]:
         return row
 
     return rule
+
+
+GLU_MULTIPLE = 8
+
+
+def glu_matched_to_llama(preset: str, row: dict, layer_params) -> dict:
+    """A preset rule: on every paper-* row, keep d, n_layers and n_heads and solve glu_dim (to a multiple of
+    GLU_MULTIPLE) so that one block has the parameters of the row's LLaMA block (both stacks end with one norm of
+    width d, so the non-embedding parameters then match). A block's parameters grow linearly with glu_dim; both
+    counts come from blocks built on the meta device."""
+    if not preset.startswith("paper-"):
+        return row
+    target = layer_params({**row, "arch": "llama", "options": None})[0]
+    m = GLU_MULTIPLE
+    at_m = layer_params({**row, "glu_dim": m})[0]
+    per_unit = (layer_params({**row, "glu_dim": 2 * m})[0] - at_m) / m
+    row["glu_dim"] = max(m, m * round((m + (target - at_m) / per_unit) / m))
+    return row

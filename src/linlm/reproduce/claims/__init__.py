@@ -1,4 +1,4 @@
-"""The headline claims of the two papers, each judged from this job's own numbers.
+"""The headline claims of the papers, each judged from this job's own numbers.
 
 One module per paper holds its claims as typed records (:class:`linlm.reproduce.claims.record.Claim`: the
 statement, the paper's own terms, the difference judged, the sections read); one rule decides every verdict
@@ -9,11 +9,11 @@ records (:mod:`linlm.reproduce.claims.evidence`). A verdict is computed, never w
 
 from __future__ import annotations
 
-from linlm.reproduce.claims import mossnet, scaling_laws
+from linlm.reproduce.claims import delta_rule, mossnet, scaling_laws
 from linlm.reproduce.claims.record import Claim, Verdict, judge
 from linlm.reproduce.claims.rule import AGAINST, ALIKE, CANNOT, FOR, MIXED, OUTCOMES, Difference
 
-CLAIMS: list[Claim] = [*scaling_laws.CLAIMS, *mossnet.CLAIMS]
+CLAIMS: list[Claim] = [*scaling_laws.CLAIMS, *mossnet.CLAIMS, *delta_rule.CLAIMS]
 
 __all__ = ["AGAINST", "ALIKE", "CANNOT", "CLAIMS", "Claim", "Difference", "FOR", "MIXED", "OUTCOMES", "Verdict",
            "judge"]

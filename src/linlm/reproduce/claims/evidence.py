@@ -117,6 +117,7 @@ class Run:
     plateaued: Optional[bool]
     steps: int
     study: dict = field(default_factory=dict)  # a study's tags: {"shape": "d64-l4"} or {"context": 256}
+    state_per_layer: Optional[float] = None  # decoding-state floats per layer (linlm.eval.mqar.state_floats)
 
 
 @dataclass
@@ -135,7 +136,7 @@ class Retrieval:
         if "not_run" in result:
             return cls([], 0.0, 0, not_run=result["not_run"])
         runs = [Run(r["name"].rsplit("-d", 1)[0], r["arch"], r["d_model"], r.get("seed", 0) or 0, r.get("accuracy"),
-                    r.get("plateaued"), r.get("steps", 0), r.get("study") or {})
+                    r.get("plateaued"), r.get("steps", 0), r.get("study") or {}, r.get("state_per_layer"))
                 for r in result.get("runs") or result.get("rows") or []]
         return cls(runs, float(result.get("chance", 0.0)), int((result.get("task") or {}).get("num_kv", 0)))
 
@@ -148,6 +149,12 @@ class Retrieval:
         width = width or self.width()
         return {r.seed: r.accuracy for r in self.runs if r.config == config and r.d_model == width
                 and r.accuracy is not None and all(r.study.get(k) == v for k, v in study.items())}
+
+    def state(self, config: str, width: Optional[int] = None) -> Optional[float]:
+        """The state per layer ``config``'s runs recorded at ``width`` (default: the largest); None when none did."""
+        width = width or self.width()
+        return next((r.state_per_layer for r in self.runs if r.config == config and r.d_model == width
+                     and r.state_per_layer is not None), None)
 
     def not_plateaued(self, config: str, width: Optional[int] = None) -> list[str]:
         """The runs of ``config`` that stopped before their loss plateaued (or whose plateau was not recorded)."""

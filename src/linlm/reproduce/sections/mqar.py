@@ -39,6 +39,8 @@ class MQARSettings(TrainSettings):
                                                      "the SSMs among archs)")
     wide_to: Optional[str] = setting(None, "one expert widened to this MossNet's active parameters (e.g. "
                                            "E4-routed-k2; null: none)")
+    per_arch: dict = setting({}, "model config keys of one architecture among archs, over the experiment's shape "
+                                 "(e.g. the options that give it another's state per layer)")
 
     def validate(self) -> "MQARSettings":
         from linlm.experiments.mqar_grid import parse_policy
@@ -58,6 +60,9 @@ class MQARSettings(TrainSettings):
             unknown = [a for a in self.archs if a not in arch_names()]
             if unknown:
                 raise ConfigError(f"archs: unknown architecture(s) {unknown}; registered: {arch_names()}")
+        strays = [a for a in self.per_arch if a not in (self.archs or [])]
+        if self.archs is not None and strays:
+            raise ConfigError(f"per_arch: {strays} not among archs {self.archs}; add them there or drop their keys")
         self.configs()  # the grid itself: a policy above E, an unknown SSM, a wide_to that is no MossNet
         return self
 
@@ -69,7 +74,7 @@ class MQARSettings(TrainSettings):
         return default_runs(tuple(self.widths), list(self.experts), policies=tuple(self.policies), seeds=[0],
                             n_layers=self.n_layers, head_dim=self.head_dim, vocab_size=self.task.vocab_size,
                             seq_len=self.task.seq_len, equal_params=self.equal_params, equal_state=self.equal_state,
-                            wide_to=self.wide_to, **kw)
+                            wide_to=self.wide_to, per_arch=self.per_arch, **kw)
 
 
 def measure(settings: MQARSettings, out: Path, plots: Path, tick: Tick) -> dict:
