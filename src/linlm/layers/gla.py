@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
-from linlm.layers.mixer import TokenMixer
+from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
 
 
@@ -32,7 +32,7 @@ def gla_dims(cfg) -> tuple[int, int]:
 
 
 class LowRankLogGate(nn.Module):
-    """logsigmoid(x W_1 W_2 + b) / tau: GLA's vector forget gate, in log space and float32."""
+    """logsigmoid(x W_1 W_2 + b) / tau: GLA's vector forget gate, in log space and float32 at least."""
 
     def __init__(self, d_model: int, rank: int, width: int, tau: float):
         super().__init__()
@@ -41,7 +41,8 @@ class LowRankLogGate(nn.Module):
         self.tau = tau
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.logsigmoid(self.up(self.down(x)).float()) / self.tau
+        z = self.up(self.down(x))
+        return F.logsigmoid(z.to(float32_at_least(z.dtype))) / self.tau
 
 
 class GLAMixer(TokenMixer):

@@ -25,7 +25,7 @@ from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mamba import ShortConv, decay_rate, dt_bias_init_
-from linlm.layers.mixer import TokenMixer
+from linlm.layers.mixer import TokenMixer, float32_at_least
 
 # A_h = -exp(A_log_h) with A_h drawn uniformly in [A_MIN, A_MAX]: Mamba-2's initialisation.
 A_MIN, A_MAX = 1.0, 16.0
@@ -49,9 +49,9 @@ class GroupRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        h = x.float().reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
+        h = x.to(float32_at_least(x.dtype)).reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h.reshape(shape) * self.weight.float()).to(x.dtype)
+        return (h.reshape(shape) * self.weight.to(h.dtype)).to(x.dtype)
 
     def flops_per_token(self, seq_len: int) -> float:
         return 4.0 * self.weight.numel()
@@ -79,7 +79,8 @@ class Mamba2Mixer(TokenMixer):
         z, xbc, dt = self.in_proj(x).split([Din, self.conv_dim, H], dim=-1)
         xbc, conv_state = self.conv1d(xbc, None if state is None else state["conv"], reset, silu=True)
         u, b, c = xbc.split([Din, G * N, G * N], dim=-1)
-        dt = F.softplus(dt.float() + self.dt_bias.float())  # [B, T, H]
+        work = float32_at_least(dt.dtype)
+        dt = F.softplus(dt.to(work) + self.dt_bias.to(work))  # [B, T, H]
         log_a = dt * decay_rate(self.A_log)
         u = u.reshape(B_, T, H, P)
         rep = H // G

@@ -22,15 +22,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
-from linlm.layers.mixer import TokenMixer
+from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
-from linlm.ops.fused import rope_angles, rope_reference
+from linlm.ops.fused import rope_reference
 
 
-def retnet_log_decay(n_heads: int) -> torch.Tensor:
-    """log gamma_h = log(1 - 2^(-5 - h)), h = 0 .. H - 1 (the paper's multi-scale decays), float32 [H]."""
+def retnet_log_decay(n_heads: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """log gamma_h = log(1 - 2^(-5 - h)), h = 0 .. H - 1 (the paper's multi-scale decays), [H]. Computed at each
+    call (H numbers) in the compute dtype, not kept in a buffer: a float64 model then decays in float64."""
     h = torch.arange(n_heads, dtype=torch.float64)
-    return torch.log1p(-torch.pow(2.0, -5.0 - h)).to(torch.float32)
+    return torch.log1p(-torch.pow(2.0, -5.0 - h)).to(device=device, dtype=dtype)
 
 
 class RetNetMixer(TokenMixer):
@@ -46,25 +47,34 @@ class RetNetMixer(TokenMixer):
         self.g_proj = nn.Linear(d, vd, bias=False)
         self.g_norm = RMSNorm(self.v_dim, cfg.norm_eps, weight=True)
         self.o_proj = nn.Linear(vd, d, bias=False)
-        # Computed, not learned: a non-persistent buffer that init_buffers() fills.
-        self.register_buffer("log_decay", torch.empty(H), persistent=False)
-        self.init_buffers()
-
-    def init_buffers(self) -> None:
-        with torch.no_grad():
-            self.log_decay = retnet_log_decay(self.n_heads).to(self.log_decay.device)
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.k_dim, self.v_dim
-        cos, sin = rope_angles(torch.arange(T, device=x.device) + offset, K, self.rope_theta, x.dtype)
+        cos, sin = self._angles(offset, T, x)
         q = rope_reference(self.q_proj(x).view(B, T, H, K).transpose(1, 2), cos, sin).transpose(1, 2) * K ** -0.5
         k = rope_reference(self.k_proj(x).view(B, T, H, K).transpose(1, 2), cos, sin).transpose(1, 2)
         v = self.v_proj(x).view(B, T, H, V)
-        o, new_state = run_gla(q, k, v, self.log_decay, state=state, reset=reset, return_state=return_state,
+        log_decay = retnet_log_decay(H, float32_at_least(x.dtype), x.device)
+        o, new_state = run_gla(q, k, v, log_decay, state=state, reset=reset, return_state=return_state,
                                chunk_size=self.chunk_size)
         y = self.g_norm(o) * F.silu(self.g_proj(x)).view(B, T, H, V)
         return self.o_proj(y.reshape(B, T, H * V)), new_state
+
+    def _angles(self, offset, T: int, x: torch.Tensor):
+        """cos and sin of positions offset .. offset + T - 1: [T, K / 2], or [B, 1, T, K / 2] with per-row offsets
+        (a LongTensor [B]: a batch of sequences of different lengths). offset may be a 0-d tensor under export.
+        RoPE's angles (ops.fused.rope_angles), in float32 at least so that a float64 model rotates in float64."""
+        pos = torch.arange(T, device=x.device)
+        if isinstance(offset, torch.Tensor) and offset.dim() == 1:
+            pos = pos[None] + offset.to(x.device)[:, None]  # [B, T]
+        else:
+            pos = pos + offset
+        work = float32_at_least(x.dtype)
+        inv_freq = self.rope_theta ** (-torch.arange(0, self.k_dim, 2, dtype=torch.float64) / self.k_dim)
+        angles = pos.to(work)[..., None] * inv_freq.to(x.device, work)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return (cos, sin) if pos.dim() == 1 else (cos[:, None], sin[:, None])
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # The recurrence, the rotations of q and k (3 per channel) and the silu output gate.
