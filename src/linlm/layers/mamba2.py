@@ -29,13 +29,17 @@ from linlm.layers.mixer import TokenMixer, float32_at_least
 
 # A_h = -exp(A_log_h) with A_h drawn uniformly in [A_MIN, A_MAX]: Mamba-2's initialisation.
 A_MIN, A_MAX = 1.0, 16.0
+# The paper's channels per head.
+PAPER_HEAD_DIM = 64
 
 
 def mamba2_dims(cfg) -> tuple[int, int, int, int, int]:
-    """(Din, H, P, G, N): inner width, heads, channels per head, groups, state size."""
+    """(Din, H, P, G, N): inner width, heads, channels per head, groups, state size. ``options.head_dim`` 0 is
+    the paper's P = 64 where it divides Din, else Din / n_heads."""
     o = cfg.options
     d_inner = o.expand * cfg.d_model
-    return d_inner, d_inner // o.head_dim, o.head_dim, o.n_groups, o.d_state
+    p = o.head_dim or (PAPER_HEAD_DIM if d_inner % PAPER_HEAD_DIM == 0 else d_inner // cfg.n_heads)
+    return d_inner, d_inner // p, p, o.n_groups, o.d_state
 
 
 class GroupRMSNorm(nn.Module):

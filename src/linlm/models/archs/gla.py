@@ -41,5 +41,5 @@ def validate(cfg) -> None:
 
 
 SPEC = ArchSpec("gla", GLAMixer, swiglu, "rms", "GLA: gated linear attention with a low-rank vector forget gate",
-                family=LINEAR_ATTENTION, paper="arXiv 2312.06635", color="tab:olive", extra_validate=validate,
+                family=LINEAR_ATTENTION, paper="arXiv 2312.06635", color="tab:olive", scaling_study=True, extra_validate=validate,
                 options=GLAOptions)
