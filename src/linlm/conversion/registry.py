@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from linlm.conversion import fla_hgrn2, hf_llama, hf_mamba, hf_mamba2, mamba_ssm
+from linlm.conversion import fla_gla, fla_hgrn2, hf_llama, hf_mamba, hf_mamba2, mamba_ssm
 from linlm.conversion.layout import Layout
 
 LAYOUTS: dict[str, Layout] = {}
@@ -17,6 +17,7 @@ register(hf_mamba.LAYOUT)
 register(mamba_ssm.LAYOUT)
 register(fla_hgrn2.LAYOUT)
 register(hf_mamba2.LAYOUT)
+register(fla_gla.LAYOUT)
 
 
 def layout_names() -> list[str]:
