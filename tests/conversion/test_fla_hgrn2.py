@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import linlm
 from linlm.errors import CheckpointError, ConfigError
@@ -23,11 +23,7 @@ VARIANTS = {
 }
 
 
-def write_fla(directory, config, sd):
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(config))
-    save_file(sd, str(directory / "model.safetensors"))
-    return directory
+write_fla = fla.write_checkpoint
 
 
 @pytest.mark.parametrize("name", VARIANTS)

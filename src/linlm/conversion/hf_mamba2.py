@@ -17,6 +17,7 @@ import math
 import torch
 
 from linlm.conversion.layout import Layout, build, conv_weight, fill, load_into, refuse_model_type, require_transformers
+from linlm.conversion.hf_mamba import backbone_tensors
 from linlm.conversion.source import Tensors
 from linlm.errors import CheckpointError, ConfigError
 from linlm.layers.mamba2 import mamba2_dims
@@ -113,9 +114,7 @@ def hf_config_from(cfg: ModelConfig):
 
 def hf_state(model: CausalLM) -> dict:
     """The tensors of ``model`` under Mamba2ForCausalLM's names (no lm_head.weight when tied)."""
-    sd = {"backbone.embeddings.weight": model.embed.weight, "backbone.norm_f.weight": model.norm.weight}
-    if model.head is not None:
-        sd["lm_head.weight"] = model.head.weight
+    sd = backbone_tensors(model)
     for i, layer in enumerate(model.layers):
         p, m = f"backbone.layers.{i}.", layer.mixer
         sd[p + "norm.weight"] = layer.norm1.weight
