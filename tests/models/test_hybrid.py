@@ -137,3 +137,11 @@ def test_llama_takes_no_pattern_and_the_cli_says_so_in_one_line(capsys):
     assert main(["count", "--arch", "mamba2", "--preset", "tiny", "--set", "model.overrides.attn_layers=[1]",
                  "--set", "model.overrides.attn_window=0"]) == 2
     one_line_error(capsys.readouterr().err, "attn_window: must be a positive number of tokens")
+
+
+def test_linlm_check_checks_hybrids_and_refuses_a_bad_pattern(capsys):
+    assert main(["check", "--archs", "gla,mamba2", "--attn-every", "2", "--attn-window", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "incremental decoding matches the full pass for every architecture" in out and "gla" in out
+    assert main(["check", "--archs", "gla", "--attn-every", "9"]) == 2
+    one_line_error(capsys.readouterr().err, "attn_every: 9 is past the model's depth n_layers=2")
