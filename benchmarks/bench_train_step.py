@@ -69,7 +69,14 @@ TARGETS = [
     ("paper", None, None, "mossnet (ssd)", "mamba", 0.8),
     ("paper", "fp32", 2048, "gated_deltanet", "llama", 1.1),
     ("paper", "fp32", 8192, "gated_deltanet", "llama", 1.8),
+    # The linear family researchers use now: each at 1.2x LLaMA at 2048 and 2x at 8192, as TNL and HGRN2 train; a
+    # hybrid with one attention layer in 8 (HYBRID) at 1.1x at 8192.
+    *[("paper", None, n, arch, "llama", target) for arch in ("mamba2", "gla", "retnet")
+      for n, target in ((2048, 1.2), (8192, 2.0))],
+    ("paper", None, 8192, "mamba2 (hybrid 1 in 8)", "llama", 1.1),
 ]
+# A hybrid row "ARCH (hybrid 1 in 8)": the architecture's preset with attention at every 8th layer (--hybrids).
+HYBRID = dict(attn_every=8)
 
 
 def matmul_flops_per_s(dtype=torch.float32, n: int = 2048, tries: int = 7, clock: str = "wall") -> float:
@@ -121,13 +128,15 @@ def row_name(arch: str, mode: str, kernel: str | None) -> str:
         return f"{arch} (logits + CE)"
     if mode == "hf":
         return f"{arch} (transformers)"
+    if kernel == "hybrid":
+        return f"{arch} (hybrid 1 in {HYBRID['attn_every']})"
     return f"{arch} ({kernel})" if kernel and kernel != "s6" else arch
 
 
 def build(entry, phase: dict, args):
     arch, mode, kernel = entry
     torch.manual_seed(0)
-    kw = {} if kernel is None else {"ssm_kernel": kernel}
+    kw = {} if kernel is None else dict(HYBRID) if kernel == "hybrid" else {"ssm_kernel": kernel}
     if phase["shape"] == "demo":
         model = create_model(arch, **DEMO["overrides"], **kw)
         vocab = DEMO["overrides"]["vocab_size"]
@@ -309,6 +318,8 @@ def main(argv=None) -> int:
                     help="architectures (default: every registered one, %(default)s)")
     ap.add_argument("--ssm-kernels", nargs="+", choices=["s6", "ssd"], default=["s6", "ssd"],
                     help="MossNet's ssm_kernel choices, one row each")
+    ap.add_argument("--hybrids", nargs="*", default=["mamba2"],
+                    help="architectures also timed as a hybrid with attention at every 8th layer (%(default)s)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per model first (at least one)")
@@ -332,6 +343,7 @@ def main(argv=None) -> int:
         return peak_rss_child(args._peak_rss_child)
     archs = args.archs
     entries = [(a, "fused", k) for a in archs for k in (args.ssm_kernels if a == "mossnet" else [None])]
+    entries += [(a, "fused", "hybrid") for a in args.hybrids]
 
     phases = []
     if "demo" in args.shapes:

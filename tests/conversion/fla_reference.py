@@ -106,10 +106,19 @@ def forward(config: dict, sd: dict, ids: torch.Tensor) -> torch.Tensor:
             outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
         o = torch.stack(outs, 1).reshape(B, T, -1)
         o = _rms(o, sd.get(p + "attn.g_norm.weight"), eps) @ sd[p + "attn.o_proj.weight"].T
-        x = x + o
-        h = _rms(x, sd[p + "mlp_norm.weight"], eps)
-        m = F.silu(h @ sd[p + "mlp.gate_proj.weight"].T) * (h @ sd[p + "mlp.up_proj.weight"].T)
-        x = x + m @ sd[p + "mlp.down_proj.weight"].T
+        x = mlp_block(sd, p, x + o, eps)
+    return head_logits(c, sd, x, eps)
+
+
+def mlp_block(sd: dict, p: str, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x plus fla's GatedMLP (SwiGLU) of block ``p`` on RMSNorm(x)."""
+    h = _rms(x, sd[p + "mlp_norm.weight"], eps)
+    m = F.silu(h @ sd[p + "mlp.gate_proj.weight"].T) * (h @ sd[p + "mlp.up_proj.weight"].T)
+    return x + m @ sd[p + "mlp.down_proj.weight"].T
+
+
+def head_logits(c: dict, sd: dict, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """The final RMSNorm and the (tied or own) head of an fla model."""
     x = _rms(x, sd["model.norm.weight"], eps)
     head = sd["model.embeddings.weight"] if c["tie_word_embeddings"] else sd["lm_head.weight"]
     return x @ head.T

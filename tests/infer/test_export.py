@@ -52,7 +52,8 @@ def test_exported_prefill_and_steps_match_eager(tmp_path, capsys):
 # eager runs the compiled C kernel), which leaves differences of a few float32 ulps of the logits (measured: at
 # most 5e-7 on these models).
 TOL = 1e-5
-ARCHS = ["llama", "tnl", "hgrn2", "cosformer2", "mamba", "mossnet", "deltanet", "gated_deltanet"]
+ARCHS = ["llama", "tnl", "hgrn2", "cosformer2", "mamba", "mossnet", "deltanet", "gated_deltanet", "mamba2", "gla",
+         "retnet"]
 
 
 @pytest.mark.slow
@@ -89,6 +90,24 @@ def test_mossnet_variants_export_to_onnx(tmp_path, kw):
     model = create_model("mossnet", preset="tiny", n_layers=1, **kw).eval()
     diffs = check(model, export(model, tmp_path / "m", "onnx", prefill_len=8), steps=3)
     assert max(v for k, v in diffs.items() if k != "steps") <= TOL, diffs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+@pytest.mark.parametrize("kw", [dict(attn_layers=[1]), dict(attn_layers=[0], attn_window=6)], ids=["full", "window"])
+def test_hybrid_stacks_export_equal_to_eager(tmp_path, fmt, kw):
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    from linlm.infer.export import check, export
+
+    torch.manual_seed(2)
+    model = create_model("gla", preset="tiny", **kw).eval()
+    diffs = check(model, export(model, tmp_path / "m", fmt, prefill_len=8), steps=4)
+    assert max(v for k, v in diffs.items() if k != "steps") <= TOL, diffs
+    if "attn_window" in kw:  # a prefill shorter than the window's cache would give the step two shapes
+        with pytest.raises(ConfigError, match="prefill_len: 4 is shorter than the attention window's cache"):
+            export(model, tmp_path / "short", fmt, prefill_len=4)
 
 
 def test_static_shape_moe_and_mossnet_paths_equal_eager(monkeypatch):

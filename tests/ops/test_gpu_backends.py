@@ -452,7 +452,8 @@ def test_mamba_mapping_promotes_mixed_dtypes():
 
 
 MODEL_CASES = [("tnl", {}), ("hgrn2", {}), ("cosformer2", {}), ("mamba", {}),
-               ("mossnet", {"ssm_kernel": "ssd", "ssm_policy": "dense"}), ("deltanet", {}), ("gated_deltanet", {})]
+               ("mossnet", {"ssm_kernel": "ssd", "ssm_policy": "dense"}), ("deltanet", {}), ("gated_deltanet", {}),
+               ("mamba2", {}), ("gla", {}), ("retnet", {}), ("mamba2", {"attn_every": 2})]
 
 
 def _loss_and_grads(model, ids, reset):

@@ -13,6 +13,7 @@ from linlm import outputs
 from linlm.cli import main
 from linlm.errors import ConfigError, LockedError, OutputError, StorageError
 from linlm.locking import DirLock
+from linlm.models.registry import arch_names
 from linlm.scaling.ladder import builtin_ladders, load_ladder, plan_runs
 from linlm.scaling.runner import run_grid
 
@@ -96,7 +97,8 @@ def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
     assert main(["scaling", "run", "--ladder", "paper", "--out", str(out), "--emit", "torchrun"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     cmds = [x for x in lines if x.startswith("torchrun ")]
-    assert len(cmds) == 24 and sum(x.startswith("# rung") for x in lines) == 6
+    assert len(cmds) == 6 * len(arch_names(scaling_study=True)) and sum(x.startswith("# rung") for x in lines) == 6
+    assert len(arch_names(scaling_study=True)) == 7  # the 2024 study's four, Mamba-2, GLA, RetNet
     assert all("-m linlm train --config" in c and c.endswith("--resume") for c in cmds)
     cfg = build_config(out / "configs" / "tnl-1b.yaml")
     assert (cfg.batch_size, cfg.data.seq_len, cfg.optim.lr, cfg.optim.weight_decay) == (480, 8192, 3e-4, 0.1)
@@ -160,7 +162,7 @@ def test_cpu_ladder_shape():
     Shakespeare at bpe:300)."""
     ladder = load_ladder("cpu")
     runs = plan_runs(ladder, None, "/tmp/unused")
-    assert len(ladder.rungs) == 5 and len(runs) == 20 and ladder.jobs == 2
+    assert len(ladder.rungs) == 5 and len(runs) == 5 * len(arch_names(scaling_study=True)) and ladder.jobs == 2
     params = [r.params for r in runs]
     assert 0.01e6 < min(params) < 0.03e6 and 0.3e6 < max(params) < 0.6e6
     assert all(r.config.data.seq_len <= 256 and r.config.data.tokenizer == "bpe:300" for r in runs)

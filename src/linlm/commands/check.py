@@ -23,6 +23,10 @@ def register(subparsers) -> None:
                    help="architectures to include, comma- or space-separated (default: every registered one, "
                         "see `linlm archs`)")
     p.add_argument("--preset", default="tiny", help="size preset (see `linlm archs`)")
+    p.add_argument("--attn-every", type=int, default=0, metavar="K",
+                   help="check each architecture as a hybrid with attention at every K-th layer (0: none)")
+    p.add_argument("--attn-window", type=int, default=None, metavar="W",
+                   help="with --attn-every: sliding-window attention of W tokens")
     p.set_defaults(func=cmd_check)
 
 
@@ -32,7 +36,10 @@ def cmd_check(args) -> int:
     archs = comma_lists(args.archs, "--archs")
     for name, status in kernel_report().items():
         print(f"{name}: {status}")
-    run_check(archs=archs, preset=args.preset)
+    hybrid = {"attn_every": args.attn_every} if args.attn_every else {}
+    if args.attn_window is not None:
+        hybrid["attn_window"] = args.attn_window
+    run_check(archs=archs, preset=args.preset, **hybrid)
     return 0
 
 
@@ -77,7 +84,9 @@ def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
     return float((inc - full).abs().max()), state.nbytes()
 
 
-def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed: int = 0) -> list[dict]:
+def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed: int = 0, **hybrid) -> list[dict]:
+    """Build each architecture at ``preset`` (``hybrid``: attn_every / attn_window, checked as any model config),
+    check its decoding against a full pass and print a table."""
     from linlm.render import print_table
 
     archs = list(archs or arch_names())
@@ -85,7 +94,7 @@ def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed:
     rows, results = [], []
     for arch in archs:
         torch.manual_seed(seed)
-        model = create_model(arch, preset=preset, vocab_size=256).eval()
+        model = create_model(arch, preset=preset, vocab_size=256, **hybrid).eval()
         counts = count(model.config, batch=1, seq_len=ids.shape[1])
         diff, state_bytes = decode_check(model, ids, prefill=ids.shape[1] // 2)
         results.append(dict(arch=arch, params=counts["total_params"],

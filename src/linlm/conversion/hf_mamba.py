@@ -87,11 +87,18 @@ def hf_config_from(cfg: ModelConfig):
                        time_step_rank=dt_rank(cfg), tie_word_embeddings=cfg.tie_embeddings)
 
 
-def hf_state(model: CausalLM) -> dict:
-    """The tensors of ``model`` under transformers' MambaForCausalLM names (no lm_head.weight when tied)."""
+def backbone_tensors(model: CausalLM) -> dict:
+    """The embeddings, final norm and (untied) head of ``model`` under the names transformers' Mamba and Mamba-2
+    models give them."""
     sd = {"backbone.embeddings.weight": model.embed.weight, "backbone.norm_f.weight": model.norm.weight}
     if model.head is not None:
         sd["lm_head.weight"] = model.head.weight
+    return sd
+
+
+def hf_state(model: CausalLM) -> dict:
+    """The tensors of ``model`` under transformers' MambaForCausalLM names (no lm_head.weight when tied)."""
+    sd = backbone_tensors(model)
     for i, layer in enumerate(model.layers):
         p, m = f"backbone.layers.{i}.", layer.mixer
         sd[p + "norm.weight"] = layer.norm1.weight

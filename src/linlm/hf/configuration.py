@@ -177,7 +177,13 @@ def _config_attrs(arch: str) -> dict[str, Any]:
     return {"model_type": MODEL_TYPE_PREFIX + arch, "arch": arch, "attribute_map": aliases,
             "option_names": tuple(f.name for f in dataclasses.fields(spec.options)),
             "__annotations__": {name: kind for name, (kind, _) in fields.items()},
-            **{name: default for name, (_, default) in fields.items()}}
+            **{name: _class_default(default) for name, (_, default) in fields.items()}}
+
+
+def _class_default(default: Any) -> Any:
+    """A class attribute's default: a list (a hybrid's attn_layers) as a dataclass factory, since transformers makes
+    its configs dataclasses, which refuse mutable defaults."""
+    return dataclasses.field(default_factory=lambda: list(default)) if isinstance(default, list) else default
 
 
 class PerArch(Mapping):

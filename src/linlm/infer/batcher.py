@@ -47,10 +47,8 @@ class Request:
 
 class Batcher:
     def __init__(self, model, tokenizer, *, max_batch: int = 32):
-        from linlm.models.registry import get_arch
-
         self.model, self.tokenizer, self.max_batch = model.eval(), tokenizer, max_batch
-        self.batches = not get_arch(model.config.arch).position_limit
+        self.batches = model.config.per_row_positions
         self.waiting: "queue.Queue[Request]" = queue.Queue()
         self.live: list[Request] = []
         self.state: Optional[ModelState] = None

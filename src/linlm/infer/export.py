@@ -50,6 +50,17 @@ def _names(tree, prefix="") -> list[str]:
     return []
 
 
+def _grows(model, name: str) -> bool:
+    """Whether the state leaf ``name`` ("layers.3.0") grows with the context: every leaf of an architecture whose
+    state grows (a KV cache), and a hybrid's caches of full attention (a windowed cache holds window - 1 positions
+    once the prefill is that long, which export requires)."""
+    if not model.spec.constant_state:
+        return True
+    parts = name.split(".")
+    cfg = model.config
+    return (parts[0] == "layers" and int(parts[1]) in cfg.attention_layers and cfg.attn_window is None)
+
+
 class _Prefill(nn.Module):
     def __init__(self, model):
         super().__init__()
@@ -82,9 +93,9 @@ def export_programs(model, batch: int = 1, prefill_len: int = 16):
     leaves, spec = pytree.tree_flatten(tree)
     names = _names(tree)
     prefill = torch.export.export(_Prefill(model), (ids,), strict=False)
-    growing = not model.spec.constant_state
     S = torch.export.Dim("S", min=2, max=model.config.max_seq_len - 1)
-    state_shapes = [{2: S} if growing else None for _ in leaves]
+    state_shapes = [{2: S} if _grows(model, name) else None for name in names]
+    growing = any(shape is not None for shape in state_shapes)
     token = ids[:, -1]
     position = torch.tensor(prefill_len, dtype=torch.int64)
     step = torch.export.export(_Step(model, spec, model.state_signature()), (token, position, *leaves),
@@ -190,6 +201,11 @@ def export(model, out: str | Path, fmt: str = "pt2", batch: int = 1, prefill_len
     check_memory(inference_floor(model.config, batch, prefill_len, next(model.parameters()).dtype.itemsize),
                  f"prefill_len {prefill_len} x batch {batch}: tracing a prefill of {batch * prefill_len:,} tokens",
                  "give a shorter --prefill-len or a smaller --batch-size", model.device)
+    window = model.config.attn_window
+    if window is not None and prefill_len < window - 1:
+        raise ConfigError(f"prefill_len: {prefill_len} is shorter than the attention window's cache (attn_window - 1 "
+                          f"= {window - 1} positions); export with a prefill of at least {window - 1} tokens, so that "
+                          "the step's cache has one shape")
     if fmt == "onnx":
         _require_onnx()
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -35,6 +35,8 @@ def count(cfg: ModelConfig, batch: int = 480, seq_len: int = 8192) -> dict:
     embedding = model.embed.weight.numel()
     body = [m for name, m in model.named_children() if name not in ("embed",)]
     fwd = sum(forward_flops_per_token(m, seq_len) for m in body)
+    # A paper's formula describes its own stack; a hybrid's attention layers are outside it.
+    formula = spec.paper_flops if not cfg.attention_layers else None
     head_fwd = 2.0 * cfg.d_model * cfg.vocab_size
     out = {
         "arch": cfg.arch,
@@ -48,8 +50,8 @@ def count(cfg: ModelConfig, batch: int = 480, seq_len: int = 8192) -> dict:
         "counted_flops_per_token": 3.0 * fwd,
         "forward_flops_per_token": fwd,
         "lm_head_flops_per_token": 3.0 * head_fwd,
-        "flops_per_step": spec.paper_flops(cfg, batch, seq_len) if spec.paper_flops else 3.0 * fwd * batch * seq_len,
-        "flops_per_step_source": "paper formula" if spec.paper_flops else "counted from layer shapes",
+        "flops_per_step": formula(cfg, batch, seq_len) if formula else 3.0 * fwd * batch * seq_len,
+        "flops_per_step_source": "paper formula" if formula else "counted from layer shapes",
         "config": cfg.to_dict(),
     }
     out["pflops_per_step"] = out["flops_per_step"] / 1e15

@@ -149,7 +149,7 @@ class CausalLM(nn.Module):
             self._check_state(state, B)
         offset = state.offset if state is not None else 0
         if isinstance(offset, torch.Tensor):
-            if self.spec.position_limit:
+            if not cfg.per_row_positions:
                 raise ShapeError(f"this {cfg.arch} model's state holds sequences of different lengths; its KV cache "
                                  "needs one length per batch: step such sequences separately")
             offset = int(offset.max())

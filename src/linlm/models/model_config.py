@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
 from linlm.schema import config_error, from_dict
 from linlm.errors import ConfigError, choices_text
@@ -53,6 +53,14 @@ class ModelConfig:
     # slopes and SiLU on v, Mamba's state size, MossNet's experts, LLaMA's KV heads. A mapping of some of them, or
     # None, is read into one (the rest take their defaults).
     options: Any = None
+    # A hybrid stack: softmax-attention layers (LLaMA's, with RoPE) in place of this architecture's mixer at some
+    # layers, each followed by the architecture's MLP (SwiGLU where it has none). attn_layers lists them (0-based);
+    # attn_every = k puts one at layers k - 1, 2k - 1, ... (1 in k); neither: none.
+    attn_layers: list[int] = field(default_factory=list)
+    attn_every: int = 0
+    # Sliding window of those attention layers: each token attends to itself and the window - 1 tokens before it,
+    # and the decoding cache holds window - 1 positions. None: full causal attention.
+    attn_window: Optional[int] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.arch, str) and self.arch in ARCHITECTURES:
@@ -66,6 +74,25 @@ class ModelConfig:
         if spec is not None and name in spec.flat_options and options is not None:
             return getattr(options, spec.flat_options[name])
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that are softmax attention in a hybrid stack (attn_layers or attn_every), ascending."""
+        if self.attn_every > 0:
+            return tuple(range(self.attn_every - 1, self.n_layers, self.attn_every))
+        return tuple(sorted(set(self.attn_layers)))
+
+    @property
+    def growing_state(self) -> bool:
+        """Whether the decoding state grows with the context without bound: a KV cache of full attention (LLaMA,
+        or a hybrid's attention layers without a window)."""
+        spec = ARCHITECTURES[self.arch]
+        return not spec.constant_state or (bool(self.attention_layers) and self.attn_window is None)
+
+    @property
+    def per_row_positions(self) -> bool:
+        """Whether a batch of sequences of different lengths can decode together (no RoPE cache of one length)."""
+        return not ARCHITECTURES[self.arch].position_limit and not self.attention_layers
 
     @property
     def head_dim(self) -> int:
@@ -107,6 +134,7 @@ class ModelConfig:
                 f"choose n_heads among the divisors of d_model (for example {_divisors(self.d_model)})",
                 related=["n_heads"],
             )
+        self._validate_pattern()
         spec = ARCHITECTURES[self.arch]
         if not isinstance(self.options, spec.options):  # set after the config was built
             self.options = read_options(self.arch, self.options)
@@ -114,6 +142,32 @@ class ModelConfig:
             self.options.validate()
         spec.validate(self)
         return self
+
+    def _validate_pattern(self) -> None:
+        """The hybrid layer pattern: layers within the depth, one way of naming them, a positive window."""
+        if self.attn_every < 0:
+            raise config_error("attn_every", f"must be >= 0 (0: no attention layers; k: one in k), got "
+                                             f"{self.attn_every}")
+        if self.attn_every and self.attn_layers:
+            raise config_error("attn_layers", "give the attention layers as attn_layers or as attn_every, not both",
+                               related=("attn_every",))
+        if self.attn_every > self.n_layers:
+            raise config_error("attn_every", f"{self.attn_every} is past the model's depth n_layers={self.n_layers}: "
+                                             f"no layer would be attention; choose 1..{self.n_layers}",
+                               related=("n_layers",))
+        bad = [i for i in self.attn_layers if not 0 <= i < self.n_layers]
+        if bad:
+            raise config_error("attn_layers", f"layer {bad[0]} is past the model's depth n_layers={self.n_layers}; "
+                                              f"layers are numbered 0..{self.n_layers - 1}", related=("n_layers",))
+        if self.attn_window is not None and self.attn_window <= 0:
+            raise config_error("attn_window", f"must be a positive number of tokens (or null for full attention), "
+                                              f"got {self.attn_window}")
+        if self.attention_layers and not ARCHITECTURES[self.arch].constant_state:
+            raise config_error("attn_layers", f"arch {self.arch!r} is attention at every layer already; a hybrid "
+                                              "pattern applies to a linear architecture", related=("arch",))
+        if self.attn_window is not None and not self.attention_layers:
+            raise config_error("attn_window", "is set but the model has no attention layers (attn_layers or "
+                                              "attn_every); set them or drop the window")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from linlm.errors import ConfigError, choices_text
 from linlm.layers.mixer import contract_gaps
 from linlm.layers.norm import NORM_KINDS
-from linlm.models.archs import cosformer2, deltanet, gated_deltanet, hgrn2, llama, mamba, mossnet, tnl
+from linlm.models.archs import (cosformer2, deltanet, gated_deltanet, gla, hgrn2, llama, mamba, mamba2, mossnet,
+                                retnet, tnl)
 from linlm.models.archs.base import BASELINE, FAMILIES, ArchSpec
 
 ARCHITECTURES: dict[str, ArchSpec] = {}
@@ -49,6 +50,9 @@ register(mamba.SPEC)
 register(mossnet.SPEC)
 register(deltanet.SPEC)
 register(gated_deltanet.SPEC)
+register(mamba2.SPEC)
+register(gla.SPEC)
+register(retnet.SPEC)
 
 
 def arch_names(*families: str, scaling_study: bool = False) -> list[str]:
