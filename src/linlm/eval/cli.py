@@ -214,7 +214,8 @@ def register_niah(subparsers) -> None:
         source_default="shakespeare", modes=(MODES, "standard"),
         mode_help="standard: the needle states the number; easy: it also holds the question",
         json_help="write the grid and the scores as JSON", func=cmd_niah)
-    p.add_argument("--lengths", default="1000:16000:35", help="context lengths: a list or LO:HI:N (geometric)")
+    p.add_argument("--lengths", default="1000:16000:35",
+                   help="context lengths: a list, LO:HI:N (equal steps, the paper's grid) or LO:HI:N:geometric")
     p.add_argument("--depths", default="0:100:35", help="needle depths in percent: a list or LO:HI:N (linear)")
     p.add_argument("--trials", type=int, default=1, help="needles per cell")
     p.add_argument("--seed", type=int, default=0)
@@ -232,6 +233,7 @@ def register_niah(subparsers) -> None:
 def cmd_niah(args) -> int:
     from linlm.cli_args import check_numbers, check_output_files
     from linlm.eval.niah import NIAHConfig, parse_grid, plot_heatmap, run_niah
+    from linlm.eval.niah_scores import accuracy_at_bounds
 
     cfg = NIAHConfig(lengths=[int(x) for x in parse_grid(args.lengths, "lengths")],
                      depths=parse_grid(args.depths, "depths"), mode=args.mode, trials=args.trials, seed=args.seed,
@@ -242,8 +244,10 @@ def cmd_niah(args) -> int:
     source, model, tok = _source_and_model(args, "haystack")
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)
-    print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "
-          f"{len(res['lengths'])} lengths x {len(res['depths'])} depths (chance {res['chance']:.4f})")
+    print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f}, score "
+          f"{res['score']:.4f} over {len(res['lengths'])} lengths x {len(res['depths'])} depths (chance "
+          f"{res['chance']:.4f})")
+    print("accuracy at or below: " + ", ".join(f"{b} tokens {v:.4f}" for b, v in accuracy_at_bounds(res).items()))
     if res["skipped_lengths"]:
         print(f"skipped lengths beyond the model's limit: {res['skipped_lengths']}")
     if args.plot is not None:
