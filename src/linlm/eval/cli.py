@@ -172,7 +172,9 @@ def register_perplexity(subparsers) -> None:
         description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
                     "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
                     "perplexity. See docs/evaluation.md.",
-        source="--source", source_help="text source spec (as for `linlm data prepare`)", source_default=None,
+        source="--source", source_help="text source spec (as for `linlm data prepare`), or wikitext2: WikiText-2's "
+                                       "test documents scored as lm-eval's wikitext task (word and byte perplexity, "
+                                       "bits per byte)", source_default=None,
         modes=(MODES, "auto"), mode_help="stateful: whole documents through the recurrent state; sliding: windows; "
                                          "auto: stateful unless the model has a position limit (LLaMA)",
         json_help="also write the result as JSON to OUT", func=cmd_perplexity)
@@ -183,6 +185,9 @@ def register_perplexity(subparsers) -> None:
     p.add_argument("--chunk", type=int, default=2048, help="tokens per forward pass in the stateful mode")
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="stop once this many tokens were scored")
+    p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
+                   help=f"with --source wikitext2: the directory holding wikitext2.jsonl (default: ${DATA_ENV}, else "
+                        "the task cache, filled from the dataset hub; `linlm eval fetch --tasks wikitext2`)")
 
 
 def cmd_perplexity(args) -> int:
@@ -193,6 +198,8 @@ def cmd_perplexity(args) -> int:
     check_numbers(*((flag, getattr(args, flag[2:].replace("-", "_")), 1, False)
                     for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))
     check_output_files(args, "--json")
+    if args.source == WIKITEXT:
+        return _wikitext_perplexity(args)
     source, model, tok = _source_and_model(args, "source")
     res = perplexity(model, tok, source, mode=args.mode, window=args.window, stride=args.stride, chunk=args.chunk,
                      batch_size=args.batch_size, max_docs=args.max_docs, max_tokens=args.max_tokens)
@@ -200,6 +207,33 @@ def cmd_perplexity(args) -> int:
     rows = [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in d.items()]
     print_table(["quantity", "value"], rows, title=f"perplexity: {args.source}")
     return _write_json(args, {"model": str(args.model), "source": args.source, **d}, "linlm-perplexity")
+
+
+WIKITEXT = "wikitext2"  # the --source of `linlm perplexity` that names the task, not a file
+
+
+def _wikitext_perplexity(args) -> int:
+    """``linlm perplexity --source wikitext2``: the WikiText-2 test documents, scored and counted as
+    lm-evaluation-harness' ``wikitext`` task (linlm.eval.tasks, rolling kind)."""
+    from linlm.errors import ConfigError
+    from linlm.eval.evaluator import evaluate
+    from linlm.eval.hub import task_dir
+    from linlm.render import print_table
+
+    given = [flag for flag, value, default in (("--mode", args.mode, "auto"), ("--window", args.window, None),
+                                               ("--stride", args.stride, None), ("--max-tokens", args.max_tokens, None))
+             if value != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not taken with --source {WIKITEXT}, which scores each whole "
+                          "document as lm-eval's wikitext task does (through the state, or windows of the model's "
+                          "max_seq_len); leave them out, or give a text source to use them")
+    data_dir = task_dir([WIKITEXT], args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
+    model, tok = _load(args)
+    res = evaluate(model, tok, [WIKITEXT], data_dir, limit=args.max_docs)["tasks"][WIKITEXT]
+    keys = ("word_perplexity", "byte_perplexity", "bits_per_byte", "n", "words", "bytes", "max_length")
+    print_table(["quantity", "value"], [[k, f"{res[k]:.4f}" if isinstance(res[k], float) else str(res[k])]
+                                        for k in keys], title="perplexity: WikiText-2 (lm-eval's wikitext)")
+    return _write_json(args, {"model": str(args.model), "source": WIKITEXT, **res}, "linlm-perplexity")
 
 
 def register_niah(subparsers) -> None:

@@ -99,17 +99,12 @@ class LinlmLM(LM):
         return out  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        from linlm.eval.perplexity import perplexity
+        from linlm.eval.perplexity import document_logliks
 
         out = []
         for req in requests:
             text = req.args[0]
-            if self.max_length is None:
-                res = perplexity(self.model, self.tok, [text], mode="stateful", encode=self.tok.encode_input)
-            else:
-                res = perplexity(self.model, self.tok, [text], mode="sliding", window=self.max_length,
-                                 stride=self.max_length, encode=self.tok.encode_input)
-            ll = -res.nll if res.documents else 0.0
+            ll = document_logliks(self.model, self.tok, [text], self.max_length)[0]
             out.append(ll)
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
         return out
