@@ -46,9 +46,11 @@ def register(subparsers) -> None:
     from linlm.eval.tasks import GROUPS, TASKS
 
     p = subparsers.add_parser(
-        "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA",
+        "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA, WikiText-2; "
+                     "SCROLLS and the recall tasks through lm-eval",
         description="Score multiple-choice tasks and LAMBADA. Tasks: "
-                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. Without --data-dir each task comes from the "
+                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}; through lm-evaluation-harness' own tasks: scrolls "
+                    "(its 7 subtasks) and recall (swde, fda, squad_completion), each also by name. Without --data-dir each task comes from the "
                     "dataset hub as lm-evaluation-harness defines it, converted once into linlm's cache; `linlm "
                     "eval fetch` writes the same files for a machine without network. See docs/evaluation.md.")
     _add_model(p, required=False)  # required unless `fetch`: checked in cmd_eval
@@ -61,7 +63,8 @@ def register(subparsers) -> None:
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
     p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
     p.add_argument("--max-length", type=int, default=None,
-                   help="truncate longer inputs from the left (default: the model's limit; none for linear models)")
+                   help="truncate longer inputs from the left (default: the model's limit; none for linear models); "
+                        "for scrolls and recall, the context cut (as the paper cut to each model's training context)")
     p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
@@ -122,18 +125,40 @@ def cmd_eval(args) -> int:
         if value is None:
             raise ConfigError(f"{flag}: required (`linlm eval --model DIR --tasks piqa,hellaswag`; `linlm eval "
                               "fetch --tasks ... --out DIR` only writes the task files)")
-    resolve_tasks(args.tasks)
+    from linlm.cli_args import comma_list
+    from linlm.eval.long_tasks import split_tasks
+
+    own, long = split_tasks(comma_list(args.tasks, "--tasks", empty_ok=True))
+    if own or not long:
+        resolve_tasks(own)
     check_numbers(("--limit", args.limit, 1, False), ("--batch-size", args.batch_size, 1, False),
                   ("--max-length", args.max_length, 1, False))
     check_output_files(args, "--json")
-    data_dir = task_dir(args.tasks, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
+    data_dir = task_dir(own, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr)) if own else None
     model, tok = _load(args)
-    results = evaluate(model, tok, args.tasks, data_dir, limit=args.limit, batch_size=args.batch_size,
-                       skip_bad=args.skip_bad_lines, shared=not args.naive,
-                       max_length=args.max_length if args.max_length is not None else -1,
-                       show_progress=not args.quiet)
+    results = {"format": "linlm-eval", "tasks": {}}
+    if own:
+        results = evaluate(model, tok, own, data_dir, limit=args.limit, batch_size=args.batch_size,
+                           skip_bad=args.skip_bad_lines, shared=not args.naive,
+                           max_length=args.max_length if args.max_length is not None else -1,
+                           show_progress=not args.quiet)
+        print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
+    if long:
+        from linlm.eval.long_tasks import run_long_tasks
+
+        res = run_long_tasks(model, tok, long, limit=args.limit, max_context=args.max_length,
+                             batch_size=args.batch_size)
+        rows = [[name, ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "n"), str(d["n"])]
+                for name, d in res["tasks"].items()]
+        if res["scrolls_avg"] is not None:
+            rows.append(["scrolls avg (13 metrics)", f"{res['scrolls_avg']:.2f}", "-"])
+        print_table(["task", "lm-eval metrics", "n"], rows, title=f"long-context (lm-eval): {args.model}")
+        c = res["cut"]
+        print(f"context cut: {c['cut']} of {c['requests']} requests cut from the left to {c['window']} tokens "
+              f"(longest input {c['longest_input']})" if c["window"] else
+              "context cut: none (no --max-length and no position limit: whole inputs through the state)")
+        results["long_tasks"] = res
     results["model"] = str(args.model)
-    print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
     return _write_json(args, results, "linlm-eval")
 
 
