@@ -242,3 +242,26 @@ def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
     assert tables[1][1] == ["model", "WikiText-2 word ppl", "WikiText-2 byte ppl", "WikiText-2 bits/byte",
                             "LAMBADA ppl", "LAMBADA acc"]
     assert tables[1][2] == [["a", "1234.50", "3.2500", "1.7004", "812.50", "0.250"], ["b", "-", "-", "-", "-", "-"]]
+
+
+def test_long_context_section_renders_lm_evals_metrics_and_the_cut():
+    from types import SimpleNamespace
+
+    from linlm.errors import ConfigError
+    from linlm.eval.long_tasks import SCROLLS_METRICS
+    from linlm.reproduce.sections.long_context import LongContextSettings, render, run
+
+    assert LongContextSettings(tasks=["scrolls", "swde"]).validate().names()[-1] == "swde"
+    with pytest.raises(ConfigError, match="piqa are not long-context tasks"):
+        LongContextSettings(tasks="piqa").validate()
+    job = SimpleNamespace(recipe=SimpleNamespace(long_context=LongContextSettings()))
+    assert "lists no long-context tasks" in run(job, lambda f: None)["not_run"]
+    tasks = {t: {m: 0.0 for m in ms} for t, ms in SCROLLS_METRICS.items()}
+    r = {"tasks": list(SCROLLS_METRICS), "limit": 5,
+         "models": {"tnl": {"arch": "tnl", "params": 1, "tasks": tasks, "scrolls_avg": 0.0,
+                            "cut": {"window": 128, "requests": 35, "cut": 30, "longest_input": 9000}}}}
+    blocks = render(SimpleNamespace(results={"long_context": r}, failures={}, waiting={}), [])
+    table = next(b for b in blocks if b[0] == "table")
+    assert len(table[1]) == 1 + 13 + 2 and table[1][1] == "govreport rouge1"
+    assert table[2][0][-2:] == ["0.00", "30/35 to 128"]
+    assert any(b[0] == "p" and "every model scores 0" in b[1] for b in blocks)
