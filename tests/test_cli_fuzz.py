@@ -88,6 +88,8 @@ def base_argv(words: tuple[str, ...], w: dict, tmp: Path) -> list[str]:
         ("scaling", "study"): ["scaling", "study", str(tmp)],
         ("reproduce",): ["reproduce", "--out", str(tmp / "job"), "--dry-run"],
         ("serve",): ["serve", model, "--port", "8000"],
+        ("check",): ["check", "--archs", "gla", "--attn-every", "2"],
+        ("scaling", "evaluate"): ["scaling", "evaluate", str(w["sweep"])],
     }[words]
 
 

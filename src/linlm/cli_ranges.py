@@ -130,27 +130,29 @@ class NumberList:
 @dataclass(frozen=True)
 class Grid(NumberList):
     """A grid of numbers: a comma-separated list of ``item``s, or ``LO:HI:N`` (N points from LO to HI, each end an
-    ``item``, N in ``count``'s range). Checked here and returned as written; the command spaces the points
-    (``linlm niah --lengths 1000:16000:35``)."""
+    ``item``, N in ``count``'s range), optionally ``LO:HI:N:SPACING`` with SPACING one of ``spacings``. Checked here
+    and returned as written; the command spaces the points (``linlm niah --lengths 1000:16000:35``)."""
 
     count: Number = Number(int, 1, 10**4)
+    spacings: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"{NumberList.describe(self)}, or LO:HI:N with N {self.count.describe()[len(_INT) + 1:]}"
+        extra = f" (or LO:HI:N:{'|'.join(self.spacings)})" if self.spacings else ""
+        return f"{NumberList.describe(self)}, or LO:HI:N{extra} with N {self.count.describe()[len(_INT) + 1:]}"
 
     def __call__(self, text: str) -> str:
         parts = str(text).split(":")
         if len(parts) == 1:
             NumberList.__call__(self, text)
             return str(text)
+        if len(parts) not in ((3, 4) if self.spacings else (3,)) or (len(parts) == 4 and parts[3] not in self.spacings):
+            raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}")
         try:
-            if len(parts) != 3:
-                raise ValueError(f"expected {self.describe()}, got {text!r}")
             for p in parts[:2]:
                 self.item.parse(p)
             self.count.parse(parts[2])
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{e} in {text!r}" if len(parts) == 3 else str(e)) from None
+            raise argparse.ArgumentTypeError(f"{e} in {text!r}") from None
         return str(text)
 
 
@@ -188,6 +190,7 @@ RANGES: dict[str, Number] = {
     "vocab": Number(int, 1, 2**24),
     "pairs": Number(int, 1, 2**20),
     "layers": Number(int, 1, 4096),
+    "attn_every": Number(int, 0, 4096, note="0: no attention layers"),
     "width": Number(int, 1, 2**20),
     "resamples": Number(int, 0, 10**6, note="0: no intervals"),
     "fit_resamples": Number(int, 0, 10**5, note="0: no intervals"),

@@ -19,6 +19,8 @@ def _seed():
 def fixture_texts() -> list[str]:
     texts = []
     for f in sorted(DATA.glob("*.jsonl")):
+        if f.name == "wikitext2.jsonl":  # added later: left out so that the tokenizer stays the one tests were made on
+            continue
         for line in f.read_text().splitlines():
             rec = json.loads(line)
             texts.extend(v for v in rec.values() if isinstance(v, str))

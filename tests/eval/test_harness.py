@@ -245,3 +245,59 @@ def test_model_args_counts_are_whole_numbers_never_zero(args, match, model_dir):
     with pytest.raises(ConfigError, match=match):
         LinlmLM(pretrained=str(model_dir), **args)
     assert LinlmLM(pretrained=str(model_dir), batch_size="auto", max_length=None).batch_size == 16
+
+
+def _lm_eval_wikitext(tmp_path):
+    """lm-eval's own ``wikitext`` task object (its installed YAML, detokenizer and process_results) reading the
+    local copy of WikiText-2's document-level rows (tests/eval/data/hub/wikitext2.jsonl) for every split."""
+    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    rows = Path(__file__).parent / "data" / "hub" / "wikitext2.jsonl"
+    cfg = load_yaml(Path(lm_eval.__file__).parent / "tasks" / "wikitext" / "wikitext.yaml")
+    cfg.update(dataset_path="json", dataset_name=None,
+               dataset_kwargs={"data_files": {s: str(rows) for s in ("train", "validation", "test")},
+                               "cache_dir": str(tmp_path / "hf-json")})
+    return ConfigurableTask(config=cfg)
+
+
+def _their_wikitext(lm, tmp_path) -> dict:
+    from lm_eval.evaluator import evaluate as lm_eval_evaluate
+
+    out = lm_eval_evaluate(lm=lm, task_dict={"wikitext": _lm_eval_wikitext(tmp_path)}, bootstrap_iters=0)
+    return {k: out["results"]["wikitext"][k + ",none"] for k in ("word_perplexity", "byte_perplexity",
+                                                                  "bits_per_byte")}
+
+
+def test_wikitext2_equals_lm_evals_wikitext_task(offline, tmp_path, model_dir, tokenizer):
+    """`linlm perplexity --source wikitext2` (the hub rows converted by `linlm eval fetch`) gives lm-eval's own
+    wikitext task's word perplexity, byte perplexity and bits per byte through the adapter, to 1e-4; and so does a
+    LLaMA whose window is shorter than the documents (lm-eval's rolling windows)."""
+    import torch
+
+    from linlm import create_model
+    from linlm.cli import main
+    from linlm.eval import hub
+
+    loader = hub.files_loader({"wikitext2": Path(__file__).parent / "data" / "hub" / "wikitext2.jsonl"},
+                              tmp_path / "hf-ours")
+    tasks = tmp_path / "tasks"
+    hub.fetch("wikitext2", tasks, loader=loader)
+    out = tmp_path / "wt2.json"
+    assert main(["perplexity", "--model", str(model_dir), "--source", "wikitext2", "--data-dir", str(tasks),
+                 "--json", str(out)]) == 0
+    ours = json.loads(out.read_text())
+    theirs = _their_wikitext(LinlmLM(pretrained=str(model_dir), batch_size=2), tmp_path)
+    for k, v in theirs.items():
+        assert ours[k] == pytest.approx(v, rel=1e-4), k
+    assert ours["n"] == 3 and ours["word_perplexity"] > 1
+    torch.manual_seed(3)
+    llama = create_model("llama", preset="tiny", vocab_size=320, max_seq_len=48).eval()
+    theirs = _their_wikitext(LinlmLM(model=llama, tokenizer=tokenizer), tmp_path)
+    mine = evaluate(llama, tokenizer, ["wikitext2"], tasks)["tasks"]["wikitext2"]
+    assert mine["max_length"] == 48
+    for k, v in theirs.items():
+        assert mine[k] == pytest.approx(v, rel=1e-4), k
+    # The flags of a text source are refused with this one, in one line.
+    assert main(["perplexity", "--model", str(model_dir), "--source", "wikitext2", "--data-dir", str(tasks),
+                 "--window", "64"]) == 2

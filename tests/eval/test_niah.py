@@ -38,9 +38,19 @@ def test_weights_and_grid_parsing():
     w = cell_weights(cfg)
     assert w[0][0] == 1 and w[0][2] == pytest.approx(4) and w[2][0] == pytest.approx(2) and w[2][2] == pytest.approx(8)
     assert w[1][1] == pytest.approx(2 * 2 ** 0.5)
-    assert parse_grid("1000:16000:5", "lengths") == [1000, 2000, 4000, 8000, 16000]
+    assert parse_grid("1000:16000:5:geometric", "lengths") == [1000, 2000, 4000, 8000, 16000]
+    assert parse_grid("1000:16000:6", "lengths") == [1000, 4000, 7000, 10000, 13000, 16000]
+    assert parse_grid("1000:16000:6:linear", "lengths") == parse_grid("1000:16000:6", "lengths")
     assert parse_grid("0:100:3", "depths") == [0, 50, 100]
-    assert len(NIAHConfig().validate().lengths) == 35 and len(NIAHConfig().depths) == 35
+    # The paper's grid: linspace(1000, 16000, 35) rounded, by 35 depths from 0 to 100 %.
+    lengths = NIAHConfig().validate().lengths
+    assert len(lengths) == 35 and len(NIAHConfig().depths) == 35
+    assert lengths[0] == 1000 and lengths[-1] == 16000 and lengths[1] == round(1000 + 15000 / 34)
+    assert max(b - a for a, b in zip(lengths, lengths[1:])) - min(b - a for a, b in zip(lengths, lengths[1:])) <= 1
+    with pytest.raises(ConfigError, match="LO:HI:N"):
+        parse_grid("0:100:3:geometric", "depths")
+    with pytest.raises(ConfigError, match="LO:HI:N"):
+        parse_grid("1000:16000:5:cubic", "lengths")
     with pytest.raises(ConfigError, match="mode"):
         NIAHConfig(mode="hard").validate()
     with pytest.raises(ConfigError, match="LO:HI:N"):
@@ -66,6 +76,30 @@ def test_scores_equal_greedy_decoding_and_long_lengths_are_skipped(tokenizer):
     acc = res["accuracy"]
     expect = sum(w[j][i] * acc[j][i] for j in range(2) for i in range(2)) / sum(map(sum, w))
     assert res["weighted"] == pytest.approx(expect)
+    # The penalty: the skipped length 400 counts as a miss over the whole requested grid.
+    w3 = cell_weights(NIAHConfig(lengths=[120, 250, 400], depths=[0, 100]).validate())
+    assert res["score"] == pytest.approx(sum(w3[j][i] * acc[j][i] for j in range(2) for i in range(2))
+                                         / sum(map(sum, w3)))
+    assert res["cumulative"] == pytest.approx([(acc[0][0] + acc[1][0]) / 2, sum(map(sum, acc)) / 4])
+
+
+def test_scores_of_a_known_grid():
+    """Accumulated accuracy, weighted average and the penalised score on a hand-made grid."""
+    from linlm.eval.niah_scores import (accuracy_at_bounds, cumulative_accuracy, penalized_score, summary_bounds,
+                                        weighted_average)
+
+    acc = [[1.0, 0.0, 1.0],   # depth 0 %
+           [1.0, 1.0, 0.0]]   # depth 100 %
+    assert cumulative_accuracy(acc) == pytest.approx([1.0, 0.75, 4 / 6])
+    w = [[1.0, 2.0, 4.0], [2.0, 4.0, 8.0]]
+    assert weighted_average(acc, w) == pytest.approx((1 + 4 + 2 + 4) / 21)
+    # Nothing skipped: the score is the weighted average; a skipped longest length costs its weight.
+    assert penalized_score(acc, [1, 2, 3], [1, 2, 3], [0, 100], 4.0, 2.0) == pytest.approx(weighted_average(acc, w))
+    two = [row[:2] for row in acc]
+    assert penalized_score(two, [1, 2], [1, 2, 3], [0, 100], 4.0, 2.0) == pytest.approx((1 + 2 + 4) / 21)
+    assert summary_bounds([1000, 4000, 7000, 10000, 13000, 16000]) == [4000, 7000, 10000, 16000]
+    res = {"lengths": [1000, 2000, 4000], "cumulative": [0.5, 0.25, 0.1]}
+    assert accuracy_at_bounds(res, 2) == {2000: 0.25, 4000: 0.1}
 
 
 def test_niah_cli(model_dir, tmp_path):
@@ -78,6 +112,7 @@ def test_niah_cli(model_dir, tmp_path):
                  "--mode", "easy", "--json", str(out), "--plot", str(png)]) == 0
     res = json.loads(out.read_text())
     assert res["lengths"] == [120, 200] and len(res["accuracy"]) == 3 and 0 <= res["weighted"] <= 1
+    assert res["score"] == pytest.approx(res["weighted"]) and len(res["cumulative"]) == 2
     assert_png(png, (600, 480))  # 5 x 4 inches at 120 dpi, drawn
     # A second run replaces linlm's own files (a user's file there is refused: tests/eval/test_eval_cli.py).
     assert main(["niah", "--model", str(model_dir), "--haystack", str(hay), "--lengths", "120", "--depths", "50",
@@ -128,6 +163,7 @@ def test_the_heatmap_is_a_figure_of_its_own(tmp_path):
     from linlm.eval.niah import heatmap_figure, plot_heatmap
 
     res = {"mode": "easy", "lengths": [100, 200, 400], "depths": [0.0, 50.0, 100.0], "mean": 0.5, "weighted": 0.6,
+           "score": 0.6,
            "accuracy": [[1, 0, 1], [0, 1, 0], [1, 1, 0]]}
     assert isinstance(heatmap_figure(res), Figure)
     assert_png(plot_heatmap(res, tmp_path / "h.png"), (600, 480))

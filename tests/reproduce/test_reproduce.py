@@ -232,4 +232,39 @@ def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
     blocks = zeroshot_blocks(SimpleNamespace(results={"zeroshot": z}, failures={}, waiting={}), [])
     table = next(b for b in blocks if b[0] == "table")
     assert table[2][0][-1] == "0.500" and table[2][1][-1] == "-"
+    assert table[1][1] == "arc_challenge (acc)" and len(table[1]) == 9  # the 7 columns with their metrics
     assert any(b[0] == "p" and "piqa was not scored" in b[1] for b in blocks)
+    assert sum(b[0] == "table" for b in blocks) == 1  # no perplexity scored, no perplexity table
+    # LAMBADA and WikiText-2: a perplexity table of their own, not columns of the commonsense one.
+    z["models"]["a"]["tasks"] = {**tasks, "lambada": {"metric": "acc", "acc": 0.25, "perplexity": 812.5},
+                                 "wikitext2": {"metric": "word_perplexity", "word_perplexity": 1234.5,
+                                               "byte_perplexity": 3.25, "bits_per_byte": 1.7004}}
+    tables = [b for b in zeroshot_blocks(SimpleNamespace(results={"zeroshot": z}, failures={}, waiting={}), [])
+              if b[0] == "table"]
+    assert len(tables[0][1]) == 9
+    assert tables[1][1] == ["model", "WikiText-2 word ppl", "WikiText-2 byte ppl", "WikiText-2 bits/byte",
+                            "LAMBADA ppl", "LAMBADA acc"]
+    assert tables[1][2] == [["a", "1234.50", "3.2500", "1.7004", "812.50", "0.250"], ["b", "-", "-", "-", "-", "-"]]
+
+
+def test_long_context_section_renders_lm_evals_metrics_and_the_cut():
+    from types import SimpleNamespace
+
+    from linlm.errors import ConfigError
+    from linlm.eval.long_tasks import SCROLLS_METRICS
+    from linlm.reproduce.sections.long_context import LongContextSettings, render, run
+
+    assert LongContextSettings(tasks=["scrolls", "swde"]).validate().names()[-1] == "swde"
+    with pytest.raises(ConfigError, match="piqa are not long-context tasks"):
+        LongContextSettings(tasks="piqa").validate()
+    job = SimpleNamespace(recipe=SimpleNamespace(long_context=LongContextSettings()))
+    assert "lists no long-context tasks" in run(job, lambda f: None)["not_run"]
+    tasks = {t: {m: 0.0 for m in ms} for t, ms in SCROLLS_METRICS.items()}
+    r = {"tasks": list(SCROLLS_METRICS), "limit": 5,
+         "models": {"tnl": {"arch": "tnl", "params": 1, "tasks": tasks, "scrolls_avg": 0.0,
+                            "cut": {"window": 128, "requests": 35, "cut": 30, "longest_input": 9000}}}}
+    blocks = render(SimpleNamespace(results={"long_context": r}, failures={}, waiting={}), [])
+    table = next(b for b in blocks if b[0] == "table")
+    assert len(table[1]) == 1 + 13 + 2 and table[1][1] == "govreport rouge1"
+    assert table[2][0][-2:] == ["0.00", "30/35 to 128"]
+    assert any(b[0] == "p" and "every model scores 0" in b[1] for b in blocks)

@@ -151,6 +151,14 @@ def test_niah_at_chance_is_not_measurable_and_says_its_chance_level(tmp_path):
     assert "Not measurable" not in text
     table = next(b for b in blocks if b[0] == "table")
     assert [row[-1] for row in table[2]] == ["yes", "yes"]  # 0.9 and 0.3 are both above the 0.29 band
+    # The paper's NIAH table: accuracy at or below each bound, mean, weighted and the penalised score.
+    for m, (up_to, score) in zip(one["models"].values(), (({"80": 0.9}, 0.7), ({"80": 0.3}, 0.2))):
+        m.update(up_to=up_to, score=score)
+    table = next(b for b in render(SimpleNamespace(results={"niah": one}, failures={}, waiting={}, plots=tmp_path),
+                                   []) if b[0] == "table")
+    head = table[1]
+    assert head[4:8] == ["acc <= 80", "mean", "weighted", "score"]
+    assert [row[4] for row in table[2]] == ["0.900", "0.300"] and [row[7] for row in table[2]] == ["0.700", "0.200"]
 
 
 def test_compare_quality_shows_the_spread_over_seeds():

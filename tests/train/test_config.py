@@ -152,7 +152,8 @@ def test_resumable_keys_are_read_from_the_fields():
 
     resumable = {k for k in all_keys(TrainConfig) if is_resumable_change(k)}
     sections = ("samples.", "distributed.", "debug.")
-    expected = {"out_dir", "steps", "eval.every", "checkpoint.every", "checkpoint.keep", "log_every", "device",
+    expected = {"out_dir", "steps", "eval.every", "checkpoint.every", "checkpoint.keep", "checkpoint.keep_every_tokens",
+                "checkpoint.keep_log", "log_every", "device",
                 "compile", "threads", "peak_flops", "activation_checkpointing", "max_bad_steps", "data.dir",
                 "deterministic"}
     assert {k for k in resumable if not k.startswith(sections)} == expected

@@ -293,3 +293,28 @@ def test_a_run_saved_before_the_new_defaults_resumes_with_the_options_it_was_tra
     assert resumed.step == 6
     saved = json.loads((resumed.checkpoint / "config.json").read_text())["config"]
     assert saved["options"] == {"slopes": "pow2", "v_silu": False}  # not the new defaults (alibi, SiLU on v)
+
+
+def test_kept_steps_every_k_tokens_and_log_spaced():
+    # 128 tokens a step: every 300 tokens is steps 3 (384 >= 300), 5 (640 >= 600), 8 (1024 >= 900), up to 8 steps.
+    assert ckpt.kept_steps(8, 128, every_tokens=300) == {3, 5, 8}
+    assert ckpt.kept_steps(8, 128, log_points=4) == {1, 2, 4, 8}
+    assert ckpt.kept_steps(1000, 128, log_points=4) == {1, 10, 100, 1000}
+    assert ckpt.kept_steps(8, 128, log_points=1) == {8}
+    assert ckpt.kept_steps(8, 128) == frozenset()
+    assert ckpt.kept_steps(8, 128, every_tokens=256, log_points=2) == {1, 2, 4, 6, 8}
+
+
+def test_a_run_keeps_checkpoints_at_chosen_points(make_config):
+    """checkpoint.keep_log / keep_every_tokens: those steps' checkpoints are written and never pruned, beside the
+    newest `keep` (here 1) of the periodic ones; a negative count is refused."""
+    cfg = make_config("kept", steps=8, checkpoint__every=0, checkpoint__keep=1, checkpoint__keep_log=4,
+                      checkpoint__keep_every_tokens=3 * 4 * 32)
+    out = train(cfg, verbose=False).out_dir
+    assert steps_of(out) == [f"step_{s:08d}" for s in (1, 2, 3, 4, 6, 8)]
+    for _, path in ckpt.list_checkpoints(out / "checkpoints"):
+        ckpt.verify(path)
+    from linlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoint.keep_log"):
+        make_config("bad", checkpoint__keep_log=-1)

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from linlm.cli_ranges import RANGES
 from linlm.errors import ShapeError
 from linlm.layers.mixer import spec_mismatch
 from linlm.models.counting import count
@@ -23,9 +24,9 @@ def register(subparsers) -> None:
                    help="architectures to include, comma- or space-separated (default: every registered one, "
                         "see `linlm archs`)")
     p.add_argument("--preset", default="tiny", help="size preset (see `linlm archs`)")
-    p.add_argument("--attn-every", type=int, default=0, metavar="K",
+    p.add_argument("--attn-every", type=RANGES["attn_every"], default=0, metavar="K",
                    help="check each architecture as a hybrid with attention at every K-th layer (0: none)")
-    p.add_argument("--attn-window", type=int, default=None, metavar="W",
+    p.add_argument("--attn-window", type=RANGES["tokens"], default=None, metavar="W",
                    help="with --attn-every: sliding-window attention of W tokens")
     p.set_defaults(func=cmd_check)
 

@@ -49,9 +49,11 @@ def register(subparsers) -> None:
     from linlm.eval.tasks import GROUPS, TASKS
 
     p = subparsers.add_parser(
-        "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA",
+        "eval", help="zero-shot tasks (lm-evaluation-harness conventions): commonsense, LAMBADA, WikiText-2; "
+                     "SCROLLS and the recall tasks through lm-eval",
         description="Score multiple-choice tasks and LAMBADA. Tasks: "
-                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}. Without --data-dir each task comes from the "
+                    f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}; through lm-evaluation-harness' own tasks: scrolls "
+                    "(its 7 subtasks) and recall (swde, fda, squad_completion), each also by name. Without --data-dir each task comes from the "
                     "dataset hub as lm-evaluation-harness defines it, converted once into linlm's cache; `linlm "
                     "eval fetch` writes the same files for a machine without network. See docs/evaluation.md.")
     _add_model(p, required=False)  # required unless `fetch`: checked in cmd_eval
@@ -64,7 +66,8 @@ def register(subparsers) -> None:
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed JSON Lines lines instead of stopping")
     p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
     p.add_argument("--max-length", type=RANGES["tokens"], default=None,
-                   help="truncate longer inputs from the left (default: the model's limit; none for linear models)")
+                   help="truncate longer inputs from the left (default: the model's limit; none for linear models); "
+                        "for scrolls and recall, the context cut (as the paper cut to each model's training context)")
     p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
@@ -135,27 +138,49 @@ def cmd_eval(args) -> int:
         if value is None:
             raise ConfigError(f"{flag}: required (`linlm eval --model DIR --tasks piqa,hellaswag`; `linlm eval "
                               "fetch --tasks ... --out DIR` only writes the task files)")
-    resolve_tasks(args.tasks)
+    from linlm.cli_args import comma_list
+    from linlm.eval.long_tasks import split_tasks
+
+    own, long = split_tasks(comma_list(args.tasks, "--tasks", empty_ok=True))
+    if own or not long:
+        resolve_tasks(own)
     check_numbers(("--limit", args.limit, 1, False), ("--batch-size", args.batch_size, 1, False),
                   ("--max-length", args.max_length, 1, False))
     check_output_files(args, "--json")
     with _json_lock(args):
-        return _eval(args)
+        return _eval(args, own, long)
 
 
-def _eval(args) -> int:
+def _eval(args, own: list[str], long: list[str]) -> int:
     from linlm.eval.evaluator import RESULTS_HEADERS, evaluate, results_rows
     from linlm.eval.hub import task_dir
     from linlm.render import print_table
 
-    data_dir = task_dir(args.tasks, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
+    data_dir = task_dir(own, args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr)) if own else None
     model, tok = _load(args)
-    results = evaluate(model, tok, args.tasks, data_dir, limit=args.limit, batch_size=args.batch_size,
-                       skip_bad=args.skip_bad_lines, shared=not args.naive,
-                       max_length=args.max_length if args.max_length is not None else -1,
-                       show_progress=not args.quiet)
+    results = {"format": "linlm-eval", "tasks": {}}
+    if own:
+        results = evaluate(model, tok, own, data_dir, limit=args.limit, batch_size=args.batch_size,
+                           skip_bad=args.skip_bad_lines, shared=not args.naive,
+                           max_length=args.max_length if args.max_length is not None else -1,
+                           show_progress=not args.quiet)
+        print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
+    if long:
+        from linlm.eval.long_tasks import run_long_tasks
+
+        res = run_long_tasks(model, tok, long, limit=args.limit, max_context=args.max_length,
+                             batch_size=args.batch_size)
+        rows = [[name, ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "n"), str(d["n"])]
+                for name, d in res["tasks"].items()]
+        if res["scrolls_avg"] is not None:
+            rows.append(["scrolls avg (13 metrics)", f"{res['scrolls_avg']:.2f}", "-"])
+        print_table(["task", "lm-eval metrics", "n"], rows, title=f"long-context (lm-eval): {args.model}")
+        c = res["cut"]
+        print(f"context cut: {c['cut']} of {c['requests']} requests cut from the left to {c['window']} tokens "
+              f"(longest input {c['longest_input']})" if c["window"] else
+              "context cut: none (no --max-length and no position limit: whole inputs through the state)")
+        results["long_tasks"] = res
     results["model"] = str(args.model)
-    print_table(RESULTS_HEADERS, results_rows(results), title=f"zero-shot: {args.model}")
     return _write_json(args, results, "linlm-eval")
 
 
@@ -194,7 +219,9 @@ def register_perplexity(subparsers) -> None:
         description="Score the documents of a text source (a file, directory, glob, JSON Lines, Parquet, "
                     "'shakespeare' or hf:NAME[:CONFIG][@SPLIT]) and print token perplexity, bits per byte and word "
                     "perplexity. See docs/evaluation.md.",
-        source="--source", source_help="text source spec (as for `linlm data prepare`)", source_default=None,
+        source="--source", source_help="text source spec (as for `linlm data prepare`), or wikitext2: WikiText-2's "
+                                       "test documents scored as lm-eval's wikitext task (word and byte perplexity, "
+                                       "bits per byte)", source_default=None,
         modes=(MODES, "auto"), mode_help="stateful: whole documents through the recurrent state; sliding: windows; "
                                          "auto: stateful unless the model has a position limit (LLaMA)",
         json_help="also write the result as JSON to OUT", func=cmd_perplexity)
@@ -205,6 +232,9 @@ def register_perplexity(subparsers) -> None:
     p.add_argument("--chunk", type=RANGES["tokens"], default=2048, help="tokens per forward pass in the stateful mode")
     p.add_argument("--max-docs", type=RANGES["limit"], default=None)
     p.add_argument("--max-tokens", type=RANGES["limit"], default=None, help="stop once this many tokens were scored")
+    p.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
+                   help=f"with --source wikitext2: the directory holding wikitext2.jsonl (default: ${DATA_ENV}, else "
+                        "the task cache, filled from the dataset hub; `linlm eval fetch --tasks wikitext2`)")
 
 
 def cmd_perplexity(args) -> int:
@@ -214,7 +244,7 @@ def cmd_perplexity(args) -> int:
                     for flag in ("--window", "--stride", "--chunk", "--batch-size", "--max-docs", "--max-tokens")))
     check_output_files(args, "--json")
     with _json_lock(args):
-        return _perplexity(args)
+        return _wikitext_perplexity(args) if args.source == WIKITEXT else _perplexity(args)
 
 
 def _perplexity(args) -> int:
@@ -230,6 +260,33 @@ def _perplexity(args) -> int:
     return _write_json(args, {"model": str(args.model), "source": args.source, **d}, "linlm-perplexity")
 
 
+WIKITEXT = "wikitext2"  # the --source of `linlm perplexity` that names the task, not a file
+
+
+def _wikitext_perplexity(args) -> int:
+    """``linlm perplexity --source wikitext2``: the WikiText-2 test documents, scored and counted as
+    lm-evaluation-harness' ``wikitext`` task (linlm.eval.tasks, rolling kind)."""
+    from linlm.errors import ConfigError
+    from linlm.eval.evaluator import evaluate
+    from linlm.eval.hub import task_dir
+    from linlm.render import print_table
+
+    given = [flag for flag, value, default in (("--mode", args.mode, "auto"), ("--window", args.window, None),
+                                               ("--stride", args.stride, None), ("--max-tokens", args.max_tokens, None))
+             if value != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not taken with --source {WIKITEXT}, which scores each whole "
+                          "document as lm-eval's wikitext task does (through the state, or windows of the model's "
+                          "max_seq_len); leave them out, or give a text source to use them")
+    data_dir = task_dir([WIKITEXT], args.data_dir, progress=lambda *a: _fetched(*a, stream=sys.stderr))
+    model, tok = _load(args)
+    res = evaluate(model, tok, [WIKITEXT], data_dir, limit=args.max_docs)["tasks"][WIKITEXT]
+    keys = ("word_perplexity", "byte_perplexity", "bits_per_byte", "n", "words", "bytes", "max_length")
+    print_table(["quantity", "value"], [[k, f"{res[k]:.4f}" if isinstance(res[k], float) else str(res[k])]
+                                        for k in keys], title="perplexity: WikiText-2 (lm-eval's wikitext)")
+    return _write_json(args, {"model": str(args.model), "source": WIKITEXT, **res}, "linlm-perplexity")
+
+
 def register_niah(subparsers) -> None:
     from linlm.eval.niah import ALPHABETS, MODES, SCORINGS
 
@@ -242,8 +299,9 @@ def register_niah(subparsers) -> None:
         source_default="shakespeare", modes=(MODES, "standard"),
         mode_help="standard: the needle states the number; easy: it also holds the question",
         json_help="write the grid and the scores as JSON", func=cmd_niah)
-    p.add_argument("--lengths", type=Grid(RANGES["context"]), default="1000:16000:35",
-                   help="context lengths: a list or LO:HI:N (geometric)")
+    p.add_argument("--lengths", type=Grid(RANGES["context"], spacings=("linear", "geometric")),
+                   default="1000:16000:35",
+                   help="context lengths: a list, LO:HI:N (equal steps, the paper's grid) or LO:HI:N:geometric")
     p.add_argument("--depths", type=Grid(RANGES["percent"]), default="0:100:35",
                    help="needle depths in percent: a list or LO:HI:N (linear)")
     p.add_argument("--trials", type=RANGES["trials"], default=1, help="needles per cell")
@@ -280,8 +338,10 @@ def _niah(args, cfg) -> int:
     check_niah_memory(model, cfg, args.batch_size)
     res = run_niah(model, tok, source, cfg, batch_size=args.batch_size)
     res.update(model=str(args.model), haystack=args.haystack)
-    print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f} over "
-          f"{len(res['lengths'])} lengths x {len(res['depths'])} depths (chance {res['chance']:.4f})")
+    print(f"NIAH {res['mode']}: mean accuracy {res['mean']:.4f}, weighted {res['weighted']:.4f}, score "
+          f"{res['score']:.4f} over {len(res['lengths'])} lengths x {len(res['depths'])} depths (chance "
+          f"{res['chance']:.4f})")
+    print("accuracy at or below: " + ", ".join(f"{b} tokens {v:.4f}" for b, v in accuracy_at_bounds(res).items()))
     if res["skipped_lengths"]:
         print(f"skipped lengths beyond the model's limit: {res['skipped_lengths']}")
     if args.plot is not None:

@@ -14,7 +14,8 @@ from typing import Any, Optional, Sequence
 
 from linlm.errors import ConfigError, DataError
 from linlm.eval.scoring import ScoreStats, model_max_length, score_requests
-from linlm.eval.tasks import TASKS, aggregate, build_doc, commonsense_average, doc_metrics, load_task, resolve_tasks
+from linlm.eval.tasks import (TASKS, aggregate, build_doc, commonsense_average, doc_metrics, load_task, resolve_tasks,
+                              rolling_aggregate)
 from linlm.progress import ProgressBar
 
 log = logging.getLogger("linlm.eval")
@@ -42,6 +43,15 @@ def evaluate(model, tokenizer, tasks: str | Sequence[str], data_dir: str | Path,
         records, skipped = load_task(spec, data_dir, limit=limit, skip_bad=skip_bad)
         if not records:
             raise DataError(f"{data_dir / spec.filename}: holds no usable document")
+        if spec.kind == "rolling":  # whole documents, no requests to share
+            from linlm.eval.perplexity import document_logliks
+
+            window = model_max_length(model) if max_length == -1 else max_length
+            res = rolling_aggregate(records, document_logliks(model, tokenizer, [r["text"] for r in records], window))
+            res.update(metric=spec.metric, file=str(data_dir / spec.filename), skipped_lines=len(skipped),
+                       max_length=window, seconds=round(time.perf_counter() - t0, 3))
+            results[name] = res
+            continue
         docs = [build_doc(spec.kind, r, tokenizer) for r in records]
         dropped = 0
         if drop_overlong:
@@ -100,6 +110,10 @@ def results_rows(results: dict[str, Any]) -> list[list[str]]:
 
     rows = []
     for name, d in results["tasks"].items():
+        if "word_perplexity" in d:  # a rolling task: perplexities, no accuracy
+            rows.append([name, d["metric"], "-", "-", "-", f"{d['word_perplexity']:.3f} (word), "
+                         f"{d['byte_perplexity']:.4f} (byte), {d['bits_per_byte']:.4f} bits/byte", str(d["n"])])
+            continue
         rows.append([name, d["metric"], pm(d, d["metric"]), pm(d, "acc"), pm(d, "acc_norm"),
                      pm(d, "perplexity", 1.0), str(d["n"])])
     avg = results.get("commonsense_avg")

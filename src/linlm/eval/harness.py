@@ -14,7 +14,7 @@ discovery for models, so its own ``lm_eval`` command sees ``linlm`` only after t
     linlm-lm-eval --model linlm --model_args pretrained=DIR --tasks hellaswag,piqa     (the same, as a script)
 
 ``pretrained`` is anything ``linlm eval --model`` takes (a run directory, a checkpoint, a model.save() directory);
-other model_args: ``tokenizer`` (a tokenizer.json), ``device``, ``batch_size``, ``max_length``. The tokenizer is
+other model_args: ``tokenizer`` (a tokenizer.json), ``device``, ``batch_size``, ``max_length``, ``max_context``. The tokenizer is
 resolved as for every linlm command (:func:`linlm.data.tokenizer.tokenizer_for_model`); a pretrained one that adds a
 BOS gets it where lm-eval's HF wrapper (``add_bos_token`` unset) puts it, so the log-likelihoods are the same.
 
@@ -28,6 +28,13 @@ The three request types:
   stateful (exact, whole document) for models without a position limit, disjoint windows of max_length for LLaMA.
 - ``generate_until``: greedy decoding from the recurrent state, stopped at the first ``until`` string, at
   ``max_gen_toks`` (default 256) or at end-of-text.
+
+The context cut (long-context tasks: SCROLLS, the recall tasks). ``max_context`` (a model_arg; default none) is
+the longest input given to the model, as the paper cut each input to its model's training context: a request's
+context longer than that keeps its last tokens (cut from the left, so the question at the end of a SCROLLS or
+recall prompt stays), and a generation keeps room for its ``max_gen_toks`` within it. A position-limited model's
+``max_length`` cuts the same way; the shorter of the two applies. Every cut is counted in :attr:`LinlmLM.cuts`
+(requests seen, requests cut, the longest input before cutting, the length cut to), never silent.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ class LinlmLM(LM):
     """A linlm model and its tokenizer as an lm-eval ``LM``."""
 
     def __init__(self, pretrained: Optional[str] = None, tokenizer: Optional[str] = None, device: Optional[str] = "cpu",
-                 batch_size: int | str = 16, max_length: Optional[int] = None, model=None, **kwargs) -> None:
+                 batch_size: int | str = 16, max_length: Optional[int] = None, model=None,
+                 max_context: Optional[int] = None, **kwargs) -> None:
         super().__init__()
         if model is not None:  # an already loaded (model, tokenizer)
             self.model, self.tok = model, tokenizer
@@ -72,6 +80,15 @@ class LinlmLM(LM):
         self.batch_size = 16 if str(batch_size).startswith("auto") else _count("batch_size", batch_size)
         # None takes the model's own limit; a 0 is refused, never read as "no setting".
         self.max_length = model_max_length(self.model) if max_length is None else _count("max_length", max_length)
+        self.max_context = None if max_context in (None, "", "None") else _count("max_context", max_context)
+        limits = [x for x in (self.max_length, self.max_context) if x is not None]
+        self.window = min(limits) if limits else None  # the longest input the model is given
+        self.cuts = {"window": self.window, "requests": 0, "cut": 0, "longest_input": 0}
+
+    def _seen(self, n_tokens: int, cut: bool) -> None:
+        self.cuts["requests"] += 1
+        self.cuts["cut"] += int(cut)
+        self.cuts["longest_input"] = max(self.cuts["longest_input"], n_tokens)
 
     @property
     def eot_token_id(self) -> int:
@@ -90,7 +107,10 @@ class LinlmLM(LM):
         for i, (ctx, _) in enumerate(pairs):
             groups.setdefault(tuple(ctx), []).append(i)
         batch = [Request(list(ctx), [pairs[i][1] for i in members]) for ctx, members in groups.items()]
-        scored = score_requests(self.model, batch, batch_size=self.batch_size, max_length=self.max_length)
+        for r in batch:
+            n = len(r.context) + max(len(c) for c in r.continuations) - 1
+            self._seen(n, self.window is not None and n > self.window)
+        scored = score_requests(self.model, batch, batch_size=self.batch_size, max_length=self.window)
         out: list[Optional[tuple[float, bool]]] = [None] * len(requests)
         for members, s in zip(groups.values(), scored):
             for j, i in enumerate(members):
@@ -99,17 +119,12 @@ class LinlmLM(LM):
         return out  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        from linlm.eval.perplexity import perplexity
+        from linlm.eval.perplexity import document_logliks
 
         out = []
         for req in requests:
             text = req.args[0]
-            if self.max_length is None:
-                res = perplexity(self.model, self.tok, [text], mode="stateful", encode=self.tok.encode_input)
-            else:
-                res = perplexity(self.model, self.tok, [text], mode="sliding", window=self.max_length,
-                                 stride=self.max_length, encode=self.tok.encode_input)
-            ll = -res.nll if res.documents else 0.0
+            ll = document_logliks(self.model, self.tok, [text], self.max_length)[0]
             out.append(ll)
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
         return out
@@ -126,8 +141,10 @@ class LinlmLM(LM):
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
             ids = self.tok.encode_input(context) or [self.tok.prefix_id]
-            if self.max_length is not None:
-                ids = ids[-max(1, self.max_length - max_new):]
+            n = len(ids)
+            if self.window is not None:
+                ids = ids[-max(1, self.window - max_new):]
+            self._seen(n, len(ids) < n)
             new = generate_ids(self.model, ids, max_new, temperature=0.0, top_k=0, eos_id=self.tok.eos_id)
             if new and new[-1] == self.tok.eos_id:
                 new = new[:-1]

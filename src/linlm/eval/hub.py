@@ -1,4 +1,4 @@
-"""The standard zero-shot tasks from the dataset hub, converted to linlm's task files (:mod:`linlm.eval.tasks`).
+"""The standard zero-shot tasks (and WikiText-2) from the dataset hub, converted to linlm's task files (:mod:`linlm.eval.tasks`).
 
 Each task is read with ``datasets.load_dataset`` from the dataset, configuration and split that
 lm-evaluation-harness uses for it (its task YAML: ``dataset_path``, ``dataset_name``, and the test split when the
@@ -97,6 +97,37 @@ def _lambada(row: dict) -> dict:
     return {"context": " ".join(words[:-1]), "continuation": words[-1], "delimiter": DELIMITER}
 
 
+def _pair_rule(opening: str, closing: str) -> tuple:
+    """Whitespace just inside a bracket or quote pair removed: "( a b )" -> "(a b)" (shortest pair first)."""
+    o, c = re.escape(opening), re.escape(closing)
+    return re.compile(o + r"\s*([^" + c + r"]*?)\s*" + c), opening + r"\1" + closing
+
+
+# WikiText's tokenized text back to plain text, lm-eval's ``wikitext_detokenizer``, rule by rule and in its order
+# (each a literal replacement, or a compiled pattern and its template). The second rule is lm-eval's as written:
+# it matches the literal text "/' 5/" (digits only), not a quote before a digit.
+_WIKITEXT_RULES: tuple = (
+    ("s '", "s'"), (re.compile(r"/' [0-9]/"), r"/'[0-9]/"),
+    (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."),
+    *((f" {p} ", f"{p} ") for p in ":;.!?,"),
+    *(_pair_rule(a, b) for a, b in ("()", "[]", "{}", '""', "''")),
+    ("= = = =", "===="), ("= = =", "==="), ("= =", "=="), (" \u00b0 ", "\u00b0"),
+    (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s"),
+)
+
+
+def wikitext_detokenize(page: str) -> str:
+    """A WikiText page with its tokenization undone as lm-eval's ``wikitext`` task does before scoring it."""
+    for old, new in _WIKITEXT_RULES:
+        page = old.sub(new, page) if isinstance(old, re.Pattern) else page.replace(old, new)
+    return page
+
+
+def _wikitext(row: dict) -> dict:
+    # The scored text is the detokenized page; lm-eval counts words and bytes on the page as stored.
+    return {"text": wikitext_detokenize(row["page"]), "page": row["page"]}
+
+
 # lm-evaluation-harness 0.4's task YAMLs (tests/eval/test_hub.py reads the installed ones and compares).
 HUB: dict[str, HubTask] = {
     "piqa": HubTask("baber/piqa", None, "validation", _piqa),
@@ -107,6 +138,7 @@ HUB: dict[str, HubTask] = {
     "boolq": HubTask("aps/super_glue", "boolq", "validation", _boolq),
     "winogrande": HubTask("allenai/winogrande", "winogrande_xl", "validation", _winogrande),
     "lambada": HubTask("EleutherAI/lambada_openai", "default", "test", _lambada),
+    "wikitext2": HubTask("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test", _wikitext),
 }
 
 

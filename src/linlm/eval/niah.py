@@ -30,15 +30,17 @@ Two modes (arXiv 2406.16690):
 - ``easy``: the question and the answer both are: the needle is "What is the special magic number? Answer: N." and
   the same question ends the context, so copying what followed its earlier occurrence suffices.
 
-Scores: the mean accuracy over the grid and a weighted accuracy. The paper weights long contexts and deep needles
-geometrically without giving its constants; here the weight of cell (i, j) (i-th length, j-th depth, both in
-increasing order) is
+The paper's grid (the defaults): 35 context lengths spaced linearly from 1,000 to 16,000 tokens (its
+``linspace(1000, 16000, 35)``, rounded to whole tokens) x 35 depths from 0 % to 100 %, in easy and standard modes.
 
-    w_ij = length_ratio ** (i / (n_lengths - 1)) * depth_ratio ** (j / (n_depths - 1))
+Scores (:mod:`linlm.eval.niah_scores` gives their definitions and sources): the per-cell accuracy, the accuracy at
+or below each length, the mean, the weighted average (long contexts and deep needles weigh more; the paper's
+published "NIAH weighted avg") and the score with linlm's penalty (a skipped cell counts as a miss).
 
-so the longest context weighs ``length_ratio`` (default 4) times the shortest and the deepest needle (100 %)
-``depth_ratio`` (default 2) times the shallowest (0 %); a ratio below 1 reverses the emphasis, 1 removes it. The
-paper's grid (the defaults) is 35 lengths from 1,000 to 16,000 tokens x 35 depths from 0 % to 100 %.
+Why exact match: the paper asked a judge model to rate each answer from 1 to 10 and binarised the rating. No judge
+model is available offline, and for a needle whose answer is a random value the binarised judgement reduces to
+"is the value right", which exact match decides without a judge's noise; so ``greedy`` (exact match of the whole
+value) is the default, and ``choice`` is there for models too small to produce a multi-token value at all.
 
 Lengths beyond a position-limited model's max_seq_len (LLaMA) are skipped and reported, never truncated silently.
 """
@@ -54,6 +56,7 @@ from typing import Iterable, Optional
 
 from linlm.cli_args import comma_list
 from linlm.errors import ConfigError, DataError
+from linlm.eval.niah_scores import cell_weights, cumulative_accuracy, penalized_score, weighted_average
 from linlm.eval.scoring import Request, model_max_length, score_requests
 
 log = logging.getLogger("linlm.eval")
@@ -65,6 +68,13 @@ ALPHABETS = {"digits": ("123456789", "0123456789"),
              "letters": ("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")}
 QUESTION = "What is the special magic number? Answer:"
 NEEDLES = {"standard": "The special magic number is {n}.", "easy": QUESTION + " {n}."}
+
+
+def linear_lengths(lo: int, hi: int, n: int) -> list[int]:
+    """The paper's spacing: ``n`` lengths from ``lo`` to ``hi`` in equal steps, rounded to whole tokens."""
+    if n == 1:
+        return [lo]
+    return sorted({round(lo + (hi - lo) * i / (n - 1)) for i in range(n)})
 
 
 def geometric_lengths(lo: int, hi: int, n: int) -> list[int]:
@@ -79,7 +89,7 @@ def linear_depths(n: int) -> list[float]:
 
 @dataclass
 class NIAHConfig:
-    lengths: list[int] = field(default_factory=lambda: geometric_lengths(1000, 16000, 35))
+    lengths: list[int] = field(default_factory=lambda: linear_lengths(1000, 16000, 35))
     depths: list[float] = field(default_factory=lambda: linear_depths(35))
     mode: str = "standard"
     trials: int = 1  # needles (different numbers) per cell
@@ -118,27 +128,31 @@ class NIAHConfig:
 
 
 def parse_grid(spec: str, kind: str) -> list[float]:
-    """``"1000,2000,4000"`` or ``"LO:HI:N"`` (geometric for lengths, linear for depths); N is at least 1, and so
-    is a geometric grid's LO (a count of 0 is refused, never read as one point)."""
+    """``"1000,2000,4000"``, ``"LO:HI:N"`` (N points in equal steps: the paper's spacing, for lengths and depths)
+    or, for lengths, ``"LO:HI:N:geometric"`` (N points in equal ratios). N is at least 1, and so is a length
+    grid's LO (a count of 0 is refused, never read as one point)."""
     if ":" not in spec:
         example = "1000,4000,16000, or LO:HI:N as in 1000:16000:35" if kind == "lengths" else \
             "0,50,100, or LO:HI:N as in 0:100:35"
         return comma_list(spec, f"--{kind}", item=float if kind == "depths" else int,
                           what="numbers" if kind == "depths" else "integers", example=example, empty_ok=True)
     try:
-        lo, hi, n = spec.split(":")
+        lo, hi, n, *spacing = spec.split(":")
         k = int(n)
+        if spacing not in ([], ["linear"], ["geometric"]) or (spacing == ["geometric"] and kind != "lengths"):
+            raise ValueError(spacing)
         if k < 1 or (kind == "lengths" and int(lo) < 1):
             raise ConfigError(f"--{kind} {spec!r}: LO:HI:N needs N >= 1" + (" and LO >= 1" if kind == "lengths"
                                                                            else ""))
         if kind == "lengths":
-            return geometric_lengths(int(lo), int(hi), k)
+            return (geometric_lengths if spacing == ["geometric"] else linear_lengths)(int(lo), int(hi), k)
         lo_f, hi_f = float(lo), float(hi)
         return [lo_f + (hi_f - lo_f) * i / (k - 1) for i in range(k)] if k > 1 else [lo_f]
     except ConfigError:
         raise
     except ValueError:
-        raise ConfigError(f"--{kind} {spec!r}: expected a comma-separated list or LO:HI:N") from None
+        raise ConfigError(f"--{kind} {spec!r}: expected a comma-separated list or LO:HI:N"
+                          + (" (or LO:HI:N:geometric)" if kind == "lengths" else "")) from None
 
 
 def chance_level(cfg: NIAHConfig) -> float:
@@ -167,14 +181,6 @@ def choice_credit(logliks: list[float]) -> float:
     highest (a tie broken at random, in expectation), else 0: a model that scores every number alike gets chance."""
     top = max(logliks)
     return 1.0 / sum(v == top for v in logliks) if logliks[0] == top else 0.0
-
-
-def cell_weights(cfg: NIAHConfig) -> list[list[float]]:
-    """w[j][i] for depth j and length i (see the module doc)."""
-    nl, nd = len(cfg.lengths), len(cfg.depths)
-    wl = [cfg.length_ratio ** (i / (nl - 1)) if nl > 1 else 1.0 for i in range(nl)]
-    wd = [cfg.depth_ratio ** (j / (nd - 1)) if nd > 1 else 1.0 for j in range(nd)]
-    return [[wd[j] * wl[i] for i in range(nl)] for j in range(nd)]
 
 
 def build_haystack(tokenizer, texts: Iterable[str], n_tokens: int) -> list[int]:
@@ -281,14 +287,14 @@ def run_niah(model, tokenizer, texts: Iterable[str], cfg: Optional[NIAHConfig] =
         hits[j][i] += float(s.greedy[0]) if cfg.scoring == "greedy" else choice_credit(s.logliks)
     acc = [[h / cfg.trials for h in row] for row in hits]
     kept = NIAHConfig(**{**asdict(cfg), "lengths": lengths}).validate()
-    w = cell_weights(kept)
-    total_w = sum(sum(r) for r in w)
-    weighted = sum(w[j][i] * acc[j][i] for j in range(len(cfg.depths)) for i in range(len(lengths))) / total_w
+    weighted = weighted_average(acc, cell_weights(kept))
+    score = penalized_score(acc, lengths, cfg.lengths, cfg.depths, cfg.length_ratio, cfg.depth_ratio)
     mean = sum(sum(r) for r in acc) / (len(lengths) * len(cfg.depths))
     chance = chance_level(cfg)
     band = chance_band(chance, len(reqs))
     return {"mode": cfg.mode, "lengths": lengths, "depths": cfg.depths, "accuracy": acc, "mean": mean,
-            "weighted": weighted, "weights": {"length_ratio": cfg.length_ratio, "depth_ratio": cfg.depth_ratio},
+            "weighted": weighted, "score": score, "cumulative": cumulative_accuracy(acc),
+            "requested_lengths": cfg.lengths, "weights": {"length_ratio": cfg.length_ratio, "depth_ratio": cfg.depth_ratio},
             "trials": cfg.trials, "seed": cfg.seed, "skipped_lengths": skipped, "scoring": cfg.scoring,
             "candidates": cfg.candidates if cfg.scoring == "choice" else None, "alphabet": cfg.alphabet,
             "value_length": cfg.value_length,
@@ -310,7 +316,8 @@ def heatmap_figure(result: dict, title: str = ""):
     ax.set_yticklabels([f"{d:.0f}" for d in result["depths"]], fontsize=7)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("needle depth (%)")
-    ax.set_title(title or f"NIAH ({result['mode']}): mean {result['mean']:.3f}, weighted {result['weighted']:.3f}")
+    ax.set_title(title or f"NIAH ({result['mode']}): mean {result['mean']:.3f}, weighted {result['weighted']:.3f}, "
+                          f"score {result.get('score', result['weighted']):.3f}")
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
     return fig

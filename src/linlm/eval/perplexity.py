@@ -203,3 +203,21 @@ def perplexity(model, tokenizer, texts: Iterable[str], *, mode: str = "auto", wi
     if not res.documents:
         raise ShapeError("perplexity: the source yielded no document with any token")
     return res
+
+
+def document_logliks(model, tokenizer, texts: Iterable[str], max_length: Optional[int] = None) -> list[float]:
+    """The summed log-likelihood of each whole text (lm-evaluation-harness' ``loglikelihood_rolling``), after the
+    prefix token, a BOS the tokenizer adds scored too (as lm-eval's HF wrapper scores it): stateful (exact, the
+    whole document through the recurrent state) when ``max_length`` is None, else disjoint windows of
+    ``max_length`` tokens (lm-eval's rolling windows). A text with no token scores 0. The lm-eval adapter and
+    ``linlm perplexity --source wikitext2`` both score through this, so the two give the same numbers."""
+    out = []
+    for text in texts:
+        if max_length is None:
+            res = perplexity(model, tokenizer, [text], mode="stateful", encode=tokenizer.encode_input) \
+                if text else None
+        else:
+            res = perplexity(model, tokenizer, [text], mode="sliding", window=max_length, stride=max_length,
+                             encode=tokenizer.encode_input) if text else None
+        out.append(-res.nll if res is not None else 0.0)
+    return out

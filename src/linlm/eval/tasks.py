@@ -10,6 +10,7 @@ kind            fields                                                request(s)
 ``partial``     ``context_options`` (list), ``continuation``, ``gold``  one request per option: context = option,
                                                                        continuation = " " + continuation (WinoGrande)
 ``lambada``     ``context``, ``continuation``                           context, continuation = " " + continuation
+``rolling``     ``text`` (scored), ``page`` (counted; default text)    the whole text, one rolling log-likelihood
 ==============  ===================================================  =============================================
 
 Any record may carry ``delimiter``, the text put between prompt and continuation (lm-evaluation-harness'
@@ -24,6 +25,11 @@ llm-foundry copies of PIQA, whose queries end in a newline, get no space before 
 - WinoGrande (partial scoring): the shared continuation is scored after each option; acc only.
 - LAMBADA: ``acc`` is whether greedy decoding reproduces the last word (every token the argmax, the harness's
   ``is_greedy``); ``perplexity`` = exp(-mean log-likelihood of the last word).
+- Rolling (WikiText-2, lm-eval's ``wikitext``): each document's whole-text log-likelihood LL_d
+  (:func:`linlm.eval.perplexity.document_logliks`), summed over documents and divided by counts taken, as lm-eval
+  takes them, from the *original* page (before detokenization): W_d its pieces split at runs of whitespace and
+  B_d its UTF-8 bytes. ``word_perplexity`` = exp(-sum LL / sum W), ``byte_perplexity`` = exp(-sum LL / sum B),
+  ``bits_per_byte`` = -sum LL / (sum B ln 2). lm-eval reports no standard error for them; neither does linlm.
 
 Standard errors: for a mean of per-document values, the sample standard deviation (n - 1) over sqrt(n), as the
 harness does; for perplexity, the delta method: ppl x stderr(mean negative log-likelihood).
@@ -34,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -49,8 +56,9 @@ log = logging.getLogger("linlm.eval")
 class TaskSpec:
     name: str
     filename: str
-    kind: str  # "choice" | "partial" | "lambada"
-    metric: str  # the metric the paper reports: "acc" or "acc_norm" ("perplexity" for lambada is also reported)
+    kind: str  # "choice" | "partial" | "lambada" | "rolling"
+    metric: str  # the metric the paper reports: "acc" or "acc_norm" ("perplexity" for lambada is also reported;
+    # "word_perplexity" for a rolling task)
     description: str
 
 
@@ -64,6 +72,8 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec("winogrande", "winogrande.jsonl", "partial", "acc", "pronoun resolution, partial scoring"),
     TaskSpec("lambada", "lambada_openai.jsonl", "lambada", "acc", "last word of a passage: greedy accuracy and "
                                                                     "perplexity"),
+    TaskSpec("wikitext2", "wikitext2.jsonl", "rolling", "word_perplexity",
+             "WikiText-2 documents: word and byte perplexity, bits per byte"),
 )}
 # The paper's commonsense average (arXiv 2406.16690): these seven tasks, each with TASKS[name].metric.
 COMMONSENSE = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
@@ -161,6 +171,11 @@ def validate_record(kind: str, rec: dict) -> None:
         _need(rec, "context", str)
         if not _need(rec, "continuation", str).strip():
             raise ValueError("field 'continuation' is empty")
+    elif kind == "rolling":
+        if not _need(rec, "text", str).strip():
+            raise ValueError("field 'text' is empty")
+        if "page" in rec:
+            _need(rec, "page", str)
     else:
         raise ConfigError(f"unknown task kind {kind!r}")
 
@@ -191,6 +206,8 @@ def request_texts(kind: str, rec: dict) -> list[tuple[str, str]]:
         return [(o, join(o, rec["continuation"], delim)) for o in rec["context_options"]]
     if kind == "lambada":
         return [(rec["context"], join(rec["context"], rec["continuation"], delim))]
+    if kind == "rolling":
+        return [(rec["text"],)]
     raise ConfigError(f"unknown task kind {kind!r}")
 
 
@@ -273,6 +290,18 @@ def aggregate(kind: str, per_doc: list[dict[str, float]]) -> dict[str, Any]:
         out["perplexity"] = math.exp(nll) if per_doc else math.nan
         out["perplexity_stderr"] = out["perplexity"] * nll_se
     return out
+
+
+def rolling_aggregate(records: Sequence[dict], logliks: Sequence[float]) -> dict[str, Any]:
+    """Word and byte perplexity and bits per byte of a rolling task (see the module doc), the counts lm-eval's
+    way: words and bytes of each record's ``page`` (its text before detokenization; ``text`` when absent)."""
+    originals = [r.get("page", r["text"]) for r in records]
+    words = sum(len(re.split(r"\s+", p)) for p in originals)
+    nbytes = sum(len(p.encode("utf-8")) for p in originals)
+    ll = float(sum(logliks))
+    return {"n": len(records), "loglik": ll, "words": words, "bytes": nbytes,
+            "word_perplexity": math.exp(-ll / words), "byte_perplexity": math.exp(-ll / nbytes),
+            "bits_per_byte": -ll / (nbytes * math.log(2))}
 
 
 def commonsense_average(results: dict[str, dict[str, Any]]) -> Optional[dict[str, Any]]:

@@ -58,6 +58,21 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the losses as JSON")
     p.set_defaults(func=cmd_study)
 
+    p = sub.add_parser("evaluate", help="downstream scores of every kept checkpoint, against compute; resumable",
+                       description="Score every checkpoint each run of a sweep kept along training "
+                                   "(checkpoint.keep_log / keep_every_tokens) on the commonsense average, LAMBADA, "
+                                   "WikiText-2 (the task files of --data-dir) and NIAH (easy, choice), and plot each "
+                                   "against training compute per architecture, writing SWEEP/downstream/. A second "
+                                   "call scores only what is missing. See docs/scaling.md.")
+    p.add_argument("dir", help="the sweep directory (linlm scaling run --out)")
+    p.add_argument("--data-dir", default=None,
+                   help="task files (`linlm eval fetch --tasks commonsense,lambada,wikitext2 --out DIR`); without "
+                        "it only NIAH runs")
+    p.add_argument("--haystack", default="shakespeare", help="text source of the NIAH haystack")
+    p.add_argument("--limit", type=RANGES["limit"], default=None, help="items scored per task (default: every item)")
+    p.add_argument("--trials", type=RANGES["trials"], default=4, help="NIAH needles per cell")
+    p.set_defaults(func=cmd_evaluate)
+
     p = sub.add_parser("ladders", help="list the built-in ladders")
     p.set_defaults(func=cmd_ladders)
 
@@ -90,6 +105,29 @@ def _analyze(args):
 def _say_skipped(a) -> None:
     for name, why in a.loaded.skipped:
         print(f"linlm: skipped {name}: {why}", file=sys.stderr)
+
+
+def cmd_evaluate(args) -> int:
+    from linlm.cli_args import check_numbers
+    from linlm.render import print_table
+    from linlm.scaling.downstream import MEASURES, evaluate_sweep
+
+    check_numbers(("--limit", args.limit, 1, False), ("--trials", args.trials, 1, False))
+
+    def said(run: str, step: int, done: bool) -> None:
+        print(f"{run} step {step}: {'done before' if done else 'scored'}", flush=True)
+
+    summary = evaluate_sweep(args.dir, data_dir=args.data_dir, haystack=args.haystack, limit=args.limit,
+                             trials=args.trials, progress=said)
+    shown = [m for m in MEASURES if any(m in p for p in summary["points"])]
+    rows = [[p["run"], str(p["step"]), f"{p['compute_pflops_days']:.3g}",
+             *[f"{p[m]:.4g}" if m in p else "-" for m in shown]] for p in summary["points"]]
+    print_table(["run", "step", "C (PFLOP/s-days)", *shown], rows, title=f"downstream against compute: {args.dir}")
+    for m, fits in summary["fits"].items():
+        for arch, f in fits.items():
+            print(f"{m} {arch}: {f['beta']:.4g} C^{f['alpha']:.4f} over {f['n']} checkpoints")
+    print(f"plots: {', '.join(summary['plots'])} in {args.dir}/downstream")
+    return 0
 
 
 def cmd_fit(args) -> int:

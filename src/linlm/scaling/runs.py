@@ -92,6 +92,19 @@ def _meta_from_config(path: Path) -> dict:
             "data": {"source": cfg.data.source, "tokenizer": cfg.data.tokenizer}}
 
 
+def run_description(path: Path) -> dict:
+    """What a run directory says about itself (scaling.json, else its config.yaml), with its training context
+    ``seq_len`` (data.seq_len of its config.yaml) added when the description lacks it."""
+    import yaml
+
+    meta = json.loads((path / META_FILE).read_text(encoding="utf-8")) if (path / META_FILE).is_file() \
+        else _meta_from_config(path)
+    if "seq_len" not in meta and (path / "config.yaml").is_file():
+        raw = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+        meta["seq_len"] = (raw.get("data") or {}).get("seq_len")
+    return meta
+
+
 def train_seed(path: Path) -> Optional[int]:
     """The train config's seed of a run directory (its config.yaml), or None when it cannot be read: the fits
     tell seeds of one size apart by it (linlm.scaling.fits_seeds)."""

@@ -163,8 +163,9 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch.Tensor], model_config: dict,
                     optimizer_state: dict, state: dict, config_yaml: str, tokenizer_dir: Optional[Path] = None,
-                    keep: int = 3) -> Path:
-    """Write checkpoint ``step`` under ``root`` atomically, then prune to the newest ``keep``.
+                    keep: int = 3, protect: frozenset = frozenset()) -> Path:
+    """Write checkpoint ``step`` under ``root`` atomically, then prune to the newest ``keep`` (a step in
+    ``protect``, a kept point of :func:`kept_steps`, is never pruned).
 
     A failure (disk full, permission denied, ...) removes the partial temporary directory, leaves every earlier
     checkpoint untouched, and raises CheckpointError.
@@ -202,7 +203,7 @@ def save_checkpoint(root: str | Path, step: int, *, model_state: dict[str, torch
     finally:
         if tmp is not None:
             outputs.discard(tmp)
-    prune(root, keep)
+    prune(root, keep, protect)
     return final
 
 
@@ -219,10 +220,36 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def prune(root: str | Path, keep: int) -> None:
-    """Remove all but the newest ``keep`` checkpoints. A checkpoint holding anything linlm did not write (or a file
-    changed since) is kept whole, with a warning: its files are the user's as much as linlm's."""
-    for _, path in list_checkpoints(root)[:-keep]:
+def kept_steps(steps: int, tokens_per_step: int, every_tokens: int = 0, log_points: int = 0) -> frozenset:
+    """The steps whose checkpoints a run keeps for evaluation along training (downstream scores against compute),
+    beyond the newest ``keep``:
+
+    - ``every_tokens`` > 0: for k = 1, 2, ..., the first step by which k x every_tokens tokens were trained,
+      ceil(k every_tokens / tokens_per_step), up to ``steps``;
+    - ``log_points`` > 0: that many steps spaced evenly in log(step) from 1 to ``steps``,
+      round(steps ** (i / (log_points - 1))) for i = 0..log_points-1 (duplicates at small steps merge; one point is
+      the last step).
+    """
+    out: set[int] = set()
+    if every_tokens > 0:
+        k = 1
+        while k * every_tokens <= steps * tokens_per_step:
+            out.add(-(-k * every_tokens // tokens_per_step))
+            k += 1
+    if log_points == 1:
+        out.add(steps)
+    elif log_points > 1:
+        out.update(max(1, round(steps ** (i / (log_points - 1)))) for i in range(log_points))
+    return frozenset(s for s in out if 1 <= s <= steps)
+
+
+def prune(root: str | Path, keep: int, protect: frozenset = frozenset()) -> None:
+    """Remove all but the newest ``keep`` checkpoints and those of the steps in ``protect``. A checkpoint holding
+    anything linlm did not write (or a file changed since) is kept whole, with a warning: its files are the user's as
+    much as linlm's."""
+    for step, path in list_checkpoints(root)[:-keep]:
+        if step in protect:
+            continue
         foreign = outputs.foreign_entries(path)
         if foreign:
             log.warning("checkpoint %s is past keep=%d but holds files linlm did not write (%s); it is kept",

@@ -91,6 +91,10 @@ class CheckpointSection:
     every: int = field(default=100, metadata=RESUMABLE)
     # How many checkpoints to keep (the newest ones).
     keep: int = field(default=3, metadata=RESUMABLE)
+    # Also write and keep, for evaluation along training, the checkpoint at every multiple of this many training
+    # tokens (0: none) and at this many log-spaced steps from 1 to the last (0: none); see checkpoint.kept_steps.
+    keep_every_tokens: int = field(default=0, metadata=RESUMABLE)
+    keep_log: int = field(default=0, metadata=RESUMABLE)
 
 
 @dataclass
@@ -216,6 +220,9 @@ class TrainConfig:
         need(self.eval.batches > 0, "eval.batches", f"must be a positive integer, got {self.eval.batches}")
         need(self.checkpoint.every >= 0, "checkpoint.every", f"must be >= 0, got {self.checkpoint.every}")
         need(self.checkpoint.keep > 0, "checkpoint.keep", f"must be a positive integer, got {self.checkpoint.keep}")
+        for name in ("keep_every_tokens", "keep_log"):
+            value = getattr(self.checkpoint, name)
+            need(value >= 0, f"checkpoint.{name}", f"must be >= 0 (0 keeps none), got {value}")
         need(self.samples.max_new_tokens >= 0, "samples.max_new_tokens", "must be >= 0")
         need(self.samples.temperature >= 0, "samples.temperature", "must be >= 0 (0 is greedy)")
         need(self.samples.top_k >= 0, "samples.top_k", "must be >= 0 (0 keeps every token)")

@@ -181,6 +181,9 @@ class Trainer:
         self.training_flops_per_token = training_flops(1, counts["counted_flops_per_token"],
                                                        counts["lm_head_flops_per_token"])
         self.tokens_per_step = cfg.batch_size * cfg.data.seq_len
+        # Checkpoints kept for evaluation along training, beyond the newest checkpoint.keep.
+        self.kept = ckpt.kept_steps(cfg.steps, self.tokens_per_step, cfg.checkpoint.keep_every_tokens,
+                                    cfg.checkpoint.keep_log)
         n_params = sum(p.numel() for p in self.raw.parameters())
         self.say(f"{'resuming' if plan.checkpoint else 'training'} {self.model_config.arch} ({n_params:,} "
                  f"parameters) in {self.out} from step {start_step} of {cfg.steps}")
@@ -342,7 +345,8 @@ class Trainer:
                 if stop_why is not None:
                     raise TrainingDiverged(f"stopped at step {n}: {stop_why}; {self._advice()}")
                 # A bad step writes no periodic checkpoint: the newest one stays the last good state.
-                due = (why is None and cfg.checkpoint.every and n % cfg.checkpoint.every == 0) or n == cfg.steps
+                due = (why is None and ((cfg.checkpoint.every and n % cfg.checkpoint.every == 0)
+                                        or n in self.kept)) or n == cfg.steps
                 if due or stop_now:
                     result.checkpoint = self._save(n, result.val_loss, loss_value, why is None)
                 if stop_now:
@@ -372,7 +376,7 @@ class Trainer:
             path = ckpt.save_checkpoint(
                 self.run_dir.checkpoints, step, model_state=model_sd, model_config=self.model_config.to_dict(),
                 optimizer_state=optim_sd, state=state, config_yaml=self.cfg.to_yaml(),
-                tokenizer_dir=self.data.directory, keep=self.cfg.checkpoint.keep)
+                tokenizer_dir=self.data.directory, keep=self.cfg.checkpoint.keep, protect=self.kept)
             return str(path)
 
         return Path(_on_main(self.info, write))

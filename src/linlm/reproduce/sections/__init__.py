@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError
 from linlm.reproduce.section import Section, option_rows
-from linlm.reproduce.sections import (decode, fits, mossnet_ladder, mqar, niah, quality, retrieval_studies, training,
-                                      zeroshot)
+from linlm.reproduce.sections import (decode, fits, long_context, mossnet_ladder, mqar, niah, quality,
+                                      retrieval_studies, training, zeroshot)
 
 SECTIONS: tuple[Section, ...] = (training.SCALING, training.COMPARE, fits.SECTION, quality.QUALITY,
-                                 quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, mqar.SECTION,
+                                 quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, long_context.SECTION,
+                                 mqar.SECTION,
                                  decode.SECTION, retrieval_studies.ASPECT, retrieval_studies.CONTEXT,
                                  mossnet_ladder.MOSSNET, mossnet_ladder.MOSSNET_FITS)
 

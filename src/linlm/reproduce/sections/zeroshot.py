@@ -18,7 +18,9 @@ from linlm.reproduce.section import (Blocks, Section, Tick, group_spreads, headi
 class ZeroshotSettings:
     """The recipe's ``zeroshot:``."""
 
-    tasks: Union[str, list[str]] = setting("commonsense", "the tasks (names or groups, linlm.eval.tasks)")
+    tasks: Union[str, list[str]] = setting("commonsense,lambada,wikitext2",
+                                           "the tasks (names or groups, linlm.eval.tasks): the paper's commonsense "
+                                           "columns, LAMBADA and WikiText-2")
     limit: Optional[int] = setting(None, "items scored per task (null: every item)")
 
     def validate(self) -> "ZeroshotSettings":
@@ -116,17 +118,23 @@ def render(job, pending: list[str]) -> Blocks:
         return b
     if "not_run" in z:
         return b + [("p", f"Skipped: {z['not_run']}.")]
-    tasks = sorted({t for m in z["models"].values() for t in m["tasks"]})
+    from linlm.eval.tasks import TASKS
+
+    scored = {t for m in z["models"].values() for t in m["tasks"]}
+    tasks = sorted(t for t in scored if t not in PERPLEXITY_TASKS)
     rows = []
     for label, m in z["models"].items():
         cells = [f"{m['tasks'][t][m['tasks'][t]['metric']]:.3f}" if t in m["tasks"] else "-" for t in tasks]
         avg = m.get("commonsense_avg")
         rows.append([label, *cells, f"{avg['score']:.3f}" if avg else "-"])
+    metric = {t: next(m["tasks"][t]["metric"] for m in z["models"].values() if t in m["tasks"]) for t in tasks}
     items = ZeroshotSettings(limit=z["limit"]).items()
     b.append(("p", f"From {z['data_dir']}, {items}; each task's metric is the paper's "
                    "(acc or acc_norm)." + (f" Missing task files: {', '.join(z['missing_tasks'])}."
                                           if z["missing_tasks"] else "")))
-    b.append(("table", ["model", *tasks, "commonsense avg"], rows))
+    b.append(("table", ["model", *[f"{t} ({metric[t]})" for t in tasks], "commonsense avg"], rows))
+    if scored & set(PERPLEXITY_TASKS):
+        b += perplexity_blocks(z["models"])
     if z.get("max_length"):
         first = next(iter(z["models"].values()), {"tasks": {}})["tasks"]
         counts = ", ".join(f"{t} {first[t]['n']} scored, {first[t].get('dropped_docs', 0)} left out"
@@ -139,6 +147,26 @@ def render(job, pending: list[str]) -> Blocks:
     if z.get("spread"):
         b += spread_blocks(z["spread"], "commonsense average", ".3f")
     return b
+
+
+# The paper's perplexity columns (WikiText-2 and LAMBADA), shown in a table of their own.
+PERPLEXITY_TASKS = ("wikitext2", "lambada")
+PERPLEXITY_COLUMNS = (("wikitext2", "word_perplexity", "WikiText-2 word ppl", ".2f"),
+                      ("wikitext2", "byte_perplexity", "WikiText-2 byte ppl", ".4f"),
+                      ("wikitext2", "bits_per_byte", "WikiText-2 bits/byte", ".4f"),
+                      ("lambada", "perplexity", "LAMBADA ppl", ".2f"), ("lambada", "acc", "LAMBADA acc", ".3f"))
+
+
+def perplexity_blocks(models: dict) -> Blocks:
+    """The paper's perplexity table: WikiText-2 (lm-eval's wikitext: word and byte perplexity, bits per byte over
+    whole articles) and LAMBADA (perplexity of the last word, greedy accuracy), one row per model."""
+    cols = [c for c in PERPLEXITY_COLUMNS if any(c[0] in m["tasks"] for m in models.values())]
+    rows = [[label, *[format(m["tasks"][t][k], spec) if t in m["tasks"] and k in m["tasks"][t] else "-"
+                      for t, k, _, spec in cols]] for label, m in models.items()]
+    return [("p", "Perplexities, as the paper reports them: WikiText-2's test articles scored whole and counted as "
+                  "lm-evaluation-harness' wikitext task counts them, and LAMBADA's last word (lower is better; "
+                  "LAMBADA acc: greedy decoding reproduces the word)."),
+            ("table", ["model", *[c[2] for c in cols]], rows)]
 
 
 SECTION = Section("zeroshot", run, 0.05, needs=("scaling", "compare"),

@@ -1,0 +1,121 @@
+"""Long-context tasks run by lm-evaluation-harness itself through linlm's adapter: SCROLLS (arXiv 2201.03533, the
+scaling paper's long-context set, arXiv 2406.16690) and the recall tasks the linear-model papers report (SWDE, FDA,
+SQuAD-completion: lm-eval's ``based`` recall tasks).
+
+lm-eval builds every request and computes every metric; linlm answers the requests
+(:class:`linlm.eval.harness.LinlmLM`: greedy generation from the recurrent state, log-likelihoods from one
+prefill) with the context cut of the adapter: each input longer than ``max_context`` tokens keeps its last
+``max_context`` (from the left; SCROLLS and recall prompts end with the question, so it stays), and the counts
+of cut requests are returned beside the scores.
+
+Metrics (lm-eval's, on its scale): ROUGE-1/2/L for GovReport, SummScreenFD and QMSum; F1 for Qasper and
+NarrativeQA; EM (exact match of the chosen option, x 100) for QuALITY and ContractNLI; ``contains`` (the gold
+value occurs in the answer) for the recall tasks. ``scrolls_average`` is the SCROLLS paper's average as the scaling
+paper reports it: the plain mean of those 13 numbers (3 tasks x 3 ROUGE, 2 F1, 2 EM), given only when all 7 tasks ran.
+
+The data come from the dataset hub through lm-eval (its own download code and the ``datasets`` cache); a task whose
+data are neither cached nor reachable is a one-line DataError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from linlm.errors import ConfigError, DataError
+
+SCROLLS_METRICS = {"scrolls_govreport": ("rouge1", "rouge2", "rougeL"),
+                   "scrolls_summscreenfd": ("rouge1", "rouge2", "rougeL"),
+                   "scrolls_qmsum": ("rouge1", "rouge2", "rougeL"),
+                   "scrolls_qasper": ("f1",), "scrolls_narrativeqa": ("f1",),
+                   "scrolls_quality": ("em",), "scrolls_contractnli": ("em",)}
+RECALL_METRICS = {"swde": ("contains",), "fda": ("contains",), "squad_completion": ("contains",)}
+METRICS = {**SCROLLS_METRICS, **RECALL_METRICS}
+LONG_GROUPS = {"scrolls": tuple(SCROLLS_METRICS), "recall": tuple(RECALL_METRICS)}
+
+
+def squad_normalizer_shim() -> None:
+    """lm-eval 0.4.13's SCROLLS module imports ``transformers.data.metrics.squad_metrics`` (for Qasper's
+    ``normalize_answer``), which transformers 5 removed: with transformers 5 the module does not import at all.
+    Where that import fails, this registers a stand-in module holding ``normalize_answer``, SQuAD's answer
+    normalization (lower case, punctuation and the articles a/an/the removed, whitespace collapsed); nothing is done
+    where transformers still has it."""
+    import sys
+
+    try:
+        import transformers.data.metrics.squad_metrics  # noqa: F401
+        return
+    except ImportError:
+        pass
+    import re
+    import string
+    import types
+
+    def normalize_answer(text: str) -> str:
+        text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+        return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+    metrics = types.ModuleType("transformers.data.metrics")
+    squad = types.ModuleType("transformers.data.metrics.squad_metrics")
+    squad.normalize_answer = normalize_answer
+    metrics.squad_metrics = squad
+    sys.modules.setdefault("transformers.data.metrics", metrics)
+    sys.modules.setdefault("transformers.data.metrics.squad_metrics", squad)
+
+
+def split_tasks(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(linlm's own task names, lm-eval's long-context task names) of ``names``, the groups ``scrolls`` and
+    ``recall`` expanded; a name of neither kind is left with linlm's (whose check names the valid ones)."""
+    own: list[str] = []
+    long: list[str] = []
+    for n in names:
+        for t in LONG_GROUPS.get(n, (n,)):
+            (long if t in METRICS else own).append(t)
+    return own, list(dict.fromkeys(long))
+
+
+def scrolls_average(results: dict[str, dict]) -> Optional[float]:
+    """The mean of the 13 SCROLLS metrics (see the module doc); None unless all 7 tasks are in ``results``."""
+    if not all(t in results for t in SCROLLS_METRICS):
+        return None
+    values = [results[t][m] for t, ms in SCROLLS_METRICS.items() for m in ms]
+    return sum(values) / len(values)
+
+
+def run_long_tasks(model, tokenizer, names: Sequence[str], *, limit: Optional[int] = None,
+                   max_context: Optional[int] = None, batch_size: int = 16, task_dict: Optional[dict] = None
+                   ) -> dict[str, Any]:
+    """lm-eval's tasks ``names`` on ``model`` through the adapter, inputs cut to ``max_context`` tokens.
+
+    Returns ``{"tasks": {name: {metric: value}}, "cut": the adapter's counts, "scrolls_avg": ...}``.
+    ``task_dict`` (name -> lm-eval task object) replaces lm-eval's task lookup (tests build the task objects on
+    local rows)."""
+    try:
+        from lm_eval.evaluator import evaluate as lm_eval_evaluate
+        from lm_eval.tasks import TaskManager, get_task_dict
+    except ImportError:
+        raise ConfigError("the long-context tasks run through lm-evaluation-harness: pip install 'linlm[eval]'") \
+            from None
+    from linlm.eval.harness import LinlmLM
+
+    squad_normalizer_shim()
+    unknown = [n for n in names if n not in METRICS]
+    if unknown:
+        raise ConfigError(f"tasks: {', '.join(unknown)} are not long-context tasks; valid ones are "
+                          f"{', '.join(METRICS)} (or the groups {', '.join(LONG_GROUPS)})")
+    lm = LinlmLM(model=model, tokenizer=tokenizer, batch_size=batch_size, max_context=max_context)
+    if task_dict is None:
+        try:
+            task_dict = get_task_dict(list(names), TaskManager())
+        except (ConnectionError, OSError, ValueError) as e:
+            raise DataError(f"{', '.join(names)}: lm-eval could not load the data ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); run where the dataset hub can be "
+                            "reached once (lm-eval caches the data), or use `linlm eval fetch` and --data-dir for "
+                            "linlm's own tasks") from None
+    out = lm_eval_evaluate(lm=lm, task_dict=task_dict, limit=limit, bootstrap_iters=0)
+    tasks = {}
+    for name in names:
+        got = out["results"].get(name, {})
+        tasks[name] = {m: float(got[m + ",none"]) for m in METRICS[name] if m + ",none" in got}
+        tasks[name]["n"] = int(out.get("n-samples", {}).get(name, {}).get("effective", 0))
+    return {"tasks": tasks, "cut": dict(lm.cuts), "max_context": max_context,
+            "scrolls_avg": scrolls_average(tasks)}
