@@ -183,7 +183,7 @@ def test_the_toy_has_transformers_classes(toy, tmp_path):
 def test_the_toy_is_on_the_scaling_ladders_and_in_the_plots(toy, tmp_path):
     from linlm.scaling.ladder import ladder_from_dict, load_ladder, plan_runs
 
-    assert "toy" in load_ladder("smoke").archs
+    assert "toy" in load_ladder("cpu").archs and "toy" not in load_ladder("smoke").archs  # smoke pins the four
     ladder = ladder_from_dict({"rungs": [{"name": "xs", "model": {"n_layers": 1, "d_model": 16, "n_heads": 1},
                                           "tokens": 4096}],
                                "train": {"data": {"seq_len": 32}, "batch_size": 4}}, "toy-ladder", "test")

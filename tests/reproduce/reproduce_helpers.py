@@ -73,7 +73,10 @@ def fake_zeroshot_models(monkeypatch) -> None:
     monkeypatch.setattr(linlm.eval.evaluator, "evaluate", evaluate)
     monkeypatch.setattr(linlm.eval.scoring, "config_max_length", lambda cfg: None)
     monkeypatch.setattr(linlm.infer.generate, "load_for_generation", lambda ckpt, *a, **k: (None, None))
-    monkeypatch.setattr(linlm.models.format, "read_config", lambda path: (None, {}))
+    real = linlm.models.format.read_config  # stand-in checkpoints only (they do not exist): models/io.py may bind
+    # this name after the patch, and the sections that train for real (aspect, context) read checkpoints through it
+    monkeypatch.setattr(linlm.models.format, "read_config",
+                        lambda path: real(path) if Path(path).exists() else (None, {}))
 
 
 def task_dir(root: Path, text: str) -> Path:

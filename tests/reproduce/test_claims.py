@@ -161,22 +161,21 @@ def test_mossnet_scales_at_least_as_well_counts_alike_for_it():
     assert "did not run" in verdict("mossnet-scales", {}).why
 
 
-def test_claims_take_their_architectures_from_the_registry(monkeypatch):
+def test_the_paper_claims_judge_the_papers_models_and_the_registrys_baseline(monkeypatch):
     from linlm.models import registry
     from linlm.models.registry import ARCHITECTURES
 
     monkeypatch.setitem(ARCHITECTURES, "toy", dataclasses.replace(ARCHITECTURES["tnl"], name="toy"))
     four = {"llama": -0.08, "tnl": -0.08, "hgrn2": -0.08, "cosformer2": -0.08}
     assert [p.name for p in verdict("scale-alike", fits(four)).parts] == [
-        f"{a} - llama" for a in ("tnl", "hgrn2", "cosformer2")]  # toy is not in this sweep: not judged
-    v = verdict("scale-alike", fits({**four, "toy": -0.3}))
-    assert v.verdict == "mixed" and "toy - llama against" in v.why
-    monkeypatch.setitem(ARCHITECTURES, "toy", dataclasses.replace(ARCHITECTURES["tnl"], name="toy",
-                                                                  scaling_study=False))
-    assert verdict("scale-alike", fits({**four, "toy": -0.3})).verdict == "for"  # not the study's
+        f"{a} - llama" for a in ("tnl", "hgrn2", "cosformer2")]
+    v = verdict("scale-alike", fits({**four, "toy": -0.3}))  # a linear model the paper did not study: not judged
+    assert v.verdict == "for" and [p.name for p in v.parts] == [f"{a} - llama" for a in ("tnl", "hgrn2", "cosformer2")]
+    v = verdict("scale-alike", fits({**four, "cosformer2": -0.3}))  # one of the paper's three: judged
+    assert v.verdict == "mixed" and "cosformer2 - llama against" in v.why
     monkeypatch.setitem(ARCHITECTURES, "toyssm", dataclasses.replace(ARCHITECTURES["mamba"], name="toyssm"))
     losses = {"mossnet": [3.0, 3.001, 3.002], "llama": [3.2, 3.201, 3.202], "toyssm": [2.9, 2.901, 2.902]}
-    v = verdict("mossnet-beats", {"compare_quality": quality(losses)})
+    v = verdict("mossnet-beats", {"compare_quality": quality(losses)})  # MossNet's baselines: the registry's
     assert v.verdict == "mixed" and "mossnet - toyssm against" in v.why
     monkeypatch.setattr(registry, "baseline_arch", lambda: "mamba")
     v = verdict("weaker-retrieval", mqar({"mamba": [0.9, 0.91, 0.92], "tnl": [0.1, 0.11, 0.12]}))

@@ -315,7 +315,11 @@ def test_the_paper_recipe_trains_nothing_here(tmp_path, fakes, capsys):
     assert not fakes.trained and "mqar" not in fakes.calls
     assert "mqar: not run yet" in stdout and "--train-here" in stdout
     script = out / "torchrun.sh"
-    assert os.access(script, os.X_OK) and script.read_text().count("torchrun ") == 27
+    from linlm.scaling.ladder import load_ladder
+
+    ladder = load_ladder("paper")  # a job per (architecture, size) of the ladder, then the comparison's 3 at 410M
+    assert os.access(script, os.X_OK)
+    assert script.read_text().count("torchrun ") == len(ladder.archs) * len(ladder.rungs) + 3
     assert outputs.owns_file(script) and outputs.owns_file(out / "scaling" / "configs" / "llama-7b.yaml")
     assert "--train-here" in (out / "report.md").read_text()
     rc, stdout, err = reproduce(capsys, "--recipe", "paper", "--out", out, "--train-here")

@@ -143,7 +143,7 @@ def test_the_dry_run_makes_the_real_runs_checks_and_writes_nothing(tmp_path, cap
     a_file.write_text("{}\n")
     out = tmp_path / "job"
     cases = {("--data-dir", str(a_file)): "--data-dir", ("--scaling-dir", str(tmp_path / "nosuch")): "--scaling-dir",
-             ("--set", "optim.lrr=1"): "optim.lrr", ("--seeds", "1000000"): "--seeds: give a whole number",
+             ("--set", "optim.lrr=1"): "optim.lrr", ("--seeds", "1000000"): "--seeds: expected a whole number from 1 to 100",
              ("--set", "steps=5"): "--set steps: each run's steps come from its rung's tokens"}
     for flags, named in cases.items():
         for dry in (["--dry-run"], []):

@@ -142,9 +142,10 @@ def test_every_builtin_study_ladder_loads():
         ladder_from_dict({**aspect(), "rungs": [{"name": "x", "model": {}, "tokens": 1}]}, "a", "a.yaml")
 
 
-@pytest.mark.parametrize("ladder, key, words", [("context-smoke", "data.seq_len=16", "drop the --set of data.seq_len"),
+@pytest.mark.parametrize("ladder, key, words", [("context-smoke", "data.seq_len=16",
+                                                 "ladder context-smoke sets data.seq_len run by run"),
                                                 ("aspect-smoke", "model.overrides.d_model=64",
-                                                 "drop the --set of model.overrides.d_model")])
+                                                 "ladder aspect-smoke sets model.overrides.d_model run by run")])
 def test_a_set_that_undoes_the_study_is_refused(tmp_path, capsys, ladder, key, words):
     out = tmp_path / "sweep"
     assert main(["scaling", "run", "--ladder", ladder, "--out", str(out), "--set", key, "--dry-run"]) == 2

@@ -124,7 +124,7 @@ def test_jobs_must_be_positive_and_the_plan_counts_them(tmp_path, capsys):
     with pytest.raises(ConfigError, match="jobs: expected a whole number of runs to train at once"):
         load_ladder(str(tmp_path / "bad.yaml"))
     assert main(["scaling", "run", "--ladder", "smoke", "--out", str(tmp_path / "o"), "--jobs", "0"]) == 2
-    assert "--jobs: expected 1 or more" in capsys.readouterr().err
+    assert "--jobs: expected a whole number from 1 to 4096, got '0'" in capsys.readouterr().err
     assert wall_seconds([10, 10, 10, 10], 2) == 20 and wall_seconds([30, 10, 10, 10], 2) == 30
     assert wall_seconds([5, 7], 1) == 12 and wall_seconds([], 3) == 0
 

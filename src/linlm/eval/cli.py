@@ -333,6 +333,7 @@ def cmd_niah(args) -> int:
 
 def _niah(args, cfg) -> int:
     from linlm.eval.niah import check_niah_memory, plot_heatmap, run_niah
+    from linlm.eval.niah_scores import accuracy_at_bounds
 
     source, model, tok = _source_and_model(args, "haystack")
     check_niah_memory(model, cfg, args.batch_size)

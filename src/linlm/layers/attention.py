@@ -54,7 +54,7 @@ def rope_inv_freq(cfg) -> torch.Tensor | None:
     return torch.where(medium, blended, scaled)
 
 
-def _sdpa(q, k, v, groups: int, **kw):
+def sdpa(q, k, v, groups: int, **kw):
     if groups == 1:
         return F.scaled_dot_product_attention(q, k, v, **kw)
     try:
@@ -163,19 +163,19 @@ class Attention(TokenMixer):
         if reset is not None:
             if state is not None:
                 raise ShapeError("reset (packed documents) cannot be combined with a KV cache; decode each document separately")
-            o = _sdpa(q, k, v, groups, attn_mask=document_mask(reset))
+            o = sdpa(q, k, v, groups, attn_mask=document_mask(reset))
             doc = torch.cumsum(reset.to(torch.int32), dim=1)
             last = doc == doc[:, -1:]
             key_valid = None if bool(last.all()) else last
         elif state is None:
-            o = _sdpa(q, k, v, groups, is_causal=True)
+            o = sdpa(q, k, v, groups, is_causal=True)
         elif T == 1 and key_valid is None:
-            o = _sdpa(q, k, v, groups)
+            o = sdpa(q, k, v, groups)
         else:
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
             if key_valid is not None:
                 mask = mask & key_valid[:, None, None, :]
-            o = _sdpa(q, k, v, groups, attn_mask=mask)
+            o = sdpa(q, k, v, groups, attn_mask=mask)
         y = self.out(o.transpose(1, 2).reshape(B, T, d))
         if not return_state:
             return y, None

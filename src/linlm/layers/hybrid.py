@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from linlm.errors import ShapeError
-from linlm.layers.attention import Attention, _sdpa, document_mask
+from linlm.layers.attention import Attention, sdpa, document_mask
 from linlm.layers.mixer import meta
 
 
@@ -61,7 +61,7 @@ class HybridAttention(Attention):
             key_valid = None if bool(last.all()) else last
         elif key_valid is not None:
             mask = mask & key_valid[:, None, None, :]
-        o = _sdpa(q, k, v, self.n_heads // self.n_kv_heads, attn_mask=mask)
+        o = sdpa(q, k, v, self.n_heads // self.n_kv_heads, attn_mask=mask)
         y = self.out(o.transpose(1, 2).reshape(B, T, d))
         if not return_state:
             return y, None

@@ -2,7 +2,7 @@
 chunks of C steps, and one pair of matmuls per chunk between them.
 
 Within a chunk whose incoming state is S_0, let B_t be the sum of log a over [chunk start, t] and
-D[t, s] = exp(B_t - B_s) for s <= t (a true segment sum, never a ratio of exponentials: ``gla._segsum``). With the
+D[t, s] = exp(B_t - B_s) for s <= t (a true segment sum, never a ratio of exponentials: ``chunks.segsum``). With the
 new values u_t = b_t (v_t - a_t S_{t-1}^T k_t) the state is a sum of rank-one terms,
 
     S_{t-1} = exp(B_{t-1}) S_0 + sum_{s<t} D[t-1, s] k_s u_s^T,
@@ -41,14 +41,14 @@ import math
 import torch
 from torch import Tensor
 
-from linlm.ops.gla import _empty, _exp, _pow2_at_least, _score_block, _segsum, _to_chunks
+from linlm.ops.chunks import clamped_exp, empty_buffer, pow2_at_least, score_block, segsum, to_chunks
 
 __all__ = ["chunk_forward", "chunk_length", "unit_lower_inverse"]
 
 
 def chunk_length(chunk_size: int, T: int) -> int:
     """The chunk used: chunk_size rounded down to a power of two, and no longer than T's next power of two."""
-    return min(1 << (chunk_size.bit_length() - 1), _pow2_at_least(T))
+    return min(1 << (chunk_size.bit_length() - 1), pow2_at_least(T))
 
 
 def unit_lower_inverse(A: Tensor) -> Tensor:
@@ -64,7 +64,7 @@ def unit_lower_inverse(A: Tensor) -> Tensor:
     h = 1
     while h < C:
         t11, t22 = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]
-        a21 = _score_block(A, h)  # [..., C/2h, h, h]: rows of each right half, columns of its left half
+        a21 = score_block(A, h)  # [..., C/2h, h, h]: rows of each right half, columns of its left half
         t21 = -a21 if h == 1 else -torch.matmul(t22, torch.matmul(a21, t11))
         top = torch.cat([t11, torch.zeros_like(t11)], dim=-1)
         blocks = torch.cat([top, torch.cat([t21, t22], dim=-1)], dim=-2)
@@ -100,9 +100,9 @@ class _StatePass(torch.autograd.Function):
     @staticmethod
     def forward(ctx, U, W, Ke, g, s0):
         N = U.shape[0]
-        prev = _empty(U, (N, *s0.shape))
-        u = _empty(U, U.shape)
-        final = _empty(U, s0.shape)
+        prev = empty_buffer(U, (N, *s0.shape))
+        u = empty_buffer(U, U.shape)
+        final = empty_buffer(U, s0.shape)
         prev[0] = s0
         for n in range(N):
             torch.baddbmm(U[n], W[n], prev[n], alpha=-1.0, out=u[n])
@@ -115,10 +115,10 @@ class _StatePass(torch.autograd.Function):
     def backward(ctx, d_prev, d_u, d_final):
         W, Ke, g, prev, u = ctx.saved_tensors
         N = prev.shape[0]
-        d_next = _empty(prev, prev.shape)  # d_next[n]: the whole gradient w.r.t. S_{n+1}
-        du = _empty(u, u.shape)  # the whole gradient w.r.t. u_n
+        d_next = empty_buffer(prev, prev.shape)  # d_next[n]: the whole gradient w.r.t. S_{n+1}
+        du = empty_buffer(u, u.shape)  # the whole gradient w.r.t. u_n
         d_next[N - 1] = d_final
-        d_s0 = _empty(d_final, d_final.shape)
+        d_s0 = empty_buffer(d_final, d_final.shape)
         for n in range(N - 1, -1, -1):
             torch.baddbmm(d_u[n], Ke[n], d_next[n], out=du[n])
             kept = d_prev[n] + d_next[n] if g is None else torch.addcmul(d_prev[n], d_next[n], g[n])
@@ -136,7 +136,7 @@ def _log_gate_chunks(log_a, reset, T: int, H: int, dt, n_chunks: int, chunk: int
     la = torch.zeros((1, T, H), dtype=dt, device=device) if log_a is None else log_a.to(dt)
     if reset is not None:
         la = torch.where(reset.view(reset.shape[0], T, 1), float("-inf"), la)
-    return _to_chunks(la, dt, n_chunks, chunk)
+    return to_chunks(la, dt, n_chunks, chunk)
 
 
 def chunk_forward(q: Tensor, k: Tensor, v: Tensor, beta, log_a, s0: Tensor, reset, chunk_size: int):
@@ -151,8 +151,8 @@ def chunk_forward(q: Tensor, k: Tensor, v: Tensor, beta, log_a, s0: Tensor, rese
     C = chunk_length(chunk_size, T)
     N = math.ceil(T / C)
     G = B * H
-    qc, kc, vc = (_to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
-    bc = None if beta is None else _to_chunks(beta, dt, N, C)  # [N, B, H, C]
+    qc, kc, vc = (to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
+    bc = None if beta is None else to_chunks(beta, dt, N, C)  # [N, B, H, C]
     la = _log_gate_chunks(log_a, reset, T, H, dt, N, C, q.device)  # [N, Bg, H, C]
 
     kt = kc.transpose(-1, -2)
@@ -162,8 +162,8 @@ def chunk_forward(q: Tensor, k: Tensor, v: Tensor, beta, log_a, s0: Tensor, rese
         q_start, k_end, g = qc, kc, None
         w_scale = bc
     else:
-        D = _exp(_segsum(la), True)  # D[t, s] = exp(B_t - B_s) for s <= t, exactly 0 above and across resets
-        e = _exp(la.cumsum(-1), reset is not None)  # exp(B_t)
+        D = clamped_exp(segsum(la), True)  # D[t, s] = exp(B_t - B_s) for s <= t, exactly 0 above and across resets
+        e = clamped_exp(la.cumsum(-1), reset is not None)  # exp(B_t)
         scores, A = qk * D, (kk * D).tril(-1)
         q_start, k_end = qc * e.unsqueeze(-1), kc * D[..., -1, :].unsqueeze(-1)
         g = e[..., -1].expand(N, B, H).reshape(N, G, 1, 1)

@@ -50,8 +50,8 @@ from torch import Tensor
 from linlm.errors import ShapeError
 from linlm.ops import backends
 from linlm.ops.delta_chunk import chunk_forward
-from linlm.ops.gla import (_check_chunk_size, _check_float, _shape, _work_dtype, check_sequence_qkv,
-                           check_state_and_reset, check_step_qkv, step_state)
+from linlm.ops.chunks import check_chunk_size, check_float, shape_of, work_dtype
+from linlm.ops.gla import check_sequence_qkv, check_state_and_reset, check_step_qkv, step_state
 
 __all__ = ["L2_EPS", "delta_rule", "delta_rule_chunk", "delta_rule_reference", "delta_rule_step"]
 
@@ -67,9 +67,9 @@ KEY_NORM_SLACK = 1.01  # squared key norms up to this pass the check (a normalis
 def _check_per_head(name: str, t, shape: tuple, fn: str) -> None:
     if t is None:
         return
-    _check_float(name, t, fn)
-    if _shape(t) != shape:
-        raise ShapeError(f"{fn}: {name} has shape {_shape(t)}; expected None or {shape}")
+    check_float(name, t, fn)
+    if shape_of(t) != shape:
+        raise ShapeError(f"{fn}: {name} has shape {shape_of(t)}; expected None or {shape}")
 
 
 def check_sequence(q, k, v, beta, log_a, initial_state, reset, fn: str):
@@ -155,7 +155,7 @@ def delta_rule_step(q, k, v, beta=None, log_a=None, *, state=None, scale: float 
     B, H, K, V = check_step_qkv(q, k, v, fn)
     _check_per_head("beta", beta, (B, H), fn)
     _check_per_head("log_a", log_a, (B, H), fn)
-    dt = _work_dtype(q, k, v, beta, log_a, state)
+    dt = work_dtype(q, k, v, beta, log_a, state)
     S = step_state(state, q, (B, H, K, V), dt, fn)
     q, k = prepare_qk(q, k, dt, scale, qk_l2norm)
     check_conditions(k, beta, log_a, qk_l2norm, fn)
@@ -169,7 +169,7 @@ def delta_rule_reference(q, k, v, beta=None, log_a=None, *, initial_state=None, 
     """The definition: a loop over time. Returns (o [B, T, H, V], final state [B, H, K, V] or None)."""
     fn = "delta_rule_reference"
     B, T, H, K, V = check_sequence(q, k, v, beta, log_a, initial_state, reset, fn)
-    dt = _work_dtype(q, k, v, beta, log_a, initial_state)
+    dt = work_dtype(q, k, v, beta, log_a, initial_state)
     q, k = prepare_qk(q, k, dt, scale, qk_l2norm)
     check_conditions(k, beta, log_a, qk_l2norm, fn)
     S = q.new_zeros((B, H, K, V), dtype=dt) if initial_state is None else initial_state.to(dt)
@@ -198,8 +198,8 @@ def delta_rule_chunk(q, k, v, beta=None, log_a=None, *, initial_state=None, rese
     chunk is chunk_size rounded down to a power of two, or T's next power of two when T is shorter."""
     fn = "delta_rule_chunk"
     B, T, H, K, V = check_sequence(q, k, v, beta, log_a, initial_state, reset, fn)
-    _check_chunk_size(chunk_size, fn)
-    dt = _work_dtype(q, k, v, beta, log_a, initial_state)
+    check_chunk_size(chunk_size, fn)
+    dt = work_dtype(q, k, v, beta, log_a, initial_state)
     q, k = prepare_qk(q, k, dt, scale, qk_l2norm)
     check_conditions(k, beta, log_a, qk_l2norm, fn)
     s0 = q.new_zeros((B, H, K, V), dtype=dt) if initial_state is None else initial_state.to(dt)
@@ -217,7 +217,7 @@ def delta_rule(q, k, v, beta=None, log_a=None, *, initial_state=None, reset=None
     if backends.on_gpu(q):
         fn = "delta_rule"
         check_sequence(q, k, v, beta, log_a, initial_state, reset, fn)
-        _check_chunk_size(chunk_size, fn)
+        check_chunk_size(chunk_size, fn)
         check_conditions(k, beta, log_a, qk_l2norm, fn)
         out = backends.delta_rule(q, k, v, beta, log_a, initial_state=initial_state, reset=reset,
                                   output_final_state=output_final_state, scale=scale, qk_l2norm=qk_l2norm)

@@ -54,16 +54,12 @@ import math
 import torch
 from torch import Tensor
 
-from linlm.errors import ConfigError, ShapeError
+from linlm.errors import ShapeError
 from linlm.ops import backends
+from linlm.ops.chunks import (check_chunk_size, check_float, clamped_exp, empty_buffer, pow2_at_least,
+                              score_block, segsum, shape_of, to_chunks, work_dtype)
 
 __all__ = ["gla", "gla_chunk", "gla_reference", "gla_step", "reset_from_cu_seqlens"]
-
-
-def _empty(like: Tensor, shape) -> Tensor:
-    """An uninitialised buffer that the caller overwrites completely. Tests run with
-    torch.use_deterministic_algorithms(True), which fills such memory with NaN, so a missed write shows up."""
-    return like.new_empty(shape)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -71,42 +67,31 @@ def _empty(like: Tensor, shape) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _shape(t) -> tuple:
-    return tuple(t.shape)
-
-
-def _check_float(name: str, t: Tensor, fn: str) -> None:
-    if not isinstance(t, Tensor):
-        raise ShapeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise ShapeError(f"{fn}: {name} must be a floating-point tensor, got dtype {t.dtype}")
-
-
 def _gate_kind(log_a, expected: dict, fn: str) -> str:
     """Match log_a against the allowed shapes {kind: shape}; raise ShapeError naming all of them."""
     if log_a is None:
         return "none"
-    _check_float("log_a", log_a, fn)
+    check_float("log_a", log_a, fn)
     for kind, shape in expected.items():
-        if _shape(log_a) == shape:
+        if shape_of(log_a) == shape:
             return kind
     allowed = ", ".join(f"{kind} {shape}" for kind, shape in expected.items())
-    raise ShapeError(f"{fn}: log_a has shape {_shape(log_a)}; expected None or one of: {allowed}")
+    raise ShapeError(f"{fn}: log_a has shape {shape_of(log_a)}; expected None or one of: {allowed}")
 
 
 def check_sequence_qkv(q, k, v, fn: str) -> tuple[int, int, int, int, int]:
     """(B, T, H, K, V) of a sequence form's q, k [B, T, H, K] and v [B, T, H, V], after checking their dtypes and
     shapes (a ShapeError naming ``fn`` otherwise)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t, fn)
+        check_float(name, t, fn)
         if t.dim() != 4:
-            raise ShapeError(f"{fn}: {name} must be 4-D [B, T, H, dim], got shape {_shape(t)}")
+            raise ShapeError(f"{fn}: {name} must be 4-D [B, T, H, dim], got shape {shape_of(t)}")
     B, T, H, K = q.shape
     if k.shape != q.shape:
-        raise ShapeError(f"{fn}: k has shape {_shape(k)}; expected the shape of q, {_shape(q)} ([B, T, H, K])")
+        raise ShapeError(f"{fn}: k has shape {shape_of(k)}; expected the shape of q, {shape_of(q)} ([B, T, H, K])")
     if v.shape[:3] != q.shape[:3]:
         raise ShapeError(
-            f"{fn}: v has shape {_shape(v)}; expected [B, T, H, V] with [B, T, H] = {(B, T, H)} as in q"
+            f"{fn}: v has shape {shape_of(v)}; expected [B, T, H, V] with [B, T, H] = {(B, T, H)} as in q"
         )
     return B, T, H, K, v.shape[3]
 
@@ -116,17 +101,17 @@ def check_state_and_reset(initial_state, reset, dims: tuple[int, int, int, int, 
     optional, against ``dims`` = (B, T, H, K, V)."""
     B, T, H, K, V = dims
     if initial_state is not None:
-        _check_float("initial_state", initial_state, fn)
-        if _shape(initial_state) != (B, H, K, V):
+        check_float("initial_state", initial_state, fn)
+        if shape_of(initial_state) != (B, H, K, V):
             raise ShapeError(
-                f"{fn}: initial_state has shape {_shape(initial_state)}; expected [B, H, K, V] = {(B, H, K, V)}"
+                f"{fn}: initial_state has shape {shape_of(initial_state)}; expected [B, H, K, V] = {(B, H, K, V)}"
             )
     if reset is not None:
         if not isinstance(reset, Tensor) or reset.dtype != torch.bool:
             got = reset.dtype if isinstance(reset, Tensor) else type(reset).__name__
             raise ShapeError(f"{fn}: reset must be a bool tensor [B, T], got {got}")
         if reset.dim() != 2 or reset.shape[1] != T or reset.shape[0] not in (1, B):
-            raise ShapeError(f"{fn}: reset has shape {_shape(reset)}; expected [B, T] = {(B, T)} or [1, T]")
+            raise ShapeError(f"{fn}: reset has shape {shape_of(reset)}; expected [B, T] = {(B, T)} or [1, T]")
 
 
 def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
@@ -135,14 +120,6 @@ def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
     kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, T, H), "vector": (B, T, H, K)}, fn)
     check_state_and_reset(initial_state, reset, dims, fn)
     return B, T, H, K, V, kind
-
-
-def _work_dtype(*tensors) -> torch.dtype:
-    """float64 if any input is float64, else float32 (bf16 and fp16 inputs are computed in float32)."""
-    for t in tensors:
-        if t is not None and t.dtype == torch.float64:
-            return torch.float64
-    return torch.float32
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -174,14 +151,14 @@ def check_step_qkv(q, k, v, fn: str) -> tuple[int, int, int, int]:
     """(B, H, K, V) of one decoding step's q, k [B, H, K] and v [B, H, V], after checking their dtypes and shapes
     (a ShapeError naming ``fn`` otherwise)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t, fn)
+        check_float(name, t, fn)
         if t.dim() != 3:
-            raise ShapeError(f"{fn}: {name} must be 3-D [B, H, dim], got shape {_shape(t)}")
+            raise ShapeError(f"{fn}: {name} must be 3-D [B, H, dim], got shape {shape_of(t)}")
     B, H, K = q.shape
     if k.shape != q.shape:
-        raise ShapeError(f"{fn}: k has shape {_shape(k)}; expected the shape of q, {_shape(q)} ([B, H, K])")
+        raise ShapeError(f"{fn}: k has shape {shape_of(k)}; expected the shape of q, {shape_of(q)} ([B, H, K])")
     if v.shape[:2] != q.shape[:2]:
-        raise ShapeError(f"{fn}: v has shape {_shape(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q")
+        raise ShapeError(f"{fn}: v has shape {shape_of(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q")
     V = v.shape[2]
     return B, H, K, V
 
@@ -191,9 +168,9 @@ def step_state(state, q: Tensor, dims: tuple[int, int, int, int], dt: torch.dtyp
     else ``state`` after checking its dtype and shape."""
     if state is None:
         return q.new_zeros(dims, dtype=dt)
-    _check_float("state", state, fn)
-    if _shape(state) != dims:
-        raise ShapeError(f"{fn}: state has shape {_shape(state)}; expected [B, H, K, V] = {dims}")
+    check_float("state", state, fn)
+    if shape_of(state) != dims:
+        raise ShapeError(f"{fn}: state has shape {shape_of(state)}; expected [B, H, K, V] = {dims}")
     return state.to(dt)
 
 
@@ -203,7 +180,7 @@ def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
     fn = "gla_step"
     B, H, K, V = check_step_qkv(q, k, v, fn)
     kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, H), "vector": (B, H, K)}, fn)
-    dt = _work_dtype(q, k, v, log_a, state)
+    dt = work_dtype(q, k, v, log_a, state)
     S = step_state(state, q, (B, H, K, V), dt, fn)
     o, S = _step(q, k, v, log_a, S, kind)
     return o.to(v.dtype), S
@@ -214,7 +191,7 @@ def gla_reference(
 ) -> tuple[Tensor, Tensor | None]:
     """The definition: a loop over time. Returns (o [B, T, H, V], final state [B, H, K, V] or None)."""
     B, T, H, K, V, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla_reference")
-    dt = _work_dtype(q, k, v, log_a, initial_state)
+    dt = work_dtype(q, k, v, log_a, initial_state)
     S = q.new_zeros((B, H, K, V), dtype=dt) if initial_state is None else initial_state.to(dt)
     # unbind, not q[:, t]: one backward node per input instead of T full-size zero-filled gradients
     qs, ks, vs = q.unbind(1), k.unbind(1), v.unbind(1)
@@ -241,7 +218,7 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
     if cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point() or cu.dtype == torch.bool:
         raise ShapeError(
             f"{fn}: cu_seqlens must be a 1-D integer sequence [0, ..., total_len] with at least 2 entries, "
-            f"got shape {_shape(cu)} and dtype {cu.dtype}"
+            f"got shape {shape_of(cu)} and dtype {cu.dtype}"
         )
     cu = cu.to(torch.long).cpu()
     if int(cu[0]) != 0 or int(cu[-1]) != int(total_len):
@@ -262,31 +239,6 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
-# Below this, float32 exp returns denormals or zero through a slow path on x86 CPUs. A decay
-# factor of exp(-87) = 1.6e-38 is already nothing next to any term of the sum, so exponents are clamped here.
-_EXP_FLOOR = -87.0
-
-
-def _exp(x: Tensor, neg_inf: bool) -> Tensor:
-    """exp(x) for log-decays x <= 0, with x clamped at _EXP_FLOOR. If neg_inf, -inf entries (resets) give exactly 0."""
-    y = x.clamp_min(_EXP_FLOOR).exp()
-    return torch.where(x == float("-inf"), 0.0, y) if neg_inf else y
-
-
-def _segsum(x: Tensor) -> Tensor:
-    """x [..., n] -> [..., n, n] with out[..., t, s] = sum_{s < u <= t} x_u for s <= t, and -inf for s > t.
-
-    A true segment sum (a masked cumulative sum), never a difference of two prefix sums: exact where it matters,
-    and -inf entries in x (resets) give -inf, never NaN. Built as [s, t] so the cumulative sum runs along the last
-    (contiguous) dimension, then returned as a transposed view.
-    """
-    n = x.shape[-1]
-    upper = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)  # [s, u]: u > s
-    xe = torch.where(upper, x.unsqueeze(-2), torch.zeros((), dtype=x.dtype, device=x.device))  # [s, u] = x_u
-    seg = xe.cumsum(-1).masked_fill_(upper.transpose(0, 1), float("-inf"))  # [s, t]; -inf where t < s
-    return seg.transpose(-1, -2)
-
-
 class _StateScan(torch.autograd.Function):
     """The pass over chunks: S_{n+1} = decay_n * S_n + local_n from S_0 = s0 (decay None means 1).
 
@@ -298,8 +250,8 @@ class _StateScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local, decay, s0):
         N = local.shape[0]
-        prev = _empty(local, local.shape)
-        final = _empty(local, local.shape[1:])
+        prev = empty_buffer(local, local.shape)
+        final = empty_buffer(local, local.shape[1:])
         prev[0] = s0
         for n in range(N):
             out = prev[n + 1] if n + 1 < N else final
@@ -315,10 +267,10 @@ class _StateScan(torch.autograd.Function):
         prev, decay = ctx.saved_tensors
         N = prev.shape[0]
         # d_local[n] is the gradient w.r.t. S_{n+1}, all paths included: d_prev[n + 1] + decay[n + 1] d_local[n + 1]
-        d_local = _empty(d_prev, prev.shape)
+        d_local = empty_buffer(d_prev, prev.shape)
         d_local[N - 1] = d_final
         for n in range(N - 1, -1, -1):
-            out = d_local[n - 1] if n > 0 else _empty(d_final, d_final.shape)
+            out = d_local[n - 1] if n > 0 else empty_buffer(d_final, d_final.shape)
             if decay is None:
                 torch.add(d_prev[n], d_local[n], out=out)
             else:
@@ -340,16 +292,8 @@ def _halves(x: Tensor, h: int):
     return xv[..., 0, :, :], xv[..., 1, :, :]
 
 
-def _score_block(a: Tensor, h: int) -> Tensor:
-    """View of the (right half rows, left half cols) blocks of a [..., C, C] at level h, as [..., C/2h, h, h]."""
-    C = a.shape[-1]
-    nb = C // (2 * h)
-    av = a.view(*a.shape[:-2], nb, 2, h, nb, 2, h)[..., :, 1, :, :, 0, :]  # [..., nb, h, nb, h]
-    return av.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
-
-
 def _place_block(block: Tensor, h: int) -> Tensor:
-    """The [..., C, C] matrix, zero but for ``block`` [..., C/2h, h, h] where _score_block(., h) would view it."""
+    """The [..., C, C] matrix, zero but for ``block`` [..., C/2h, h, h] where score_block(., h) would view it."""
     nb = block.shape[-3]
     place = torch.zeros(2, 2, dtype=block.dtype, device=block.device)
     place[1, 0] = 1.0  # the right-half rows meet the left-half columns
@@ -409,7 +353,7 @@ class _VectorGateChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, la, neg_inf):
-        gate = _exp(la, neg_inf)
+        gate = clamped_exp(la, neg_inf)
         ctx.save_for_backward(q, k, gate)
         scores = torch.diag_embed((q * k).sum(-1))  # zeros off the diagonal (not a copy_ into a view: exportable)
 
@@ -423,7 +367,7 @@ class _VectorGateChunk(torch.autograd.Function):
             if exporting:  # no copy_ into a strided view: the ONNX exporter needs a functional graph
                 scores_out.append(_place_block(block, h))
             else:
-                _score_block(scores, h).copy_(block)
+                score_block(scores, h).copy_(block)
 
         exporting, scores_out = torch.compiler.is_exporting(), []
         prefix, suffix = _walk(gate, visit)
@@ -438,7 +382,7 @@ class _VectorGateChunk(torch.autograd.Function):
         dk = torch.zeros_like(k)
 
         def visit(h, into_right, from_left):
-            g = _score_block(d_scores, h).contiguous()  # [..., C/2h, h(t), h(s)]
+            g = score_block(d_scores, h).contiguous()  # [..., C/2h, h(t), h(s)]
             q_r = _halves(q, h)[1] * into_right
             k_l = _halves(k, h)[0] * from_left
             if h == 1:
@@ -486,8 +430,8 @@ class _ScalarGateChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, la, neg_inf):
-        d = _exp(_segsum(la), True)  # [N, Bg, H, C(t), C(s)], exactly 0 above the diagonal and across resets
-        e_b = _exp(la.cumsum(-1), neg_inf)  # exp(B_t)
+        d = clamped_exp(segsum(la), True)  # [N, Bg, H, C(t), C(s)], exactly 0 above the diagonal and across resets
+        e_b = clamped_exp(la.cumsum(-1), neg_inf)  # exp(B_t)
         qk = torch.matmul(q, k.transpose(-1, -2))
         ctx.save_for_backward(q, k, qk, d, e_b)
         q_start = q * e_b.unsqueeze(-1)
@@ -527,23 +471,6 @@ class _ScalarGateChunk(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _to_chunks(x: Tensor, dt: torch.dtype, n_chunks: int, chunk: int) -> Tensor:
-    """[B, T, ...] -> chunk-major [N, B, ..., C] or [N, B, H, C, D] in dtype dt, zero-padded at the end (one copy).
-
-    x is [B, T, H] (a scalar gate) or [B, T, H, D].
-    """
-    B, T = x.shape[:2]
-    pad = n_chunks * chunk - T
-    if pad:
-        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
-    xv = x.view(B, n_chunks, chunk, *x.shape[2:])
-    if x.dim() == 3:  # [B, N, C, H] -> [N, B, H, C]
-        xv = xv.permute(1, 0, 3, 2)
-    else:  # [B, N, C, H, D] -> [N, B, H, C, D]
-        xv = xv.permute(1, 0, 3, 2, 4)
-    return xv.to(dtype=dt, memory_format=torch.contiguous_format)
-
-
 def _gate_chunks(log_a, kind, reset, B, T, H, dt, n_chunks, chunk, device):
     """The log-gate in chunk-major layout: None (no decay, no reset), [N, Bg, H, C] or [N, B, H, C, K].
 
@@ -555,7 +482,7 @@ def _gate_chunks(log_a, kind, reset, B, T, H, dt, n_chunks, chunk, device):
         la = log_a
         if reset is not None:
             la = torch.where(reset.view(reset.shape[0], T, 1, 1), float("-inf"), la.to(dt))
-        return _to_chunks(la, dt, n_chunks, chunk)
+        return to_chunks(la, dt, n_chunks, chunk)
     if kind == "none":
         la = torch.zeros((1, T, H), dtype=dt, device=device)
     elif kind == "head":
@@ -564,22 +491,13 @@ def _gate_chunks(log_a, kind, reset, B, T, H, dt, n_chunks, chunk, device):
         la = log_a
     if reset is not None:
         la = torch.where(reset.view(reset.shape[0], T, 1), float("-inf"), la.to(dt))
-    return _to_chunks(la, dt, n_chunks, chunk)
+    return to_chunks(la, dt, n_chunks, chunk)
 
 
 def _initial(initial_state, B, H, K, V, dt, like):
     if initial_state is None:
         return like.new_zeros((B, H, K, V), dtype=dt)
     return initial_state.to(dt)
-
-
-def _check_chunk_size(chunk_size, fn: str) -> None:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ConfigError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def gla_chunk(
@@ -593,17 +511,17 @@ def gla_chunk(
     """
     fn = "gla_chunk"
     B, T, H, K, V, kind = _check_sequence(q, k, v, log_a, initial_state, reset, fn)
-    _check_chunk_size(chunk_size, fn)
-    dt = _work_dtype(q, k, v, log_a, initial_state)
+    check_chunk_size(chunk_size, fn)
+    dt = work_dtype(q, k, v, log_a, initial_state)
     s0 = _initial(initial_state, B, H, K, V, dt, q)
     if T == 0:
         return v.new_zeros((B, 0, H, V)), (s0 if output_final_state else None)
 
     C = min(chunk_size, T)
     if kind == "vector":
-        C = min(1 << (chunk_size.bit_length() - 1), _pow2_at_least(T))
+        C = min(1 << (chunk_size.bit_length() - 1), pow2_at_least(T))
     N = math.ceil(T / C)
-    qc, kc, vc = (_to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
+    qc, kc, vc = (to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
     la = _gate_chunks(log_a, kind, reset, B, T, H, dt, N, C, q.device)
 
     neg_inf = reset is not None
@@ -657,7 +575,7 @@ def gla(
     form (``gla_chunk``). Same arguments and results as ``gla_chunk`` (chunk_size only matters to it)."""
     if backends.on_gpu(q):
         *_, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla")
-        _check_chunk_size(chunk_size, "gla")
+        check_chunk_size(chunk_size, "gla")
         out = backends.gla(q, k, v, log_a, kind, initial_state=initial_state, reset=reset,
                            output_final_state=output_final_state)
         if out is not None:

@@ -15,8 +15,8 @@ from typing import Optional
 from linlm.reproduce.claims.evidence import Retrieval
 from linlm.reproduce.claims.record import Claim
 from linlm.reproduce.claims.rule import Assessment
-from linlm.reproduce.claims.scaling_laws import (ACC_MARGIN, _accuracies, _retrieval, accuracy_part, baseline,
-                                                 mqar_undecidable)
+from linlm.reproduce.claims.scaling_laws import (ACC_MARGIN, accuracies_line, accuracy_part, baseline,
+                                                 mqar_undecidable, retrieval_result)
 
 PAPER = "DeltaNet (arXiv 2406.06484), Gated DeltaNet (arXiv 2412.06464)"
 DELTA = ("deltanet", "gated_deltanet")
@@ -36,7 +36,7 @@ def state_reason(r: Retrieval, a: str, b: str) -> Optional[str]:
 
 
 def recalls_better(results: dict) -> Assessment:
-    r, why = _retrieval(results.get("mqar"), "mqar")
+    r, why = retrieval_result(results.get("mqar"), "mqar")
     if why:
         return Assessment(reason=why)
     deltas = [a for a in DELTA if r.values(a)]
@@ -51,7 +51,7 @@ def recalls_better(results: dict) -> Assessment:
             part.reason = part.reason or state_reason(r, a, b)
             parts.append(part)
     states = ", ".join(f"{c} {r.state(c):,.0f}" for c in (*deltas, *peers) if r.state(c) is not None)
-    numbers = _accuracies(r, [baseline(), *deltas, *peers])
+    numbers = accuracies_line(r, [baseline(), *deltas, *peers])
     numbers += f"; state per layer (floats): {states}" if states else ""
     return Assessment(parts, numbers, f"MQAR at d={r.width()}, equal state per layer")
 

@@ -1,0 +1,93 @@
+"""The pieces the chunkwise ops share (ops/gla.py, ops/delta_chunk.py, ops/delta_rule.py): argument checks, the
+working dtype, buffers, the clamped exp and segment sums of log-gates, and the chunk-major layout."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linlm.errors import ConfigError, ShapeError
+
+
+def empty_buffer(like: Tensor, shape) -> Tensor:
+    """An uninitialised buffer that the caller overwrites completely. Tests run with
+    torch.use_deterministic_algorithms(True), which fills such memory with NaN, so a missed write shows up."""
+    return like.new_empty(shape)
+
+
+def shape_of(t) -> tuple:
+    return tuple(t.shape)
+
+
+def check_float(name: str, t: Tensor, fn: str) -> None:
+    if not isinstance(t, Tensor):
+        raise ShapeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ShapeError(f"{fn}: {name} must be a floating-point tensor, got dtype {t.dtype}")
+
+
+def work_dtype(*tensors) -> torch.dtype:
+    """float64 if any input is float64, else float32 (bf16 and fp16 inputs are computed in float32)."""
+    for t in tensors:
+        if t is not None and t.dtype == torch.float64:
+            return torch.float64
+    return torch.float32
+
+
+# Below this, float32 exp returns denormals or zero through a slow path on x86 CPUs. A decay
+# factor of exp(-87) = 1.6e-38 is already nothing next to any term of the sum, so exponents are clamped here.
+EXP_FLOOR = -87.0
+
+
+def clamped_exp(x: Tensor, neg_inf: bool) -> Tensor:
+    """exp(x) for log-decays x <= 0, with x clamped at EXP_FLOOR. If neg_inf, -inf entries (resets) give exactly 0."""
+    y = x.clamp_min(EXP_FLOOR).exp()
+    return torch.where(x == float("-inf"), 0.0, y) if neg_inf else y
+
+
+def segsum(x: Tensor) -> Tensor:
+    """x [..., n] -> [..., n, n] with out[..., t, s] = sum_{s < u <= t} x_u for s <= t, and -inf for s > t.
+
+    A true segment sum (a masked cumulative sum), never a difference of two prefix sums: exact where it matters,
+    and -inf entries in x (resets) give -inf, never NaN. Built as [s, t] so the cumulative sum runs along the last
+    (contiguous) dimension, then returned as a transposed view.
+    """
+    n = x.shape[-1]
+    upper = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)  # [s, u]: u > s
+    xe = torch.where(upper, x.unsqueeze(-2), torch.zeros((), dtype=x.dtype, device=x.device))  # [s, u] = x_u
+    seg = xe.cumsum(-1).masked_fill_(upper.transpose(0, 1), float("-inf"))  # [s, t]; -inf where t < s
+    return seg.transpose(-1, -2)
+
+
+def score_block(a: Tensor, h: int) -> Tensor:
+    """View of the (right half rows, left half cols) blocks of a [..., C, C] at level h, as [..., C/2h, h, h]."""
+    C = a.shape[-1]
+    nb = C // (2 * h)
+    av = a.view(*a.shape[:-2], nb, 2, h, nb, 2, h)[..., :, 1, :, :, 0, :]  # [..., nb, h, nb, h]
+    return av.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def to_chunks(x: Tensor, dt: torch.dtype, n_chunks: int, chunk: int) -> Tensor:
+    """[B, T, ...] -> chunk-major [N, B, ..., C] or [N, B, H, C, D] in dtype dt, zero-padded at the end (one copy).
+
+    x is [B, T, H] (a scalar gate) or [B, T, H, D].
+    """
+    B, T = x.shape[:2]
+    pad = n_chunks * chunk - T
+    if pad:
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
+    xv = x.view(B, n_chunks, chunk, *x.shape[2:])
+    if x.dim() == 3:  # [B, N, C, H] -> [N, B, H, C]
+        xv = xv.permute(1, 0, 3, 2)
+    else:  # [B, N, C, H, D] -> [N, B, H, C, D]
+        xv = xv.permute(1, 0, 3, 2, 4)
+    return xv.to(dtype=dt, memory_format=torch.contiguous_format)
+
+
+def check_chunk_size(chunk_size, fn: str) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
