@@ -3,6 +3,7 @@ difference only beyond it, a bad seed count refused before any work, and NIAH ve
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from types import SimpleNamespace
 
@@ -48,7 +49,9 @@ def test_a_recipe_starts_from_its_base_and_a_loop_of_bases_is_refused(tmp_path, 
     long, cpu = load_recipe("cpu-long"), load_recipe("cpu")
     # cpu-long states only what it changes: the rest (NIAH, decode, the ladder's seeds, MQAR's task) is cpu's.
     assert long.name == "cpu-long" and long.niah == cpu.niah and long.decode == cpu.decode and long.seeds == 3
-    assert long.scaling == cpu.scaling and long.mqar.task == cpu.mqar.task and long.mqar.lrs == cpu.mqar.lrs
+    # ... but for the ladder's architectures: cpu trains the 2024 study's four, cpu-long every one of the ladder's.
+    assert dataclasses.replace(long.scaling, archs=cpu.scaling.archs) == cpu.scaling and long.scaling.archs is None
+    assert long.mqar.task == cpu.mqar.task and long.mqar.lrs == cpu.mqar.lrs
     assert (long.mqar.seeds, cpu.mqar.seeds) == (5, 3) and long.aspect.shapes[:3] == cpu.aspect.shapes
     assert long.compare.ladder["rungs"][0]["tokens"] == 2 * cpu.compare.ladder["rungs"][0]["tokens"]
     assert long.compare.ladder["train"] == cpu.compare.ladder["train"] and long.mossnet.ladder == "mossnet-cpu-long"

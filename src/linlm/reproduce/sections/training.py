@@ -28,11 +28,23 @@ class SeedRungs:
     count: int = 2
 
 
+def load_ladder_named(name: str):
+    """A built-in ladder, its errors under the recipe's key ``ladder``."""
+    from linlm.scaling.ladder import load_ladder
+
+    try:
+        return load_ladder(name)
+    except ConfigError as e:
+        raise ConfigError(f"ladder: {str(e).removeprefix('--ladder: ')}") from None
+
+
 @dataclass
 class ScalingSettings:
     """The recipe's ``scaling:``."""
 
     ladder: str = setting(dataclasses.MISSING, "the scaling ladder: a built-in ladder of linlm/scaling/ladders/")
+    archs: Optional[list[str]] = setting(None, "the architectures trained on the ladder, some of its own (null: "
+                                               "every one of the ladder's)")
     seeds: Optional[SeedRungs] = setting(None, "{rungs, archs, count}: those rungs trained count times for those "
                                                "archs (rungs RUNG-s1, ...; train seeds the ladder's + 1, ...): the "
                                                "seed spread of the fits' intervals (null: none, no intervals)")
@@ -41,6 +53,12 @@ class ScalingSettings:
         from linlm.reproduce.seeds import MAX_SEEDS
 
         ladder = self.load()
+        if self.archs is not None:
+            own = load_ladder_named(self.ladder).archs
+            bad = [a for a in self.archs if a not in own]
+            if bad or not self.archs or len(set(self.archs)) != len(self.archs):
+                raise ConfigError(f"archs: {bad or self.archs}; name each once, among ladder {self.ladder}'s "
+                                  f"({', '.join(own)})")
         if self.seeds is not None:
             names = [r.name for r in ladder.rungs if r.archs is None]
             bad = [r for r in self.seeds.rungs if r not in names] + [a for a in self.seeds.archs
@@ -53,13 +71,11 @@ class ScalingSettings:
 
     def load(self):
         """The ladder, with the seed rungs added."""
-        from linlm.scaling.ladder import load_ladder
         from linlm.schema import deep_merge
 
-        try:
-            ladder = load_ladder(self.ladder)
-        except ConfigError as e:
-            raise ConfigError(f"ladder: {str(e).removeprefix('--ladder: ')}") from None
+        ladder = load_ladder_named(self.ladder)
+        if self.archs is not None:
+            ladder = dataclasses.replace(ladder, archs=list(self.archs))
         if self.seeds is None:
             return ladder
         base = int(ladder.train.get("seed") or 0)
