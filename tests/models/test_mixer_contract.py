@@ -182,3 +182,14 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("linlm: error: LINLM_PLUGINS: no_such_linlm_plugin: cannot be imported "
                           "(ModuleNotFoundError: ") and "\n" not in err
+
+
+def test_every_built_in_architecture_has_a_colour_of_its_own():
+    """Plots tell architectures apart by colour alone: two built-ins sharing one would be read as one model."""
+    from linlm.models.registry import arch_color
+
+    colours = {name: arch_color(name) for name in ARCHITECTURES}
+    shared = {c: sorted(n for n in colours if colours[n] == c) for c in colours.values()
+              if list(colours.values()).count(c) > 1}
+    assert shared == {}
+    assert ArchSpec.color not in colours.values()  # grey is a removed architecture's

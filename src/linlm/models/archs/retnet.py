@@ -55,5 +55,5 @@ def preset_rule(preset: str, row: dict, layer_params) -> dict:
 
 
 SPEC = ArchSpec("retnet", RetNetMixer, swiglu, "rms", "RetNet: multi-scale retention, a fixed decay per head",
-                family=LINEAR_ATTENTION, paper="arXiv 2307.08621", color="tab:cyan", scaling_study=True, extra_validate=validate,
+                family=LINEAR_ATTENTION, paper="arXiv 2307.08621", color="teal", scaling_study=True, extra_validate=validate,
                 preset_rule=preset_rule, options=RetNetOptions)
