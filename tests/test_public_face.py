@@ -62,4 +62,7 @@ def test_a_name_that_is_also_a_module_means_the_name():
     import linlm.conversion
     import linlm.conversion.convert  # noqa: F401
 
-    assert callable(linlm.conversion.convert) and linlm.conversion.convert is linlm.convert
+    assert callable(linlm.conversion.convert)
+    assert linlm.conversion.convert is sys.modules["linlm.conversion.convert"].convert
+    # linlm.convert is the one that also takes a training run's directory (linlm.train.model_dirs)
+    assert linlm.convert is sys.modules["linlm.train.model_dirs"].convert

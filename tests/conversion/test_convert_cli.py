@@ -159,3 +159,8 @@ def test_a_run_directory_is_accepted_wherever_a_model_directory_is(tmp_path, tex
                               atol=1e-5)
     assert main(["convert", str(run), "--out", str(tmp_path / "again")]) == 2
     one_line_error(capsys.readouterr().err, "step_00000001: is a linlm model already", "pass --to")
+    # The Python API reads a run directory as the command does: linlm.load and linlm.convert.
+    with torch.no_grad():
+        assert torch.equal(linlm.load(run)(ids), linlm.load(run / "checkpoints" / "step_00000001")(ids))
+    py = linlm.convert(run, tmp_path / "hf-py", to="hf-llama")
+    assert sorted(p.name for p in py.iterdir()) == sorted(p.name for p in (tmp_path / "hf").iterdir())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 def register(subparsers) -> None:
     from linlm.conversion.registry import LAYOUTS
@@ -22,24 +20,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_convert)
 
 
-def source_dir(src: str) -> Path:
-    """The directory to read: a linlm run directory (or its checkpoints/, or one training checkpoint) stands for its
-    newest checkpoint that verifies, as everywhere a model directory is accepted; any other path is itself. (Here,
-    in the command, since training checkpoints live in a layer above conversion.)"""
-    from linlm.models.io import CONFIG
-    from linlm.train.checkpoint import MANIFEST, resolve_checkpoint
-
-    path = Path(src).expanduser()
-    if (path / CONFIG).is_file() and not (path / MANIFEST).is_file():
-        return path
-    if (path / MANIFEST).is_file() or (path / "checkpoints").is_dir() or path.name == "checkpoints":
-        return resolve_checkpoint(path)
-    return path
-
-
 def cmd_convert(args) -> int:
-    from linlm.conversion import convert
+    from linlm.train.model_dirs import convert
 
-    out = convert(source_dir(args.src), args.out, layout=args.layout, to=args.to, overwrite=args.overwrite)
+    out = convert(args.src, args.out, layout=args.layout, to=args.to, overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0
