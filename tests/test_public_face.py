@@ -64,5 +64,5 @@ def test_a_name_that_is_also_a_module_means_the_name():
 
     assert callable(linlm.conversion.convert)
     assert linlm.conversion.convert is sys.modules["linlm.conversion.convert"].convert
-    # linlm.convert is the one that also takes a training run's directory (linlm.train.model_dirs)
-    assert linlm.convert is sys.modules["linlm.train.model_dirs"].convert
+    # linlm.convert is the one that also takes a training run's directory (the convert command's)
+    assert linlm.convert is sys.modules["linlm.conversion.cli"].convert

@@ -16,7 +16,7 @@ from linlm.exports import exports
 from linlm.version import __version__
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "create_model": "linlm.models.lm", "load": "linlm.train.model_dirs", "convert": "linlm.train.model_dirs",
+    "create_model": "linlm.models.lm", "load": "linlm.train.model_dirs", "convert": "linlm.conversion.cli",
     "generate": "linlm.models.generation", "evaluate": "linlm.eval.evaluator", "perplexity": "linlm.eval.perplexity",
     "register": "linlm.models.registry", "train": "linlm.train:",
     "ModelConfig": "linlm.models.model_config", "CausalLM": "linlm.models.lm", "LMOutput": "linlm.models.lm",

@@ -1,6 +1,11 @@
-"""``linlm convert``: a checkpoint of another library into a linlm model directory, or back (--to)."""
+"""``linlm convert`` and ``linlm.convert``: a checkpoint of another library into a linlm model directory, or back
+(--to). Both take a training run's directory for its newest checkpoint that verifies (linlm.train.model_dirs):
+that rule is train's, so it is applied here, above the conversion layer, and not in conversion/convert.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 
 def register(subparsers) -> None:
@@ -20,9 +25,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_convert)
 
 
-def cmd_convert(args) -> int:
-    from linlm.train.model_dirs import convert
+def convert(src, out, *, layout: Optional[str] = None, to: Optional[str] = None, overwrite: bool = False) -> Path:
+    """:func:`linlm.conversion.convert.convert`, where ``src`` may also be a training run's directory."""
+    from linlm.conversion.convert import convert as convert_dir
+    from linlm.train.model_dirs import model_dir
 
+    return convert_dir(model_dir(src), out, layout=layout, to=to, overwrite=overwrite)
+
+
+def cmd_convert(args) -> int:
     out = convert(args.src, args.out, layout=args.layout, to=args.to, overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0

@@ -1,18 +1,18 @@
-"""``linlm.load`` and ``linlm.convert`` as users call them: a training run's directory (or its ``checkpoints/``, or
-one of its checkpoints) stands for its newest checkpoint that verifies, wherever a model directory is accepted.
+"""``linlm.load`` as users call it: a training run's directory (or its ``checkpoints/``, or one of its checkpoints)
+stands for its newest checkpoint that verifies, wherever a model directory is accepted.
 
-The rule lives here, in the train layer, because the run directory's layout is train's; ``linlm.models.io.load`` and
-``linlm.conversion.convert.convert`` below read one model directory as given.
+The rule (:func:`model_dir`) lives here, in the train layer, because the run directory's layout is train's;
+``linlm.models.io.load`` below reads one model directory as given. ``linlm.convert`` applies the same rule in
+conversion/cli.py, which may import this layer (train imports nothing of conversion).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import torch
 
-__all__ = ["convert", "load", "model_dir"]
+__all__ = ["load", "model_dir"]
 
 
 def model_dir(path: str | Path) -> Path:
@@ -38,10 +38,3 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
 
     return load_dir(model_dir(path), device=device)
 
-
-def convert(src, out, *, layout: Optional[str] = None, to: Optional[str] = None, overwrite: bool = False) -> Path:
-    """:func:`linlm.conversion.convert.convert`, where ``src`` may also be a training run's directory (with ``to``:
-    its newest checkpoint that verifies is converted)."""
-    from linlm.conversion.convert import convert as convert_dir
-
-    return convert_dir(model_dir(src), out, layout=layout, to=to, overwrite=overwrite)
