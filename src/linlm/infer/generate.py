@@ -24,11 +24,12 @@ def load_model(path: str | Path, device: str = "cpu"):
     from ``model.save()`` or one from ``save_pretrained`` of a linlm transformers model."""
     from linlm.devices import resolve_device
     from linlm.models.io import CONFIG, load
-    from linlm.train.checkpoint import MANIFEST, resolve_checkpoint
+    from linlm.train.checkpoint import resolve_checkpoint
+    from linlm.train.model_dirs import holds_saved_model
 
     dev = resolve_device(device)
     path = Path(path).expanduser()
-    saved_model = (path / CONFIG).is_file() and not (path / MANIFEST).is_file()
+    saved_model = holds_saved_model(path)
     model_dir = path if saved_model else resolve_checkpoint(path)
     hf_type = _hf_model_type(model_dir / CONFIG) if saved_model else None
     if hf_type is None:

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load", "model_dir"]
+__all__ = ["holds_saved_model", "load", "model_dir"]
+
+
+def holds_saved_model(path: Path) -> bool:
+    """Whether ``path`` holds a saved model (``model.save()``, ``save_pretrained`` or another library's checkpoint):
+    a config.json and no training manifest. Anything else is a run, its checkpoints, or not a model."""
+    from linlm.models.io import CONFIG
+    from linlm.train.checkpoint import MANIFEST
+
+    return (path / CONFIG).is_file() and not (path / MANIFEST).is_file()
 
 
 def model_dir(path: str | Path) -> Path:
@@ -20,11 +29,10 @@ def model_dir(path: str | Path) -> Path:
     or another library's checkpoint: a config.json and no training manifest), else the newest checkpoint of the run
     that verifies (a CheckpointError names what is missing). Any other path is returned as it is, for the reader's
     own error."""
-    from linlm.models.io import CONFIG
     from linlm.train.checkpoint import MANIFEST, resolve_checkpoint
 
     path = Path(path).expanduser()
-    if (path / CONFIG).is_file() and not (path / MANIFEST).is_file():
+    if holds_saved_model(path):
         return path
     if (path / MANIFEST).is_file() or (path / "checkpoints").is_dir() or path.name == "checkpoints":
         return resolve_checkpoint(path)
