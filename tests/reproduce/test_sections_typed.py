@@ -181,3 +181,16 @@ def test_the_settings_table_of_the_docs_is_the_dataclasses():
     assert rows == [[k, readers, f, d, doc] for k, readers, f, d, doc in sections.settings_rows()], (
         "docs/reproduce.md's settings table differs from the sections' dataclasses: print the rows with "
         "linlm.reproduce.sections.settings_markdown() and paste them")
+
+
+def test_a_recipes_scaling_archs_are_some_of_its_ladders_own():
+    from linlm.errors import ConfigError
+    from linlm.reproduce.sections.training import ScalingSettings
+    from linlm.scaling.ladder import load_ladder
+
+    chosen = ScalingSettings(ladder="cpu", archs=["llama", "hgrn2"]).validate()
+    assert chosen.load().archs == ["llama", "hgrn2"]
+    assert ScalingSettings(ladder="cpu").validate().load().archs == load_ladder("cpu").archs  # null: every one
+    for bad in (["llama", "nope"], [], ["llama", "llama"]):
+        with pytest.raises(ConfigError, match=r"^archs: .* name each once, among ladder cpu's \(llama, tnl"):
+            ScalingSettings(ladder="cpu", archs=bad).validate()

@@ -52,13 +52,7 @@ class ScalingSettings:
     def validate(self) -> "ScalingSettings":
         from linlm.reproduce.seeds import MAX_SEEDS
 
-        ladder = self.load()
-        if self.archs is not None:
-            own = load_ladder_named(self.ladder).archs
-            bad = [a for a in self.archs if a not in own]
-            if bad or not self.archs or len(set(self.archs)) != len(self.archs):
-                raise ConfigError(f"archs: {bad or self.archs}; name each once, among ladder {self.ladder}'s "
-                                  f"({', '.join(own)})")
+        ladder = self.load()  # refuses archs that are not the ladder's own
         if self.seeds is not None:
             names = [r.name for r in ladder.rungs if r.archs is None]
             bad = [r for r in self.seeds.rungs if r not in names] + [a for a in self.seeds.archs
@@ -75,6 +69,10 @@ class ScalingSettings:
 
         ladder = load_ladder_named(self.ladder)
         if self.archs is not None:
+            bad = [a for a in self.archs if a not in ladder.archs]
+            if bad or not self.archs or len(set(self.archs)) != len(self.archs):
+                raise ConfigError(f"archs: {bad or self.archs}; name each once, among ladder {self.ladder}'s "
+                                  f"({', '.join(ladder.archs)})")
             ladder = dataclasses.replace(ladder, archs=list(self.archs))
         if self.seeds is None:
             return ladder
