@@ -98,7 +98,7 @@ def test_emit_torchrun_for_the_paper_ladder(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     cmds = [x for x in lines if x.startswith("torchrun ")]
     assert len(cmds) == 6 * len(arch_names(scaling_study=True)) and sum(x.startswith("# rung") for x in lines) == 6
-    assert len(arch_names(scaling_study=True)) == 7  # the 2024 study's four, Mamba-2, GLA, RetNet
+    assert len(arch_names(scaling_study=True)) == 9  # the 2024 study's four, Mamba-2, GLA, RetNet, the delta rule's two
     assert all("-m linlm train --config" in c and c.endswith("--resume") for c in cmds)
     cfg = build_config(out / "configs" / "tnl-1b.yaml")
     assert (cfg.batch_size, cfg.data.seq_len, cfg.optim.lr, cfg.optim.weight_decay) == (480, 8192, 3e-4, 0.1)

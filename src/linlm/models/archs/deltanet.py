@@ -32,5 +32,5 @@ class DeltaNetOptions:
 
 SPEC = ArchSpec("deltanet", DeltaNetMixer, swiglu, "rms",
                 "DeltaNet: linear attention with the delta rule (L2-normalised keys, short convolutions)",
-                family=LINEAR_ATTENTION, paper="arXiv 2406.06484", color="gold",
+                family=LINEAR_ATTENTION, paper="arXiv 2406.06484", color="gold", scaling_study=True,
                 preset_rule=glu_matched_to_llama, options=DeltaNetOptions)

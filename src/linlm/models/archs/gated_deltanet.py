@@ -46,5 +46,5 @@ def validate(cfg) -> None:
 
 SPEC = ArchSpec("gated_deltanet", GatedDeltaNetMixer, swiglu, "rms",
                 "Gated DeltaNet: the delta rule with Mamba-2's decay and an output gate",
-                family=LINEAR_ATTENTION, paper="arXiv 2412.06464", color="tab:cyan", extra_validate=validate,
-                preset_rule=glu_matched_to_llama, options=GatedDeltaNetOptions)
+                family=LINEAR_ATTENTION, paper="arXiv 2412.06464", color="tab:cyan", scaling_study=True,
+                extra_validate=validate, preset_rule=glu_matched_to_llama, options=GatedDeltaNetOptions)
