@@ -29,7 +29,7 @@ LINEAR = ("tnl", "hgrn2", "cosformer2")
 
 def test_every_claim_says_cannot_tell_with_the_reason_when_its_section_did_not_run():
     verdicts = judge({})
-    assert [v.key for v in verdicts] == [c.key for c in CLAIMS] and len(verdicts) == 12
+    assert [v.key for v in verdicts] == [c.key for c in CLAIMS] and len(verdicts) == 13
     for v in verdicts:
         assert v.verdict == "cannot tell" and v.why, v.key
         assert v.terms and v.difference and v.paper
@@ -200,6 +200,28 @@ def test_the_delta_rule_recalls_better_only_where_states_are_equal():
     assert v.verdict == "cannot tell" and "state per layer not recorded for deltanet" in v.evidence
     v = verdict("delta-recall", mqar({"llama": [0.9, 0.91, 0.92], "hgrn2": [0.3, 0.31, 0.33]}, states=equal))
     assert v.verdict == "cannot tell" and "mqar trained no delta-rule model" in v.why
+
+
+def test_a_hybrid_recovers_recall_when_above_its_linear_model_and_as_high_as_llama():
+    tags = {"llama": {"hybrid": "attention"}, "hgrn2": {"hybrid": "linear"}, "hgrn2-attn4": {"hybrid": "hybrid"}}
+
+    def hybrid(llama, linear, mixed, **kw):
+        return mqar({"llama": llama, "hgrn2": linear, "hgrn2-attn4": mixed}, study=tags, **kw)
+
+    v = verdict("hybrid", hybrid([0.90, 0.92, 0.94], [0.20, 0.22, 0.25], [0.91, 0.92, 0.935]))
+    assert v.verdict == "for" and [p.name for p in v.parts] == ["hgrn2-attn4 - hgrn2", "hgrn2-attn4 - llama"]
+    assert [p.outcome for p in v.parts] == ["for", "for"]  # the second by the equivalence test: as high as LLaMA
+    # Above its linear model but well below LLaMA: the attention layer did not recover the recall.
+    v = verdict("hybrid", hybrid([0.90, 0.92, 0.94], [0.20, 0.22, 0.25], [0.50, 0.53, 0.54]))
+    assert v.verdict == "mixed" and [p.outcome for p in v.parts] == ["for", "against"]
+    # A hybrid no better than its linear model.
+    v = verdict("hybrid", hybrid([0.90, 0.92, 0.94], [0.50, 0.52, 0.55], [0.30, 0.31, 0.33]))
+    assert [p.outcome for p in v.parts] == ["against", "against"]
+    v = verdict("hybrid", hybrid([0.90, 0.92, 0.94], [0.20, 0.22, 0.25], [0.91, 0.92, 0.935],
+                                 plateaued={"hgrn2-attn4": [True, False, True]}))
+    assert v.verdict == "cannot tell" and "not plateaued: hgrn2-attn4 seed 1" in v.why
+    v = verdict("hybrid", mqar({"llama": [0.9, 0.91], "hgrn2": [0.2, 0.21]}, study=tags))
+    assert v.verdict == "cannot tell" and "trained no linear model beside its hybrid" in v.why
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c.key)

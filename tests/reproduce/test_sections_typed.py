@@ -127,15 +127,20 @@ def test_the_dry_run_says_which_claims_the_settings_cannot_decide(tmp_path, caps
             "is trained with a second seed") in claims
     assert "MossNet beats transformer and SSM baselines: cannot tell with these settings: the comparison trains one " \
            "seed per architecture" in claims
-    # --seeds 3 gives the comparison a spread; the cpu recipe can decide every claim but MossNet's scaling.
+    # --seeds 3 gives the comparison a spread; the cpu recipe can decide every claim but MossNet's scaling and the
+    # hybrid question (cpu-long asks it).
     assert main(["reproduce", "--recipe", "smoke", "--out", str(tmp_path / "s"), "--dry-run", "--seeds", "3"]) == 0
     assert "MossNet beats transformer and SSM baselines: can be decided" in capsys.readouterr().out
     assert main(["reproduce", "--recipe", "cpu", "--out", str(tmp_path / "c"), "--dry-run"]) == 0
     text = capsys.readouterr().out
     lines = [ln for ln in text.split("[claims]", 1)[1].splitlines() if "cannot tell" in ln]
     assert lines == ["  MossNet scales at least as well as its baselines: cannot tell with these settings: the recipe "
-                     "trains no mossnet ladder"]
+                     "trains no mossnet ladder",
+                     "  A few attention layers give a linear model back its recall: cannot tell with these settings: "
+                     "the recipe runs no hybrid study"]
     assert "(at most 9 min here" in text  # the MQAR section's time (9 configurations, 60 s each here) is counted
+    assert main(["reproduce", "--recipe", "cpu-long", "--out", str(tmp_path / "l"), "--dry-run"]) == 0
+    assert "A few attention layers give a linear model back its recall: can be decided" in capsys.readouterr().out
 
 
 def test_the_dry_run_makes_the_real_runs_checks_and_writes_nothing(tmp_path, capsys):

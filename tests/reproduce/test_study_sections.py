@@ -57,11 +57,39 @@ def test_the_cpu_recipe_trains_no_ladder_it_cannot_judge(tmp_path):
     assert [name for name, _ in Job(load_recipe("smoke"), tmp_path).training_ladders()] == ["scaling", "compare"]
 
 
+def test_the_hybrid_study_trains_each_linear_model_alone_with_attention_and_llama(tmp_path):
+    from linlm.reproduce.claims import judge
+    from linlm.reproduce.sections import hybrid
+    from linlm.train.model_dirs import load
+
+    job = Job(load_recipe("smoke"), tmp_path / "job", say=lambda s: None)
+    job.recipe.hybrid.validate()
+    res = job.results["hybrid"] = hybrid.SECTION.run(job, lambda f: None)
+    runs = {r["name"]: r for r in res["runs"]}
+    assert set(runs) == {"llama-d16", "hgrn2-d16", "hgrn2-attn2-d16"}
+    assert {n: r["study"]["hybrid"] for n, r in runs.items()} == {
+        "llama-d16": "attention", "hgrn2-d16": "linear", "hgrn2-attn2-d16": "hybrid"}
+    # The hybrid is the linear stack with its second layer attention: more FLOPs than the linear model, fewer than
+    # LLaMA's, all counted.
+    flops = {n: r["flops_per_token"] for n, r in runs.items()}
+    assert flops["hgrn2-d16"] != flops["hgrn2-attn2-d16"] and all(f > 0 for f in flops.values())
+    model = load(tmp_path / "job" / "hybrid" / "hgrn2-attn2-d16-s0")
+    assert model.config.attention_layers == (1,) and model.config.arch == "hgrn2"
+    blocks = hybrid.SECTION.render(job, [])
+    table = next(b for b in blocks if b[0] == "table")
+    assert table[1][:2] == ["configuration", "layers"] and len(table[2]) == 3
+    v = next(v for v in judge(job.results) if v.key == "hybrid")
+    assert v.verdict == "cannot tell"  # one seed: the smoke recipe decides nothing
+
+
 @pytest.mark.parametrize("key, bad, named", [
     ("aspect", {"shapes": [[48, 3], [64, 2]]}, "each of at least 3 layers"),
     ("aspect", {"shapes": [[48, 3]]}, "give 2 or more"),
     ("aspect", {"shapes": [[40, 3], [48, 4]]}, "multiple of head_dim 16"),
     ("context", {"gaps": [64]}, "give 2 or more different gaps"),
+    ("hybrid", {"archs": ["llama"]}, "cannot take attention layers"),
+    ("hybrid", {"archs": ["hgrn2"], "n_layers": 2, "every": 3}, "give 2 to n_layers (2)"),
+    ("hybrid", {"archs": ["hgrn2"], "n_layers": 4, "window": -1}, "give 0 (full attention)"),
     ("scaling", {"ladder": "smoke", "seeds": {"rungs": ["nosuch"], "archs": ["llama"]}}, "seeds: ['nosuch']"),
 ])
 def test_a_study_that_cannot_be_run_is_refused_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, key, bad,

@@ -9,11 +9,11 @@ records (:mod:`linlm.reproduce.claims.evidence`). A verdict is computed, never w
 
 from __future__ import annotations
 
-from linlm.reproduce.claims import delta_rule, mossnet, scaling_laws
+from linlm.reproduce.claims import delta_rule, hybrid, mossnet, scaling_laws
 from linlm.reproduce.claims.record import Claim, Verdict, judge
 from linlm.reproduce.claims.rule import AGAINST, ALIKE, CANNOT, FOR, MIXED, OUTCOMES, Difference
 
-CLAIMS: list[Claim] = [*scaling_laws.CLAIMS, *mossnet.CLAIMS, *delta_rule.CLAIMS]
+CLAIMS: list[Claim] = [*scaling_laws.CLAIMS, *mossnet.CLAIMS, *delta_rule.CLAIMS, *hybrid.CLAIMS]
 
 __all__ = ["AGAINST", "ALIKE", "CANNOT", "CLAIMS", "Claim", "Difference", "FOR", "MIXED", "OUTCOMES", "Verdict",
            "judge"]

@@ -1,5 +1,5 @@
 """The sections of ``linlm reproduce``, in the order the job runs them: one module each (training holds both
-training sections, quality both quality sections, retrieval_studies the aspect and context studies, mossnet_ladder
+training sections, quality both quality sections, retrieval_studies the aspect and context studies, hybrid the hybrid stacks' study, mossnet_ladder
 MossNet's optional ladder and its fits), each defining its :class:`linlm.reproduce.section.Section`.
 
 Adding a section: write its module here (its settings dataclass, its ``measure``, its ``run`` from the job, its
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError
 from linlm.reproduce.section import Section, option_rows
-from linlm.reproduce.sections import (decode, fits, long_context, mossnet_ladder, mqar, niah, quality,
+from linlm.reproduce.sections import (decode, fits, hybrid, long_context, mossnet_ladder, mqar, niah, quality,
                                       retrieval_studies, training, zeroshot)
 
 SECTIONS: tuple[Section, ...] = (training.SCALING, training.COMPARE, fits.SECTION, quality.QUALITY,
                                  quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, long_context.SECTION,
                                  mqar.SECTION,
                                  decode.SECTION, retrieval_studies.ASPECT, retrieval_studies.CONTEXT,
+                                 hybrid.SECTION,
                                  mossnet_ladder.MOSSNET, mossnet_ladder.MOSSNET_FITS)
 
 
