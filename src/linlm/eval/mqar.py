@@ -52,6 +52,11 @@ class MQARConfig:
         return (self.vocab_size - 1) // 2
 
     @property
+    def chance(self) -> float:
+        """The accuracy of guessing a value uniformly among the tokens that are not keys (nor the filler)."""
+        return 1.0 / max(1, self.vocab_size - 1 - self.num_keys)
+
+    @property
     def seq_len(self) -> int:
         return 2 * (self.num_kv + self.queries) + self.gap
 

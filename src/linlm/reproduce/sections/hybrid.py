@@ -85,8 +85,8 @@ def run(job, tick: Tick) -> Optional[dict]:
     flops = _flops_per_token(s)
     for r in rows:
         r["flops_per_token"] = flops.get(r["name"])
-    return {"task": asdict(s.task), "chance": 1.0 / max(1, s.task.vocab_size - 1 - s.task.num_keys),
-            "settings": asdict(s), "training": s.how(), "every": s.every, "window": s.window, "runs": rows}
+    return {"task": asdict(s.task), "chance": s.task.chance, "settings": asdict(s), "training": s.how(),
+            "every": s.every, "window": s.window, "runs": rows}
 
 
 def _flops_per_token(s: HybridSettings) -> dict[str, float]:

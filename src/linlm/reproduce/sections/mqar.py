@@ -88,7 +88,7 @@ def measure(settings: MQARSettings, out: Path, plots: Path, tick: Tick) -> dict:
     rows, swept = train(settings, task, settings.configs(), out, tick)
     configs = summarize(rows)
     plot_experiment(configs, plots / "mqar.png", "--out")
-    chance = 1.0 / max(1, task.vocab_size - 1 - task.num_keys)
+    chance = task.chance
     return {"task": asdict(task), "chance": chance, "settings": asdict(settings), "seeds": settings.seed_list,
             "rows": configs, "runs": rows, "groups": comparison_groups(configs), "lr_sweep": swept,
             "training": settings.how(), "plot": "mqar.png"}

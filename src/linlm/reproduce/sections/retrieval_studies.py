@@ -102,9 +102,8 @@ def chosen_lr(job, arch: str) -> Optional[float]:
 def _result(settings, task: MQARConfig, rows: list[dict], levels: list, key: str) -> dict:
     from linlm.experiments.mqar_summary import summarize
 
-    return {"task": asdict(task), "chance": 1.0 / max(1, task.vocab_size - 1 - task.num_keys), "key": key,
-            "levels": levels, "settings": asdict(settings), "training": settings.how(), "runs": rows,
-            "rows": summarize(rows)}
+    return {"task": asdict(task), "chance": task.chance, "key": key, "levels": levels, "settings": asdict(settings),
+            "training": settings.how(), "runs": rows, "rows": summarize(rows)}
 
 
 def run_aspect(job, tick: Tick) -> Optional[dict]:
