@@ -17,7 +17,7 @@ from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mamba import ShortConv
-from linlm.layers.mixer import TokenMixer
+from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
 
 # Below this the lower bound only guards log(0); it changes the gate by at most 1e-30.
@@ -34,7 +34,7 @@ class LowerBounds(nn.Module):
         self.table = nn.Parameter(torch.zeros(cfg.n_layers, cfg.d_model))
 
     def forward(self) -> torch.Tensor:
-        c = torch.cumsum(torch.softmax(self.table.float(), dim=0), dim=0)
+        c = torch.cumsum(torch.softmax(self.table.to(float32_at_least(self.table.dtype)), dim=0), dim=0)
         return c - c[:1]
 
 
@@ -73,7 +73,7 @@ class HGRN2Mixer(TokenMixer):
         if self.conv is not None:
             qfv, conv_states = self._convolve(qfv, None if state is None else state["conv"], reset)
         q, f, v = (t.reshape(B, T, H, K) for t in qfv)
-        f = f.float()
+        f = f.to(float32_at_least(f.dtype))  # the gates in float32 at least (float64 in a float64 model)
         if ctx is None:
             log_a, k = F.logsigmoid(f), torch.sigmoid(-f).to(v.dtype)
         else:
