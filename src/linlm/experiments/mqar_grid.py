@@ -115,15 +115,18 @@ def model_overrides(run: MQARRun, n_layers: int, head_dim: int, vocab_size: int,
             "vocab_size": vocab_size, **(run.overrides or {})}
 
 
-def active_params(run: MQARRun, shape: dict) -> int:
-    """Active non-embedding parameters of the run, counted on the meta device (``shape``: model_overrides' other
-    arguments)."""
+def counted(run: MQARRun, shape: dict) -> dict:
+    """linlm.models.counting's counts of the run's model (parameters, FLOPs per token at the task's length), on the
+    meta device (``shape``: model_overrides' other arguments)."""
     from linlm.models.counting import count
     from linlm.models.presets import preset_config
 
-    over = model_overrides(run, **shape)
-    return count(preset_config(run.arch, None, **over), batch=1, seq_len=shape["seq_len"])[
-        "active_non_embedding_params"]
+    return count(preset_config(run.arch, None, **model_overrides(run, **shape)), batch=1, seq_len=shape["seq_len"])
+
+
+def active_params(run: MQARRun, shape: dict) -> int:
+    """Active non-embedding parameters of the run, counted on the meta device."""
+    return counted(run, shape)["active_non_embedding_params"]
 
 
 def _solve(run: MQARRun, key: str, shape: dict, target: int, at: int, step: int) -> int:

@@ -18,7 +18,8 @@ from typing import Optional
 
 from linlm.reproduce.claims.record import Claim
 from linlm.reproduce.claims.rule import FOR, Assessment
-from linlm.reproduce.claims.scaling_laws import ACC_MARGIN, accuracies_line, accuracy_part, baseline, retrieval_result
+from linlm.reproduce.claims.scaling_laws import (ACC_MARGIN, accuracies_line, accuracy_part, baseline,
+                                                 retrieval_result, training_undecidable)
 
 PAPER = "Mamba-2-Hybrid (arXiv 2406.07887)"
 SECTION = "hybrid"
@@ -50,13 +51,7 @@ def recovers_recall(results: dict) -> Assessment:
 
 def hybrid_undecidable(job) -> Optional[str]:
     s = job.recipe.hybrid
-    if not s.archs:
-        return "the recipe runs no hybrid study"
-    if s.seeds < 2:
-        return "hybrid trains one seed per configuration"
-    if s.plateau is None:
-        return "hybrid trains a fixed number of steps, not to a plateau (no plateau rule)"
-    return None
+    return "the recipe runs no hybrid study" if not s.archs else training_undecidable(s, SECTION)
 
 
 CLAIMS = [

@@ -244,7 +244,8 @@ def fits_undecidable(job, name: str = "scaling") -> Optional[str]:
     return None
 
 
-def _mqar_undecidable(settings, section: str) -> Optional[str]:
+def training_undecidable(settings, section: str) -> Optional[str]:
+    """Why an MQAR section's training (mqar, aspect, context, hybrid) cannot decide a claim, or None."""
     if settings.seeds < 2:
         return f"{section} trains one seed per configuration"
     if settings.plateau is None:
@@ -258,7 +259,7 @@ def mqar_undecidable(job, archs: tuple[str, ...]) -> Optional[str]:
     missing = [a for a in archs if a not in names]
     if missing:
         return f"mqar trains no {', '.join(missing)}"
-    return _mqar_undecidable(m, "mqar")
+    return training_undecidable(m, "mqar")
 
 
 def study_undecidable(job, section: str) -> Optional[str]:
@@ -268,7 +269,7 @@ def study_undecidable(job, section: str) -> Optional[str]:
         return f"the recipe runs no {section} study"
     if baseline() not in s.archs or not set(s.archs) & set(linear_archs()):
         return f"the {section} study trains no {baseline()} beside a linear model"
-    return _mqar_undecidable(s, section)
+    return training_undecidable(s, section)
 
 
 CLAIMS = [

@@ -1,6 +1,7 @@
 """The sections of ``linlm reproduce``, in the order the job runs them: one module each (training holds both
-training sections, quality both quality sections, retrieval_studies the aspect and context studies, hybrid the hybrid stacks' study, mossnet_ladder
-MossNet's optional ladder and its fits), each defining its :class:`linlm.reproduce.section.Section`.
+training sections, quality both quality sections, retrieval_studies the aspect and context studies, hybrid the
+hybrid stacks' study, mossnet_ladder MossNet's optional ladder and its fits), each defining its
+:class:`linlm.reproduce.section.Section`.
 
 Adding a section: write its module here (its settings dataclass, its ``measure``, its ``run`` from the job, its
 ``render``, the record naming its recipe key and settings) and add the record to :data:`SECTIONS`. The recipes

@@ -13,13 +13,14 @@ of each hybrid against its linear model and against LLaMA, paired by seed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig
 from linlm.reproduce.section import Blocks, Section, Tick, heading, setting
 from linlm.reproduce.sections.mqar_training import TrainSettings, runs_blocks, seconds, train
+from linlm.reproduce.sections.retrieval_studies import chosen_lr, study_result
 
 LINEAR, HYBRID, ATTENTION = "linear", "hybrid", "attention"
 
@@ -75,33 +76,21 @@ class HybridSettings(TrainSettings):
 
 
 def run(job, tick: Tick) -> Optional[dict]:
-    from linlm.reproduce.sections.retrieval_studies import chosen_lr
+    from linlm.experiments.mqar_grid import counted
 
     s = job.recipe.hybrid
     if not s.archs:
         return {"not_run": f"recipe {job.recipe.name} gives no hybrid archs (its key hybrid: {{archs: [...]}} runs "
                            "the study)"}
     rows, _ = train(s, s.task, s.configs(), job.out / "hybrid", tick, lambda c: chosen_lr(job, c.arch))
-    flops = _flops_per_token(s)
+    # Each configuration's training FLOPs per token of the body (forward and backward, counted from the layer shapes).
+    shape = {"n_layers": s.n_layers, "head_dim": s.head_dim, "vocab_size": s.task.vocab_size,
+             "seq_len": s.task.seq_len}
+    flops = {c.name(): float(counted(c, shape)["counted_flops_per_token"]) for c in s.configs()}
     for r in rows:
         r["flops_per_token"] = flops.get(r["name"])
-    return {"task": asdict(s.task), "chance": s.task.chance, "settings": asdict(s), "training": s.how(),
-            "every": s.every, "window": s.window, "runs": rows}
-
-
-def _flops_per_token(s: HybridSettings) -> dict[str, float]:
-    """{configuration name: training FLOPs per token of the body (forward and backward, counted from the layer
-    shapes on the meta device: linlm.models.counting) at the task's length}."""
-    from linlm.experiments.mqar_grid import model_overrides
-    from linlm.models.counting import count
-    from linlm.models.presets import preset_config
-
-    out = {}
-    for c in s.configs():
-        over = model_overrides(c, s.n_layers, s.head_dim, s.task.vocab_size, s.task.seq_len)
-        out[c.name()] = float(count(preset_config(c.arch, None, **over), batch=1,
-                                    seq_len=s.task.seq_len)["counted_flops_per_token"])
-    return out
+    return {**study_result(s, s.task, rows, [LINEAR, HYBRID, ATTENTION], "hybrid"), "every": s.every,
+            "window": s.window}
 
 
 def render(job, pending: list[str]) -> Blocks:

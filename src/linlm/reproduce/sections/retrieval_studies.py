@@ -99,7 +99,9 @@ def chosen_lr(job, arch: str) -> Optional[float]:
     return found["chosen"] if found else None
 
 
-def _result(settings, task: MQARConfig, rows: list[dict], levels: list, key: str) -> dict:
+def study_result(settings, task: MQARConfig, rows: list[dict], levels: list, key: str) -> dict:
+    """A study section's saved result: its task and chance, the ``key`` its runs are tagged by and that key's
+    ``levels``, its settings, every run and their summary."""
     from linlm.experiments.mqar_summary import summarize
 
     return {"task": asdict(task), "chance": task.chance, "key": key, "levels": levels, "settings": asdict(settings),
@@ -112,7 +114,7 @@ def run_aspect(job, tick: Tick) -> Optional[dict]:
         return {"not_run": f"recipe {job.recipe.name} gives no aspect shapes (its key aspect: {{shapes: [[d, l], "
                            "...]}} runs the study)"}
     rows, _ = train(s, s.task, s.configs(), job.out / "aspect", tick, lambda c: chosen_lr(job, c.arch))
-    return _result(s, s.task, rows, [f"d{d}-l{n}" for d, n in s.shapes], "shape")
+    return study_result(s, s.task, rows, [f"d{d}-l{n}" for d, n in s.shapes], "shape")
 
 
 def run_context(job, tick: Tick) -> Optional[dict]:
@@ -126,7 +128,7 @@ def run_context(job, tick: Tick) -> Optional[dict]:
         found, _ = train(s, s.task_at(gap), s.configs(gap), job.out / "context" / f"gap{gap}", part,
                          lambda c: chosen_lr(job, c.arch))
         rows += found
-    return _result(s, s.task, rows, [s.task_at(g).seq_len for g in s.gaps], "context")
+    return study_result(s, s.task, rows, [s.task_at(g).seq_len for g in s.gaps], "context")
 
 
 def study_blocks(job, name: str, title: str, about: str, pending: list[str]) -> Blocks:
