@@ -49,7 +49,7 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 class LinlmEngine:
-    def __init__(self, path: str, threads: int):
+    def __init__(self, path: str, threads: int, compile_step: bool = False):
         import torch
 
         from linlm.infer.generate import load_model
@@ -61,6 +61,16 @@ class LinlmEngine:
         self.model, _ = load_model(path)
         self.vocab = self.model.config.vocab_size
         self.state = None
+        self.compile_s = None
+        if compile_step:
+            if not self.model.compile_step():
+                raise SystemExit(f"{path}: this model's step cannot be compiled (its state grows)")
+            clock = Clock()
+            self.prefill([0])
+            self.step(0)  # compiles
+            self.compile_s = clock.stop()[0]
+            if self.model._compiled_step is None:
+                raise SystemExit(f"{path}: the compiled step failed (see the warning above)")
 
     def prefill(self, ids: list[int]) -> int:
         logits, self.state = self.model.prefill(self.torch.tensor([ids]))
@@ -98,6 +108,74 @@ class LlamaCppEngine:
         return None
 
 
+def time_per_call(fn, cpu: bool, min_s: float = 0.3) -> float:
+    """Median seconds per call of fn over 5 rounds of back-to-back calls (each round at least min_s / 5)."""
+    fn()
+    rounds = []
+    for _ in range(5):
+        n, start = 0, (time.process_time() if cpu else time.perf_counter())
+        while True:
+            fn()
+            n += 1
+            spent = (time.process_time() if cpu else time.perf_counter()) - start
+            if spent >= min_s / 5:
+                break
+        rounds.append(spent / n)
+    return statistics.median(rounds)
+
+
+def profile_step(engine: LinlmEngine, cpu: bool) -> dict:
+    """Where a batch-1 decoding step's time goes, in ms: the whole step; the matrix-vector products alone (every
+    Linear and the head, one row through each in layer order, with the model's own weights: the part that reads the
+    weights, bounded by the memory bandwidth); the dispatch floor (the step of a model of the same architecture and
+    depth at width 16 and vocabulary 64, whose arithmetic is negligible: Python, module calls and per-op dispatch);
+    and the rest (the element-wise work at full width: conv, gates, the state update and read-out)."""
+    import torch
+    from torch import nn
+
+    from linlm.models.lm import create_model
+    from linlm.models.quant import QuantLinear
+
+    model = engine.model
+    token = torch.tensor([1])
+    _, state = model.prefill(torch.tensor([[1, 2, 3]]))
+
+    def step():
+        nonlocal state
+        _, state = model.step(token, state)
+
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, QuantLinear))]
+    if model.head is None:  # tied: the head is the embedding matrix
+        linears.append(lambda x: torch.nn.functional.linear(x, model.embed.weight))
+    rows = {}
+
+    def matvecs():
+        with torch.no_grad():
+            for lin in linears:
+                k = lin.in_features if hasattr(lin, "in_features") else model.config.d_model
+                x = rows.get(k)
+                if x is None:
+                    x = rows[k] = torch.randn(1, k)
+                lin(x)
+
+    cfg = model.config
+    small = create_model(cfg.arch, d_model=16, n_heads=1, n_layers=cfg.n_layers, vocab_size=64,
+                         options=cfg.options).eval()
+    if model._compiled_step is not None:
+        small.compile_step()
+    _, small_state = small.prefill(torch.tensor([[1, 2, 3]]))
+
+    def small_step():
+        nonlocal small_state
+        _, small_state = small.step(token, small_state)
+
+    whole = time_per_call(step, cpu)
+    products = time_per_call(matvecs, cpu)
+    dispatch = time_per_call(small_step, cpu)
+    return {"step_ms": 1e3 * whole, "matvec_ms": 1e3 * products, "dispatch_ms": 1e3 * dispatch,
+            "rest_ms": 1e3 * (whole - products - dispatch)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("engine", choices=["linlm", "llamacpp"])
@@ -108,11 +186,13 @@ def main() -> None:
     ap.add_argument("--greedy-prompt", type=int, default=32)
     ap.add_argument("--greedy-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true", help="linlm: decode through the compiled step")
+    ap.add_argument("--profile-step", action="store_true", help="linlm: where a decoding step's time goes")
     args = ap.parse_args()
     contexts = sorted(int(c) for c in args.contexts.split(","))
     clock = Clock()
     if args.engine == "linlm":
-        engine = LinlmEngine(args.model, args.threads)
+        engine = LinlmEngine(args.model, args.threads, args.compile)
     else:
         engine = LlamaCppEngine(args.model, args.threads, n_ctx=max(contexts) + args.decode_tokens + 8)
     load_wall, load_cpu = clock.stop()
@@ -146,6 +226,10 @@ def main() -> None:
             "state_bytes": engine.state_bytes(),
         }
     out["peak_rss_bytes"] = peak_rss()
+    if args.engine == "linlm":
+        out["compile_s"] = engine.compile_s
+        if args.profile_step:
+            out["step_profile"] = profile_step(engine, cpu=args.threads == 1)
     print(json.dumps(out))
 
 

@@ -4,8 +4,12 @@ Nothing in linlm or its tests needs llama.cpp. The benchmark makes, once, a virt
 (``$LINLM_LLAMACPP_DIR``, default ``<user cache>/linlm/llamacpp``) holding:
 
 - llama-cpp-python, built from its PyPI source distribution (pinned below) for this CPU: llama.cpp's own build,
-  with its default flags (``GGML_NATIVE``: the instructions of the machine that builds it). On two cores the build
-  takes tens of minutes; later runs find it there.
+  with its default flags (``GGML_NATIVE``: the instructions of the machine that builds it) less the AMX tile
+  instructions (``BUILD_CFLAGS``). On an Intel Xeon with AMX (family 6, model 207, in a VM that grants the AMX
+  state) the native build's Q8_0 matrix product stops at its first ``tilezero`` with an illegal instruction, in
+  every thread count; without AMX, llama.cpp's Q8_0 runs its AVX-512 VNNI kernels, the instructions linlm's int8
+  GEMM (fbgemm) uses too. On a CPU without AMX the flags change nothing. On two cores the build takes about ten
+  minutes; later runs find it there.
 - What llama.cpp's converter needs: torch (the CPU build linlm pins), numpy, sentencepiece, transformers (the
   version its requirements pin), and ``gguf`` from PyPI (the converter itself imports the copy of gguf-py that ships
   beside it, as it does in llama.cpp's tree).
@@ -30,6 +34,8 @@ LLAMA_CPP_PYTHON = "0.3.36"
 TORCH = "torch==2.13.0"
 # The converter's own packages; gguf-py ships beside it, gguf from PyPI brings the same dependencies.
 CONVERTER_PACKAGES = ("gguf", "sentencepiece", "numpy", "transformers==4.57.6", TORCH)
+# Appended to the native flags: an explicit -mno-* wins over -march=native in GCC and Clang.
+BUILD_CFLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
@@ -62,7 +68,7 @@ def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
     python = venv / "bin" / "python"
     stamp = venv / f".linlm-ready-{LLAMA_CPP_PYTHON}"
     env = LlamaCppEnv(python, tree / "convert_hf_to_gguf.py", LLAMA_CPP_PYTHON)
-    wanted = "\n".join([LLAMA_CPP_PYTHON, *CONVERTER_PACKAGES]) + "\n"
+    wanted = "\n".join([LLAMA_CPP_PYTHON, BUILD_CFLAGS, *CONVERTER_PACKAGES]) + "\n"
     if stamp.is_file() and stamp.read_text() == wanted and env.converter.is_file():
         return env
     root.mkdir(parents=True, exist_ok=True)
@@ -75,9 +81,15 @@ def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
         _run([sys.executable, "-m", "venv", venv], log)
     have = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True,
                           text=True).stdout.strip()
-    if have != LLAMA_CPP_PYTHON:
+    built_flags = venv / ".linlm-build-flags"
+    if have != LLAMA_CPP_PYTHON or not built_flags.is_file() or built_flags.read_text() != BUILD_CFLAGS:
         log(f"building llama-cpp-python {LLAMA_CPP_PYTHON} from source for this CPU (minutes on two cores)")
-        _run([python, "-m", "pip", "install", "-q", sdist], log)
+        flags = f"-DCMAKE_C_FLAGS='{BUILD_CFLAGS}' -DCMAKE_CXX_FLAGS='{BUILD_CFLAGS}'"
+        env = {**os.environ, "CMAKE_ARGS": (os.environ.get("CMAKE_ARGS", "") + " " + flags).strip()}
+        log(f"  CMAKE_ARGS={env['CMAKE_ARGS']}")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "--no-cache-dir",
+                        str(sdist)], check=True, env=env)
+        built_flags.write_text(BUILD_CFLAGS)
     _run([python, "-m", "pip", "install", "-q", *CONVERTER_PACKAGES], log)
     tmp = root / "llama.cpp.partial"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -133,9 +133,9 @@ def bandwidth(threads: int, gib: float = 1.0, repeat: int = 5) -> dict:
         torch.set_num_threads(previous)
 
 
-def run_worker(python: Path, engine: str, model: Path, threads: int, args) -> dict:
+def run_worker(python: Path, engine: str, model: Path, threads: int, args, extra=()) -> dict:
     cmd = [str(python), str(WORKER), engine, str(model), "--threads", str(threads), "--contexts", args.contexts,
-           "--decode-tokens", str(args.decode_tokens)]
+           "--decode-tokens", str(args.decode_tokens), *extra]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -150,6 +150,12 @@ def summarise(runs: list[dict], contexts: list[int]) -> dict:
     threads = runs[0]["threads"]
     c = clock(threads)
     out = {"rounds": len(runs), "clock": c, "peak_rss_bytes": statistics.median(r["peak_rss_bytes"] for r in runs)}
+    profiles = [r["step_profile"] for r in runs if r.get("step_profile")]
+    if profiles:
+        out["step_profile"] = {k: statistics.median(p[k] for p in profiles) for k in profiles[0]}
+    compiles = [r["compile_s"] for r in runs if r.get("compile_s") is not None]
+    if compiles:
+        out["compile_s"] = statistics.median(compiles)
     for n in contexts:
         rows = [r["contexts"][str(n)] for r in runs]
         out[f"decode_ms_{n}"] = statistics.median(r[f"decode_ms_{c}"] for r in rows)
@@ -171,6 +177,8 @@ def main() -> None:
     ap.add_argument("--hgrn2", action="store_true", help="also run linlm's HGRN2 at the same shape")
     ap.add_argument("--shape", default=None, help="override the shape, e.g. hidden_size=64,num_hidden_layers=2 "
                                                    "(a quick check of the script)")
+    ap.add_argument("--no-compile", dest="compiled", action="store_false",
+                    help="leave out linlm's compiled step (CausalLM.compile_step)")
     ap.add_argument("--name", default="bench_llamacpp")
     args = ap.parse_args()
     apply_runtime_settings()
@@ -188,21 +196,32 @@ def main() -> None:
     paths = convert_all(work, env, shape)
     if args.hgrn2:
         paths["linlm-hgrn2"] = build_hgrn2(work, shape)
-    weights = {k: sum(f.stat().st_size for f in (p.glob("*.safetensors") if p.is_dir() else [p]))
-               for k, p in paths.items()}
+    # Bytes of weights by model file or directory name (a compiled variant reads its model's)
+    weights = {p.name: sum(f.stat().st_size for f in (p.glob("*.safetensors") if p.is_dir() else [p]))
+               for p in paths.values()}
     pythons = {"linlm": Path(sys.executable), "llamacpp": env.python}
-    pairs = [("linlm-fp32", "llamacpp-f32"), ("linlm-int8", "llamacpp-q8_0")]
+    # variant -> (engine, model, worker options): the compiled variants decode the same model through compile_step
+    variants = {v: (v.split("-")[0], paths[v], ()) for v in paths}
+    groups = [["linlm-fp32", "llamacpp-f32"], ["linlm-int8", "llamacpp-q8_0"]]
+    if args.compiled:
+        for group in groups:
+            v = group[0]
+            variants[f"{v}-compiled"] = ("linlm", paths[v], ("--compile",))
+            group.insert(1, f"{v}-compiled")
     if args.hgrn2:
-        pairs.append(("linlm-hgrn2",))
+        groups.append(["linlm-hgrn2"])
+    pairs = [(lin, group[-1]) for group in groups[:2] for lin in group[:-1]]
     runs: dict[tuple[str, int], list[dict]] = {}
     bw: dict[int, list[dict]] = {t: [] for t in threads}
     for r in range(args.rounds):
         for t in threads:
             bw[t].append(bandwidth(t))
-            for pair in pairs:
-                for variant in (pair if r % 2 == 0 else pair[::-1]):
-                    engine = variant.split("-")[0]
-                    res = run_worker(pythons[engine], engine, paths[variant], t, args)
+            for group in groups:
+                for variant in (group if r % 2 == 0 else group[::-1]):
+                    engine, model, extra = variants[variant]
+                    if engine == "linlm" and r == 0:  # the step's time, taken apart, once per variant
+                        extra = (*extra, "--profile-step")
+                    res = run_worker(pythons[engine], engine, model, t, args, extra)
                     runs.setdefault((variant, t), []).append(res)
                     c = res["contexts"]
                     log(f"round {r + 1} threads {t} {variant:>14}: " + ", ".join(
@@ -210,10 +229,12 @@ def main() -> None:
                         + f", prefill@{contexts[-1]} {c[str(contexts[-1])][f'prefill_tokens_per_s_{clock(t)}']:.0f}"
                         f" tok/s, peak {res['peak_rss_bytes'] / 2**20:.0f} MiB")
 
-    greedy = {v: runs[(v, threads[0])][0]["greedy"] for v in paths}
+    greedy = {v: runs[(v, threads[0])][0]["greedy"] for v in variants}
     # On random weights the logits are nearly tied: 8-bit weights of either engine may pick other tokens than that
     # engine's fp32 (the last two pairs say how often), so only fp32 against F32 is a check.
-    checks = [*pairs[:2], ("linlm-int8", "linlm-fp32"), ("llamacpp-q8_0", "llamacpp-f32")]
+    checks = [(lin, cpp) for lin, cpp in pairs if lin.startswith("linlm-fp32")]
+    checks += [p for p in pairs if p not in checks]
+    checks += [("linlm-int8", "linlm-fp32"), ("llamacpp-q8_0", "llamacpp-f32")]
     agree = {f"{a} vs {b}": sum(x == y for x, y in zip(greedy[a], greedy[b])) / len(greedy[a]) for a, b in checks}
     summary = {f"{v}@{t}": summarise(rs, contexts) for (v, t), rs in runs.items()}
     bandwidths = {t: {k: statistics.median(b[k] for b in bw[t]) for k in ("gb_per_s_wall", "gb_per_s_cpu")}
@@ -221,7 +242,8 @@ def main() -> None:
     ratios = []
     n_max = contexts[-1]
     for t in threads:
-        for (lin, cpp), key in zip(pairs[:2], ("decode_fp32", "decode_int8")):
+        for lin, cpp in pairs:
+            key = "decode_fp32" if cpp == "llamacpp-f32" else "decode_int8"
             a, b = summary[f"{lin}@{t}"], summary[f"{cpp}@{t}"]
             for n in contexts:
                 ratios.append({"threads": t, "what": f"{key} after {n}", "linlm": a[f"decode_ms_{n}"],
@@ -236,8 +258,8 @@ def main() -> None:
             ratios.append({"threads": t, "what": f"prefill@{n_max} {lin}/{cpp}",
                            "linlm": a[f"prefill_tokens_per_s_{n_max}"], "llamacpp": b[f"prefill_tokens_per_s_{n_max}"],
                            "ratio": pf, "target": f">= {TARGETS['prefill']}", "met": pf >= TARGETS["prefill"]})
-    floors = {t: {v: weights[v] / (bandwidths[t]["gb_per_s_" + clock(t)] * 1e9) * 1e3 for v in weights}
-              for t in threads}
+    floors = {t: {v: weights[Path(m).name] / (bandwidths[t]["gb_per_s_" + clock(t)] * 1e9) * 1e3
+                  for v, (_, m, _) in variants.items()} for t in threads}
     print_table(["variant@threads", *[f"decode ms @{n}" for n in contexts], f"prefill tok/s @{n_max}", "peak MiB",
                  "floor ms"],
                 [[k, *[s[f"decode_ms_{n}"] for n in contexts], s[f"prefill_tokens_per_s_{n_max}"],
@@ -247,14 +269,21 @@ def main() -> None:
     print_table(["threads", "ratio", "linlm", "llama.cpp", "linlm/llama.cpp", "target", "met"],
                 [[r["threads"], r["what"], r["linlm"], r["llamacpp"], r["ratio"], r["target"], r["met"]]
                  for r in ratios])
+    profiled = {k: s["step_profile"] for k, s in summary.items() if "step_profile" in s}
+    if profiled:
+        print()
+        print_table(["variant@threads", "step ms", "matvec ms", "dispatch ms", "rest ms", "floor ms"],
+                    [[k, p["step_ms"], p["matvec_ms"], p["dispatch_ms"], p["rest_ms"],
+                      floors[int(k.split("@")[1])][k.split("@")[0]]] for k, p in profiled.items()])
     print(f"greedy agreement: {agree}; bandwidth GB/s: {bandwidths}")
-    payload = {"meta": meta(), "shape": shape, "llama_cpp_python": env.version, "contexts": contexts,
+    payload = {"meta": meta(), "shape": shape, "variants": {v: [e, Path(m).name, list(x)] for v, (e, m, x) in
+                                                            variants.items()}, "llama_cpp_python": env.version, "contexts": contexts,
                "threads": threads, "rounds": args.rounds, "decode_tokens": args.decode_tokens,
                "weights_bytes": weights, "bandwidth": bandwidths, "floor_ms": floors, "greedy": greedy,
                "greedy_agreement": agree, "summary": summary, "ratios": ratios,
                "runs": {f"{v}@{t}": rs for (v, t), rs in runs.items()}}
     print(f"wrote {write_json(args.name, payload)}")
-    if agree["linlm-fp32 vs llamacpp-f32"] < 1:
+    if min(agree[f"{a} vs {b}"] for a, b in checks if a.startswith("linlm-fp32")) < 1:
         sys.exit("linlm fp32 and llama.cpp F32 disagree on the greedy tokens: " + json.dumps(greedy))
 
 

@@ -304,6 +304,23 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
                    num(data.get("floor_ms", {}).get(k.split("@")[1], {}).get(k.split("@")[0])),
                    *[num(v[f"state_bytes_{n}"] / 2**20) if v.get(f"state_bytes_{n}") else "" for n in contexts]]
                   for k, v in data.get("summary", {}).items()]) + [""]
+    profiled = {k: v for k, v in data.get("summary", {}).items() if v.get("step_profile")}
+    if profiled:
+        out += ["## Where a linlm decoding step's time goes", "",
+                "ms per step at batch 1 after a short prompt (first round): the whole step; the matrix-vector "
+                "products alone (every Linear and the head, one row each, the model's own weights); the dispatch "
+                "floor (the same architecture and depth at width 16: Python, module calls and per-op dispatch); the "
+                "rest (element-wise work at full width: conv, gates, the state update and read-out). The bandwidth "
+                "floor is the weights' bytes over the bandwidth measured in the same run. A compiled variant decodes "
+                "through `CausalLM.compile_step()` (its compile time is the first step's, with torch's on-disk "
+                "cache as the run found it).", ""]
+        out += table(["variant@threads", "step ms", "matrix-vector ms", "dispatch ms", "rest ms",
+                      "bandwidth floor ms", "compile s"],
+                     [[k, num(v["step_profile"]["step_ms"]), num(v["step_profile"]["matvec_ms"]),
+                       num(v["step_profile"]["dispatch_ms"]), num(v["step_profile"]["rest_ms"]),
+                       num(data.get("floor_ms", {}).get(k.split("@")[1], {}).get(k.split("@")[0])),
+                       num(v["compile_s"]) if v.get("compile_s") is not None else ""]
+                      for k, v in profiled.items()]) + [""]
     out += ["## Ratios against the targets", ""]
     out += table(["threads", "what", "linlm", "llama.cpp", "linlm / llama.cpp", "target", "met"],
                  [[r["threads"], r["what"], num(r["linlm"]), num(r["llamacpp"]), ratio(r["ratio"]), r["target"],

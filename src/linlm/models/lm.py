@@ -4,6 +4,7 @@ Block lives in models/block.py and is imported here under its old name."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -83,6 +84,7 @@ class CausalLM(nn.Module):
                               "no init_buffers() computes, so a model loaded from the meta device would hold "
                               "garbage there; define init_buffers() on its module (see linlm.layers.mixer)")
         self.init_buffers()
+        self._compiled_step = None  # compile_step()
 
     def init_buffers(self) -> None:
         """(Re)compute every computed (non-persistent) buffer: each module's ``init_buffers()``. The transformers
@@ -286,8 +288,50 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def step(self, token_ids: torch.Tensor, state: ModelState) -> tuple[torch.Tensor, ModelState]:
         """Feed one token per sequence ([B] ids); return its logits [B, V] and the advanced state."""
-        out = self(token_ids.view(-1, 1), state=state, return_state=True)
+        ids = token_ids.view(-1, 1)
+        if self._compiled_step is not None and isinstance(state, ModelState) and isinstance(state.offset, int):
+            self._check_input(ids, state, None)
+            try:
+                logits, layers, extra = self._compiled_step(ids, state.layers, state.extra, state.offset)
+                return logits, ModelState(layers, state.offset + 1, extra, self.state_signature())
+            except Exception as e:  # torch.compile could not build this step: the eager one computes the same
+                self._compiled_step = None
+                warnings.warn(f"the compiled decoding step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]});"
+                              f" decoding eagerly from here on", RuntimeWarning, stacklevel=2)
+        out = self(ids, state=state, return_state=True)
         return out.logits[:, -1], out.state
+
+    def compile_step(self, enable: bool = True) -> bool:
+        """Decode through ``torch.compile`` (``enable``), or through the eager step again. Returns whether
+        :meth:`step` is now compiled: only where the decoding state keeps its shape (no KV cache, so no hybrid
+        attention layer), since a state that grows would compile again at every step.
+
+        The compiled step runs the same modules as the eager one, from the embeddings to the logits, as one graph:
+        the element-wise work between the matrix products is fused and the Python between them is gone. At batch 1
+        that is the time a decoding step spends beside reading the weights (benchmarks/bench_llamacpp.py times
+        both). The first step compiles (tens of seconds on two cores; torch caches the result on disk); each new
+        batch size compiles again. Input checks stay eager; a state with one offset per row (continuous batching)
+        takes the eager step, and so does every step after one that torch.compile could not build (with a
+        warning that names the failure)."""
+        self._compiled_step = None
+        if not enable or not self.spec.constant_state or self.config.attention_layers:
+            return False
+        self._compiled_step = torch.compile(self._step_graph, fullgraph=True, dynamic=False)
+        return True
+
+    def _step_graph(self, ids: torch.Tensor, layers: list, extra: dict, offset: int):
+        """One token per row through every layer: what forward(ids, state=..., return_state=True) computes, as a
+        function of the state's tensors alone (the part :meth:`compile_step` compiles)."""
+        x = self.embed(ids)
+        new_extra = {}
+        if self.embed_mixer is not None:
+            x, new_extra["embed"] = self.embed_mixer(x, state=extra.get("embed"), offset=offset, return_state=True)
+        ctx = self.shared() if self.shared is not None else None
+        new_layers = []
+        for layer, prev in zip(self.layers, layers):
+            x, s, _ = layer(x, state=prev, offset=offset, return_state=True, ctx=ctx)
+            new_layers.append(s)
+        return self._head(self.norm(x))[:, -1], new_layers, new_extra
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

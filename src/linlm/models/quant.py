@@ -26,6 +26,7 @@ on demand, for code that reads weights (the perplexity scorer's head, counting):
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -62,6 +63,22 @@ def kernels_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines or "x86" in torch.backends.quantized.supported_engines
 
 
+# The packed weights of every QuantLinear, by id: the int8 GEMM as an op of linlm's own (``linlm::int8_linear``), whose
+# arguments are tensors and that id, so that torch.compile (CausalLM.compile_step) can call it inside a graph, where
+# fbgemm's packed-weight object cannot be an argument.
+_PACKED: dict[int, object] = {}
+
+
+@torch.library.custom_op("linlm::int8_linear", mutates_args=())
+def _int8_linear(x: torch.Tensor, packed_id: int, out_features: int) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x, _PACKED[packed_id], True)
+
+
+@_int8_linear.register_fake
+def _(x, packed_id, out_features):
+    return x.new_empty(x.shape[0], out_features)
+
+
 class QuantLinear(nn.Module):
     """y = x W^T with W ~ q * s (int8 per output row), computed by fbgemm's dynamic int8 GEMM; no bias."""
 
@@ -82,6 +99,8 @@ class QuantLinear(nn.Module):
             raise CheckpointError(f"int8 weight of shape {tuple(q.shape)} and dtype {q.dtype}; this layer needs "
                                   f"[{self.out_features}, {self.in_features}] int8")
         self._packed, self._shape_only = _pack(q.contiguous(), s.float().contiguous()), False
+        _PACKED[id(self)] = self._packed
+        weakref.finalize(self, _PACKED.pop, id(self), None)
 
     def int8(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, s) unpacked from the packed weight."""
@@ -100,7 +119,10 @@ class QuantLinear(nn.Module):
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         if x2.shape[0] <= DYNAMIC_ROWS:
-            y = torch.ops.quantized.linear_dynamic(x2, self._packed, True)
+            if torch.compiler.is_compiling():  # the same GEMM, through an op a graph can hold
+                y = _int8_linear(x2, id(self), self.out_features)
+            else:  # eagerly the op's own dispatch would cost about as much as a small layer's GEMM
+                y = torch.ops.quantized.linear_dynamic(x2, self._packed, True)
         else:
             y = F.linear(x2, self.weight)
         return y.reshape(*lead, self.out_features).to(x.dtype)

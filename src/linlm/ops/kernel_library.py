@@ -197,10 +197,12 @@ def _first_line(error: Exception) -> str:
 
 
 def available() -> bool:
-    """True when the ops should run on the compiled kernels (built now if need be). False while torch.export
-    traces: the kernels are opaque to it, and the exported graph takes the pure-torch paths (same math)."""
+    """True when the ops should run on the compiled kernels (built now if need be). False while torch.export or
+    torch.compile traces: the kernels are opaque to them, and the graph takes the pure-torch paths (same math)."""
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+        return False
     name = backend()
-    if name == "torch" or torch.compiler.is_exporting():
+    if name == "torch":
         return False
     ok = library() is not None
     if not ok and name == "kernel":
