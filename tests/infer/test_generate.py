@@ -122,3 +122,22 @@ def test_cli_truncate_prompt(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir), "--prompt", "the king " * 40, "--truncate-prompt",
                  "--max-new-tokens", "4", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("the king")
+
+
+def test_cli_generate_compile(model_dir, tmp_path, tokenizer, capsys):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    create_model("mamba", preset="tiny", vocab_size=320).save(tmp_path / "mamba")
+    tokenizer.save(tmp_path / "mamba")
+    args = ["--prompt", "the king", "--max-new-tokens", "5", "--temperature", "0", "--no-stream"]
+    assert main(["generate", "--model", str(tmp_path / "mamba"), *args]) == 0
+    eager = capsys.readouterr().out
+    assert main(["generate", "--model", str(tmp_path / "mamba"), "--compile", *args]) == 0
+    compiled = capsys.readouterr()
+    assert compiled.out == eager and "decoding eagerly" not in compiled.err
+    # A KV cache grows each step: that model says so and decodes eagerly, with the same text.
+    assert main(["generate", "--model", str(model_dir), *args]) == 0
+    plain = capsys.readouterr().out
+    assert main(["generate", "--model", str(model_dir), "--compile", *args]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain and "keeps a KV cache" in out.err

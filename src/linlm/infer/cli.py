@@ -34,6 +34,10 @@ def register(subparsers) -> None:
                    help="tokenizer.json or its directory (default: the one beside the weights, linlm's own or "
                         "a transformers one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through a torch.compile'd step (CausalLM.compile_step): less time per token beside "
+                        "the weights' reads, after a first step that compiles (tens of seconds, cached on disk); "
+                        "models whose state grows (a KV cache) decode eagerly")
     p.set_defaults(func=cmd_generate)
 
     p = subparsers.add_parser("profile", help="prefill and decode speed, memory and state size against context",
@@ -132,6 +136,9 @@ def cmd_generate(args) -> int:
     resolve_device(args.device)
     prompt = _read_prompt(args)
     model, tok = load_for_generation(args.model, tokenizer=args.tokenizer, device=args.device)
+    if args.compile and not model.compile_step():
+        print(f"--compile: this {model.config.arch} model keeps a KV cache that grows each step; decoding eagerly",
+              file=sys.stderr)
     pieces = stream_text(model, tok, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, truncate=args.truncate_prompt)
     print_generation(prompt, pieces, args.stream)
