@@ -73,6 +73,28 @@ def test_profile_times_the_exported_steps_beside_eager(tmp_path, capsys):
     assert_png(png, (1320, 480))  # 11 x 4 inches at 120 dpi, drawn
 
 
+def test_profile_times_the_compiled_step_beside_eager(tmp_path, capsys):
+    import shutil
+
+    import torch
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("torch.compile on the CPU needs a C++ compiler")
+    torch._dynamo.reset()
+    out = tmp_path / "p.json"
+    assert main(["profile", "--archs", "mamba,llama", "--preset", "tiny", "--contexts", "8,32", "--decode-tokens",
+                 "2", "--no-hf", "--compile", "--json", str(out)]) == 0
+    assert "mamba (compiled)" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    # LLaMA's KV cache grows: no compiled rows for it
+    assert [(r["arch"], r["backend"], r["context"]) for r in rows] == [
+        ("mamba", b, n) for b in ("eager", "compiled") for n in (8, 32)] + [("llama", "eager", n) for n in (8, 32)]
+    for r in rows:
+        assert r["error"] is None and r["decode_ms_per_token"] > 0
+    compiled = [r for r in rows if r["backend"] == "compiled"]
+    assert all(r["prefill_tokens_per_s"] is None for r in compiled)  # the prompt went through the eager prefill
+
+
 @pytest.mark.parametrize("flag, where, reason", [
     ("--json", "results.json", "results.json: exists and linlm did not write it"),
     ("--json", "adir", "is a directory"),

@@ -60,6 +60,9 @@ def register(subparsers) -> None:
     p.add_argument("--exported", default="", metavar="FMT[,FMT]",
                    help="also time each linlm architecture's exported step: onnx (onnxruntime), pt2 (torch.export), "
                         "or both; CPU only")
+    p.add_argument("--compile", action="store_true",
+                   help="also time each architecture's compiled step (model.compile_step(): not LLaMA, whose KV "
+                        "cache grows), after an untimed step that compiles")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --set vocab_size=8192 (repeatable)")
     p.add_argument("--json", default=None, metavar="OUT",
@@ -227,14 +230,15 @@ def _profile(args, contexts: list[int]) -> int:
     exported = comma_list(args.exported, "--exported", empty_ok=True)
     rows = profile(archs, args.preset, contexts, device=args.device, dtype=args.dtype,
                    decode_tokens=args.decode_tokens, overrides=parse_overrides(args.overrides), on_row=show,
-                   exported=exported, batches=args.batches)
+                   exported=exported, batches=args.batches, compiled=args.compile)
     print_table(["arch", "context", "batch", "prefill tok/s", "decode ms/step", "decode tok/s", "peak MiB",
                  "state MiB"],
                 [[label(r), r.context, r.batch, *(("-",) * 5 if r.error else (
                     fmt(r.prefill_tokens_per_s, ".0f"), f"{r.decode_ms_per_token:.2f}", f"{r.decode_tokens_per_s:.1f}",
                     fmt(r.peak_memory_bytes, ".0f", 2**20), f"{r.state_bytes / 2**20:.2f}"))] for r in rows],
                 title=f"{args.preset} on {args.device}, {args.dtype}"
-                      + (" (an exported step's prompt is prefilled eagerly)" if exported else ""))
+                      + (" (an exported or compiled step's prompt is prefilled eagerly)"
+                         if exported or args.compile else ""))
     if args.json is not None:
         payload = {"preset": args.preset, "dtype": args.dtype, "environment": environment(),
                    "rows": rows_to_dicts(rows)}

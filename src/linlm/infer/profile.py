@@ -49,7 +49,7 @@ class ProfileRow:
     memory_kind: str = ""
     state_bytes: Optional[int] = None
     error: Optional[str] = None
-    backend: str = "eager"  # or an export format: the step that was timed
+    backend: str = "eager"  # an export format, or "compiled": the step that was timed
     batch: int = 1  # sequences decoded together; decode_tokens_per_s is their aggregate
 
 
@@ -231,9 +231,11 @@ def profile_one(runner: Runner, vocab: int, context: int, device: torch.device, 
 def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int], *, device: str = "cpu",
             dtype: str = "float32", decode_tokens: int = 16, overrides: Optional[dict] = None,
             on_row: Optional[Callable[[ProfileRow], None]] = None, exported: Sequence[str] = (),
-            batches: Sequence[int] = (1,)) -> list[ProfileRow]:
+            batches: Sequence[int] = (1,), compiled: bool = False) -> list[ProfileRow]:
     """Profile each architecture (``hf-llama`` for transformers' Llama) at each context; one row per pair, and one
-    more per export format in ``exported`` ("onnx", "pt2") for the linlm architectures (CPU only).
+    more per export format in ``exported`` ("onnx", "pt2") for the linlm architectures (CPU only). ``compiled``
+    adds rows with backend "compiled" for each batch: the same model decoding through ``compile_step()``, for the
+    architectures whose state keeps its shape (the warm-up step compiles, untimed).
 
     A context that runs out of memory gives a row with ``error`` set, and the others still run.
     """
@@ -268,6 +270,11 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
         runner, model = build(arch, preset, max_context, dev, DTYPES[dtype], overrides)
         for b in batches:
             rows += _profile_contexts(runner, model, arch, "eager", contexts, dev, dtype, decode_tokens, on_row, b)
+        if compiled and arch != HF_LLAMA and model.compile_step():
+            for b in batches:
+                rows += _profile_contexts(runner, model, arch, "compiled", contexts, dev, dtype, decode_tokens, on_row,
+                                          b)
+            model.compile_step(False)
         for fmt in exported if arch != HF_LLAMA else ():
             import tempfile
 
