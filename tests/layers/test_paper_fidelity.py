@@ -157,3 +157,24 @@ def test_model_saved_before_the_options_computes_what_it_computed(tmp_path, arch
         new = CausalLM(ModelConfig.from_dict(meta["config"])).eval()
         new.load_state_dict(old.state_dict())
         assert (new(ids) - old(ids)).abs().max() > 1e-4
+
+
+def test_cosformer2_positions_in_a_float64_model_are_float64():
+    # At position 1e5 a float32 angle is about 4e-3 off: a float64 model computes its angles in float64.
+    theta = 10000.0 ** (-2.0 * torch.arange(8, dtype=torch.float64) / 8).repeat(2, 1)
+    t = torch.arange(100_000, 100_004, dtype=torch.float64)
+    angle = t[:, None, None] * theta
+    want = torch.stack([angle.cos(), angle.sin()], dim=-2)
+    torch.testing.assert_close(lrpe_factors(theta, 100_000, 4, torch.float64), want, rtol=0, atol=1e-12)
+
+
+def test_cosformer2_tpe_decay_in_a_float64_model_is_float64():
+    model = CausalLM(_cfg("cosformer2")).double()
+    tpe = model.embed_mixer
+    B, T, H, K = 2, 13, tpe.n_heads, tpe.head_dim
+    x = torch.randn(B, T, H * K, dtype=torch.float64)
+    q, k = (p.expand(B, T, H, K) for p in (tpe.q, tpe.k))
+    o, _ = gla_reference(q, k, x.view(B, T, H, K), F.logsigmoid(tpe.decay_logit))
+    want = x + F.rms_norm(o, (K,), eps=tpe.eps).reshape(B, T, H * K) * tpe.weight
+    got, _ = tpe(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -7,20 +7,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, gla_state_spec, run_gla
-from linlm.layers.mixer import TokenMixer
+from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
 
 
 def lrpe_factors(theta: torch.Tensor, offset, T: int, dtype: torch.dtype) -> torch.Tensor:
     """[T, H, 2, K]: cos(theta t) and sin(theta t) for positions t = offset .. offset + T - 1; theta: [H, K].
     With per-row offsets (a LongTensor [B]: a batch of sequences of different lengths) it is [B, T, H, 2, K]."""
-    # offset may be a 0-d tensor (an exported step takes the position as an input).
-    t = torch.arange(T, device=theta.device, dtype=torch.float32)
+    # offset may be a 0-d tensor (an exported step takes the position as an input). The angles in float32 at least,
+    # float64 in a float64 model (at position 1e5 a float32 angle is about 4e-3 off).
+    work = float32_at_least(theta.dtype)
+    t = torch.arange(T, device=theta.device, dtype=work)
     if isinstance(offset, torch.Tensor) and offset.dim() == 1:
-        t = t[None] + offset.to(theta.device, torch.float32)[:, None]  # [B, T]
+        t = t[None] + offset.to(theta.device, work)[:, None]  # [B, T]
     else:
         t = t + offset
-    angle = t[..., None, None] * theta.float()  # [(B,) T, H, K]
+    angle = t[..., None, None] * theta.to(work)  # [(B,) T, H, K]
     return torch.stack([angle.cos(), angle.sin()], dim=-2).to(dtype)
 
 
@@ -89,7 +91,7 @@ class TPE(nn.Module):
         k = self.k.to(x.dtype).expand(B, T, H, K)
         v = x.view(B, T, H, K)
         o, new_state = run_gla(
-            q, k, v, F.logsigmoid(self.decay_logit.float()),
+            q, k, v, F.logsigmoid(self.decay_logit.to(float32_at_least(self.decay_logit.dtype))),
             state=state, reset=reset, return_state=return_state, chunk_size=self.chunk_size,
         )
         o = F.rms_norm(o, (K,), eps=self.eps).reshape(B, T, d) * self.weight
