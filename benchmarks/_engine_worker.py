@@ -69,7 +69,7 @@ class LinlmEngine:
             self.prefill([0])
             self.step(0)  # compiles
             self.compile_s = clock.stop()[0]
-            if self.model._compiled_step is None:
+            if not self.model.step_compiled:
                 raise SystemExit(f"{path}: the compiled step failed (see the warning above)")
 
     def prefill(self, ids: list[int]) -> int:
@@ -161,7 +161,7 @@ def profile_step(engine: LinlmEngine, cpu: bool) -> dict:
     cfg = model.config
     small = create_model(cfg.arch, d_model=16, n_heads=1, n_layers=cfg.n_layers, vocab_size=64,
                          options=cfg.options).eval()
-    if model._compiled_step is not None:
+    if model.step_compiled:
         small.compile_step()
     _, small_state = small.prefill(torch.tensor([[1, 2, 3]]))
 

@@ -272,9 +272,10 @@ def main() -> None:
     profiled = {k: s["step_profile"] for k, s in summary.items() if "step_profile" in s}
     if profiled:
         print()
-        print_table(["variant@threads", "step ms", "matvec ms", "dispatch ms", "rest ms", "floor ms"],
+        print_table(["variant@threads", "step ms", "matvec ms", "dispatch ms", "rest ms", "floor ms", "compile s"],
                     [[k, p["step_ms"], p["matvec_ms"], p["dispatch_ms"], p["rest_ms"],
-                      floors[int(k.split("@")[1])][k.split("@")[0]]] for k, p in profiled.items()])
+                      floors[int(k.split("@")[1])][k.split("@")[0]], summary[k].get("compile_s", "")]
+                     for k, p in profiled.items()])
     print(f"greedy agreement: {agree}; bandwidth GB/s: {bandwidths}")
     payload = {"meta": meta(), "shape": shape, "variants": {v: [e, Path(m).name, list(x)] for v, (e, m, x) in
                                                             variants.items()}, "llama_cpp_python": env.version, "contexts": contexts,

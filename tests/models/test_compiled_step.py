@@ -48,7 +48,7 @@ def test_compiled_step_equals_eager(arch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would warn
         gap, offsets = _steps_agree(model)
-    assert model._compiled_step is not None
+    assert model.step_compiled
     assert gap < 1e-5
     assert offsets == [6, 7, 8, 9]
 
@@ -61,7 +61,7 @@ def test_compiled_int8_step_equals_eager():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         gap, _ = _steps_agree(model)
-    assert model._compiled_step is not None
+    assert model.step_compiled
     assert gap < 1e-5
 
 
@@ -71,7 +71,7 @@ def test_growing_state_is_not_compiled():
     model = _tiny("mamba")
     assert model.compile_step()
     assert not model.compile_step(False)
-    assert model._compiled_step is None
+    assert not model.step_compiled
 
 
 def test_failed_compile_falls_back_to_eager_with_a_warning():
@@ -88,7 +88,7 @@ def test_failed_compile_falls_back_to_eager_with_a_warning():
         got, new_state = model.step(torch.tensor([4]), state)
     assert torch.equal(got, want)
     assert new_state.offset == 4
-    assert model._compiled_step is None
+    assert not model.step_compiled
 
 
 def test_compiled_step_still_checks_its_input():

@@ -219,21 +219,9 @@ class CausalLM(nn.Module):
         if not torch.compiler.is_exporting():  # the checks read values; linlm.infer.export checks before tracing
             self._check_input(input_ids, state, reset, targets, ignore_index)
         offset = state.offset if state is not None else 0
-        x = self.embed(input_ids)
-        extra: dict[str, Any] = {}
-        if self.embed_mixer is not None:
-            prev = state.extra.get("embed") if state is not None else None
-            x, extra["embed"] = self.embed_mixer(x, state=prev, reset=reset, offset=offset, return_state=return_state)
-        ctx = self.shared() if self.shared is not None else None
-        layer_states = []
-        aux_total = None
-        for i, layer in enumerate(self.layers):
-            prev = state.layers[i] if state is not None else None
-            x, s, aux = layer(x, state=prev, reset=reset, offset=offset, return_state=return_state, ctx=ctx)
-            layer_states.append(s)
-            if aux is not None:
-                aux_total = aux if aux_total is None else aux_total + aux
-        h = self.norm(x)
+        h, layer_states, extra, aux_total = self._body(
+            input_ids, None if state is None else state.layers, {} if state is None else state.extra, offset, reset,
+            return_state)
         loss = logits = None
         if targets is not None:
             loss = linear_cross_entropy(h.flatten(0, 1), self.head_weight, targets.flatten(), ignore_index)
@@ -319,19 +307,35 @@ class CausalLM(nn.Module):
         self._compiled_step = torch.compile(self._step_graph, fullgraph=True, dynamic=False)
         return True
 
-    def _step_graph(self, ids: torch.Tensor, layers: list, extra: dict, offset: int):
-        """One token per row through every layer: what forward(ids, state=..., return_state=True) computes, as a
-        function of the state's tensors alone (the part :meth:`compile_step` compiles)."""
-        x = self.embed(ids)
-        new_extra = {}
+    @property
+    def step_compiled(self) -> bool:
+        """Whether :meth:`step` decodes through the compiled step now (False again after a compile that failed)."""
+        return self._compiled_step is not None
+
+    def _body(self, input_ids, layers: Optional[list], extra: dict, offset, reset, return_state: bool):
+        """Embeddings, every layer and the final norm: (h [B, T, d], the layers' new states, the new extra states,
+        the summed auxiliary loss or None). ``layers`` None starts from no state."""
+        x = self.embed(input_ids)
+        new_extra: dict[str, Any] = {}
         if self.embed_mixer is not None:
-            x, new_extra["embed"] = self.embed_mixer(x, state=extra.get("embed"), offset=offset, return_state=True)
+            x, new_extra["embed"] = self.embed_mixer(x, state=extra.get("embed"), reset=reset, offset=offset,
+                                                     return_state=return_state)
         ctx = self.shared() if self.shared is not None else None
         new_layers = []
-        for layer, prev in zip(self.layers, layers):
-            x, s, _ = layer(x, state=prev, offset=offset, return_state=True, ctx=ctx)
+        aux_total = None
+        for i, layer in enumerate(self.layers):
+            prev = layers[i] if layers is not None else None
+            x, s, aux = layer(x, state=prev, reset=reset, offset=offset, return_state=return_state, ctx=ctx)
             new_layers.append(s)
-        return self._head(self.norm(x))[:, -1], new_layers, new_extra
+            if aux is not None:
+                aux_total = aux if aux_total is None else aux_total + aux
+        return self.norm(x), new_layers, new_extra, aux_total
+
+    def _step_graph(self, ids: torch.Tensor, layers: list, extra: dict, offset: int):
+        """One token per row: the logits and new states that forward(ids, state=..., return_state=True) gives, as a
+        function of the state's tensors alone (the part :meth:`compile_step` compiles)."""
+        h, new_layers, new_extra, _ = self._body(ids, layers, extra, offset, None, True)
+        return self._head(h)[:, -1], new_layers, new_extra
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
