@@ -12,6 +12,7 @@ lm_eval = pytest.importorskip("lm_eval")
 from linlm import load  # noqa: E402
 from linlm.eval.long_tasks import (LONG_GROUPS, SCROLLS_METRICS, run_long_tasks, scrolls_average,  # noqa: E402
                                    split_tasks, squad_normalizer_shim)
+from linlm.eval.scrolls_metric import offline_scrolls_metric  # noqa: E402
 
 ROWS = Path(__file__).parent / "data" / "long"
 
@@ -94,12 +95,11 @@ def test_multiple_choice_task_scrolls_quality(offline, tmp_path, model_dir, toke
     squad_normalizer_shim()
     import lm_eval.tasks.scrolls.task as scrolls
 
-    monkeypatch.setattr(scrolls, "_download_metric", lambda: None)
-    monkeypatch.setattr(scrolls, "load", lambda *a, **k: None)
     seen = _recording(monkeypatch)
     model = load(model_dir).eval()
-    task = _local(scrolls.QuALITY, ["train", "validation"], ROWS / "scrolls_quality.jsonl", tmp_path / "hf",
-                  after=scrolls._drop_duplicates_in_input)
+    with offline_scrolls_metric():  # the hub is unreachable here: no metric script to fetch
+        task = _local(scrolls.QuALITY, ["train", "validation"], ROWS / "scrolls_quality.jsonl", tmp_path / "hf",
+                      after=scrolls._drop_duplicates_in_input)
     out = run_long_tasks(model, tokenizer, ["scrolls_quality"], max_context=40, task_dict={"scrolls_quality": task})
     (reqs, window), = seen
     assert window == 40

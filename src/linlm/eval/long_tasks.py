@@ -2,7 +2,7 @@
 scaling paper's long-context set, arXiv 2406.16690) and the recall tasks the linear-model papers report (SWDE, FDA,
 SQuAD-completion: lm-eval's ``based`` recall tasks).
 
-lm-eval builds every request and computes every metric; linlm answers the requests
+lm-eval builds every request and aggregates every metric; linlm answers the requests
 (:class:`linlm.eval.harness.LinlmLM`: greedy generation from the recurrent state, log-likelihoods from one
 prefill) with the context cut of the adapter: each input longer than ``max_context`` tokens keeps its last
 ``max_context`` (from the left; SCROLLS and recall prompts end with the question, so it stays), and the counts
@@ -10,7 +10,9 @@ of cut requests are returned beside the scores.
 
 Metrics (lm-eval's, on its scale): ROUGE-1/2/L for GovReport, SummScreenFD and QMSum; F1 for Qasper and
 NarrativeQA; EM (exact match of the chosen option, x 100) for QuALITY and ContractNLI; ``contains`` (the gold
-value occurs in the answer) for the recall tasks. ``scrolls_average`` is the SCROLLS paper's average as the scaling
+value occurs in the answer) for the recall tasks. SCROLLS' ROUGE and F1 are computed by
+:mod:`linlm.eval.scrolls_metric` (SCROLLS' definitions), which lm-eval's tasks take instead of the metric script
+they would otherwise fetch from the dataset hub, so scoring needs no network. ``scrolls_average`` is the SCROLLS paper's average as the scaling
 paper reports it: the plain mean of those 13 numbers (3 tasks x 3 ROUGE, 2 F1, 2 EM), given only when all 7 tasks ran.
 
 The data come from the dataset hub through lm-eval (its own download code and the ``datasets`` cache); a task whose
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from linlm.errors import ConfigError, DataError
+from linlm.eval.scrolls_metric import normalize_answer, offline_scrolls_metric
 
 SCROLLS_METRICS = {"scrolls_govreport": ("rouge1", "rouge2", "rougeL"),
                    "scrolls_summscreenfd": ("rouge1", "rouge2", "rougeL"),
@@ -46,13 +49,7 @@ def squad_normalizer_shim() -> None:
         return
     except ImportError:
         pass
-    import re
-    import string
     import types
-
-    def normalize_answer(text: str) -> str:
-        text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-        return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
     metrics = types.ModuleType("transformers.data.metrics")
     squad = types.ModuleType("transformers.data.metrics.squad_metrics")
@@ -105,7 +102,8 @@ def run_long_tasks(model, tokenizer, names: Sequence[str], *, limit: Optional[in
     lm = LinlmLM(model=model, tokenizer=tokenizer, batch_size=batch_size, max_context=max_context)
     if task_dict is None:
         try:
-            task_dict = get_task_dict(list(names), TaskManager())
+            with offline_scrolls_metric():
+                task_dict = get_task_dict(list(names), TaskManager())
         except (ConnectionError, OSError, ValueError) as e:
             raise DataError(f"{', '.join(names)}: lm-eval could not load the data ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); run where the dataset hub can be "
