@@ -312,9 +312,51 @@ def test_a_run_keeps_checkpoints_at_chosen_points(make_config):
                       checkpoint__keep_every_tokens=3 * 4 * 32)
     out = train(cfg, verbose=False).out_dir
     assert steps_of(out) == [f"step_{s:08d}" for s in (1, 2, 3, 4, 6, 8)]
-    for _, path in ckpt.list_checkpoints(out / "checkpoints"):
-        ckpt.verify(path)
+    for step, path in ckpt.list_checkpoints(out / "checkpoints"):
+        ckpt.verify(path, model_only_ok=True)
+        assert ckpt.is_model_only(path) == (step != 8)  # the kept points shed their optimizer state; the newest not
     from linlm.errors import ConfigError
 
     with pytest.raises(ConfigError, match="checkpoint.keep_log"):
         make_config("bad", checkpoint__keep_log=-1)
+
+
+def test_kept_checkpoints_become_model_only(make_config, caplog):
+    """A kept point past the newest `keep` drops its optimizer and RNG files (same weights, same digests), loads as a
+    model and as --init-from weights, is passed over (not set aside) when a run resumes, and refuses to be resumed
+    from by name; one holding a file of the user's stays whole."""
+    import linlm
+    from linlm.io_utils import MANIFEST
+
+    out = train(make_config("full", steps=4, checkpoint__every=1, checkpoint__keep=10), verbose=False).out_dir
+    root = out / "checkpoints"
+    paths = dict(ckpt.list_checkpoints(root))
+    before = {s: json.loads((p / MANIFEST).read_text())["files"] for s, p in paths.items()}
+    (paths[3] / "notes.txt").write_text("mine")
+    with caplog.at_level(logging.WARNING, logger="linlm.train"):
+        ckpt.prune(root, keep=1, protect=frozenset({1, 3}))
+    assert sorted(dict(ckpt.list_checkpoints(root))) == [1, 3, 4]  # step 2 was not kept
+    one = paths[1]
+    assert ckpt.is_model_only(one) and not (one / ckpt.OPTIM_FILE).exists() and not (one / ckpt.RNG_FILE).exists()
+    files = json.loads((one / MANIFEST).read_text())["files"]
+    assert files == {k: v for k, v in before[1].items() if k not in (ckpt.OPTIM_FILE, ckpt.RNG_FILE)}
+    full_bytes = sum(v["bytes"] for v in before[1].values())
+    assert sum(v["bytes"] for v in files.values()) < 0.5 * full_bytes  # AdamW's moments are twice the weights
+    ckpt.verify(one, model_only_ok=True)
+    assert not ckpt.is_model_only(paths[3]) and (paths[3] / ckpt.OPTIM_FILE).is_file()  # the user's file: whole
+    assert "notes.txt" in caplog.text and not ckpt.is_model_only(paths[4])
+    with pytest.raises(CheckpointError, match="model-only checkpoint"):
+        ckpt.verify(one)
+    with pytest.raises(CheckpointError, match="model-only checkpoint"):
+        ckpt.load_checkpoint(one, verified=True)
+    weights = load_file(str(one / "model.safetensors"))
+    model = linlm.load(one)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    # The newest full checkpoint is damaged: resuming finds no checkpoint to continue from, and names only that one.
+    (paths[4] / ckpt.OPTIM_FILE).write_bytes(b"0")
+    (paths[3] / ckpt.OPTIM_FILE).write_bytes(b"0")
+    found, corrupt = ckpt.scan(root)
+    assert found is None and [p.name for p, _ in corrupt] == ["step_00000004", "step_00000003"]
+    # --init-from reads only the weights: a model-only checkpoint will do.
+    init = train(make_config("init", steps=1, init_from=str(one)), verbose=False)
+    assert init.out_dir.is_dir()

@@ -20,9 +20,16 @@ moment leaves either the complete new checkpoint or none; temporary directories 
 next run. Old checkpoints beyond ``keep`` are removed only after the new one is in place, and only what linlm
 wrote in them (one holding a file of the user's is kept).
 
-Reading: :func:`latest_valid` verifies the manifest of the newest checkpoint (every file present, same size, same
-sha256); a corrupt one is reported with a warning naming it, renamed aside (``*.corrupt``) and the previous one
-is tried.
+Kept checkpoints (``checkpoint.keep_log`` / ``keep_every_tokens``, for evaluation along training) become
+**model-only** once they fall out of the newest ``keep``: the optimizer and RNG files are dropped (AdamW's two
+moments are twice the weights, so a kept point costs a third of a full checkpoint) and the manifest says
+``"model_only": true``. The directory is rebuilt beside the old one (its files hard-linked, not copied) and swapped
+into place, so a crash leaves either the full checkpoint or the model-only one. A model-only checkpoint loads as a
+model (``linlm.load``, ``--init-from``, ``linlm scaling evaluate``) but never resumes a run.
+
+Reading: :func:`latest_valid` verifies the manifest of the newest full checkpoint (every file present, same size,
+same sha256; model-only ones are passed over, not suspected); a corrupt one is reported with a warning naming it,
+renamed aside (``*.corrupt``) and the previous one is tried.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ RNG_FILE = "rng.safetensors"
 STATE_FILE = "state.json"
 CHECKPOINT_CONFIG_FILE = "train_config.yaml"
 REQUIRED = (MODEL_WEIGHTS, MODEL_CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, CHECKPOINT_CONFIG_FILE)
+MODEL_ONLY_DROPS = (OPTIM_FILE, RNG_FILE)  # what a kept checkpoint sheds when it becomes model-only
+MODEL_ONLY_REQUIRED = tuple(n for n in REQUIRED if n not in MODEL_ONLY_DROPS)
 _NAME = re.compile(r"^step_(\d{8})$")
 
 
@@ -244,11 +253,13 @@ def kept_steps(steps: int, tokens_per_step: int, every_tokens: int = 0, log_poin
 
 
 def prune(root: str | Path, keep: int, protect: frozenset = frozenset()) -> None:
-    """Remove all but the newest ``keep`` checkpoints and those of the steps in ``protect``. A checkpoint holding
-    anything linlm did not write (or a file changed since) is kept whole, with a warning: its files are the user's as
-    much as linlm's."""
+    """Remove all but the newest ``keep`` checkpoints and those of the steps in ``protect``, which become
+    model-only (:func:`strip_to_model`). A checkpoint holding anything linlm did not write (or a file changed since)
+    is kept whole, with a warning: its files are the user's as much as linlm's."""
     for step, path in list_checkpoints(root)[:-keep]:
         if step in protect:
+            if not is_model_only(path):
+                strip_to_model(path)
             continue
         foreign = outputs.foreign_entries(path)
         if foreign:
@@ -258,6 +269,51 @@ def prune(root: str | Path, keep: int, protect: frozenset = frozenset()) -> None
         trash = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
         os.replace(path, trash)  # a half-deleted directory never looks like a checkpoint
         outputs.remove_tree(trash, "checkpoint", keep_root=False)
+
+
+def is_model_only(path: str | Path) -> bool:
+    """Whether the checkpoint at ``path`` is a model-only one (its manifest says so)."""
+    try:
+        return json.loads((Path(path) / MANIFEST).read_text()).get("model_only") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def strip_to_model(path: Path) -> bool:
+    """Make the kept checkpoint at ``path`` model-only (see the module doc); return whether it did. One that does
+    not verify, or holds anything linlm did not write, is left whole with a warning."""
+    foreign = outputs.foreign_entries(path)
+    try:
+        verify(path)
+    except CheckpointError as e:
+        log.warning("kept checkpoint %s is left as it is (%s)", path, e)
+        return False
+    if foreign:
+        log.warning("kept checkpoint %s holds files linlm did not write (%s); it is kept whole, optimizer state "
+                    "included", path, outputs.shown(foreign))
+        return False
+    manifest = json.loads((path / MANIFEST).read_text())
+    tmp: Optional[Path] = outputs.temp_dir_beside(path)
+    try:
+        for name in manifest["files"]:
+            if name in MODEL_ONLY_DROPS:
+                continue
+            try:
+                os.link(path / name, tmp / name)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(path / name, tmp / name)
+        digests = {k: v for k, v in manifest["files"].items() if k not in MODEL_ONLY_DROPS}
+        _write_json(tmp / MANIFEST, {**{k: v for k, v in manifest.items() if k != "files"}, "model_only": True,
+                                     "files": digests})
+        outputs.commit_dir(tmp, path, digests={k: v["sha256"] for k, v in digests.items()})
+        tmp = None
+    except OSError as e:
+        log.warning("kept checkpoint %s could not be made model-only (%s); it is kept whole", path, e)
+        return False
+    finally:
+        if tmp is not None:
+            outputs.discard(tmp)
+    return True
 
 
 def clean_temporaries(root: str | Path) -> None:
@@ -276,15 +332,24 @@ def clean_temporaries(root: str | Path) -> None:
 # ---- reading ----------------------------------------------------------------------------------------------
 
 
-def verify(path: str | Path) -> None:
-    """Raise CheckpointError unless every file of the manifest is present with its size and sha256."""
-    verify_manifest(path, REQUIRED)
+def verify(path: str | Path, *, model_only_ok: bool = False) -> None:
+    """Raise CheckpointError unless every file of the manifest is present with its size and sha256. A model-only
+    checkpoint passes only with ``model_only_ok`` (to be read as a model, never resumed)."""
+    if not is_model_only(path):
+        verify_manifest(path, REQUIRED)
+    elif model_only_ok:
+        verify_manifest(path, MODEL_ONLY_REQUIRED)
+    else:
+        raise CheckpointError(f"{path}: a model-only checkpoint (kept for evaluation along training: weights without "
+                              "optimizer state); it loads as a model, but a run resumes only from a full one")
 
 
 def scan(root: str | Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
     """(the newest checkpoint under ``root`` that verifies, or None; the newer ones that failed, with why)."""
     corrupt = []
     for _, path in reversed(list_checkpoints(root)):
+        if is_model_only(path):  # kept for evaluation: nothing to resume from, and nothing wrong with it
+            continue
         try:
             verify(path)
             return path, corrupt
@@ -331,7 +396,7 @@ def resolve_checkpoint(path: str | Path, *, quarantine: bool = False) -> Path:
     if not path.exists():
         raise CheckpointError(f"{path}: does not exist; pass a run directory or one of its checkpoints")
     if (path / MANIFEST).is_file() or _NAME.match(path.name):
-        verify(path)
+        verify(path, model_only_ok=True)
         return path
     for root in (path / "checkpoints", path):
         if list_checkpoints(root):
@@ -342,9 +407,17 @@ def resolve_checkpoint(path: str | Path, *, quarantine: bool = False) -> Path:
     raise CheckpointError(f"{path}: holds no checkpoint (expected step_XXXXXXXX directories or a {MANIFEST})")
 
 
+def load_model_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of the (verified) checkpoint at ``path``, full or model-only."""
+    try:
+        return load_file(str(Path(path) / MODEL_WEIGHTS))
+    except (OSError, SafetensorError) as e:
+        raise CheckpointError(f"{path}: cannot be read ({e}); it is corrupt") from None
+
+
 def load_checkpoint(path: str | Path, *, verified: bool = False) -> Checkpoint:
     path = Path(path)
-    if not verified:
+    if not verified or is_model_only(path):
         verify(path)
     try:
         state = json.loads((path / STATE_FILE).read_text())

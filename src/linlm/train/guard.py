@@ -148,7 +148,7 @@ def last_good_checkpoint(root: Path, max_loss: Optional[float] = None) -> Option
         if max_loss is not None and loss is not None and loss > max_loss:
             continue
         try:
-            ckpt.verify(path)
+            ckpt.verify(path, model_only_ok=True)  # the advice starts a new run from its weights: model-only will do
         except Exception:  # noqa: BLE001 - a corrupt one is simply not good
             continue
         return path

@@ -31,7 +31,7 @@ def load_initial_weights(model: nn.Module, model_config, source: str) -> Path:
     """Load the weights of a checkpoint (or a run's newest) into the fresh ``model`` built from ``model_config``;
     returns the checkpoint's path. A checkpoint of another model, or with non-finite weights, is refused."""
     path = ckpt.resolve_checkpoint(source)
-    c = ckpt.load_checkpoint(path, verified=True)
+    weights = ckpt.load_model_weights(path)  # a model-only kept checkpoint will do: only the weights are read
     from linlm.models.model_config import ModelConfig
 
     # Read as a saved config, so that one written with the options' earlier flat spellings compares equal.
@@ -42,7 +42,7 @@ def load_initial_weights(model: nn.Module, model_config, source: str) -> Path:
         raise CheckpointError(f"init_from: {path} holds a model with a different {', '.join(differ[:6])} "
                               f"({', '.join(f'{k}={theirs.get(k)!r}' for k in differ[:6])}); use the model "
                               "settings it was trained with")
-    if not all(torch.isfinite(t).all() for t in c.model.values() if t.is_floating_point()):
+    if not all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point()):
         raise CheckpointError(f"init_from: {path} holds non-finite weights; choose an earlier checkpoint")
-    model.load_state_dict(c.model, strict=True)
+    model.load_state_dict(weights, strict=True)
     return path
