@@ -16,6 +16,7 @@ from linlm.reproduce import run
 from linlm.reproduce.layout import FORMAT, MARKER, check_directory
 from linlm.reproduce.recipes import load_recipe, recipe_names
 from linlm.reproduce.sections import SECTIONS
+from linlm.train import checkpoint as ckpt
 from output_asserts import assert_png
 
 VERDICTS = {"for", "against", "alike", "mixed", "cannot tell"}
@@ -107,6 +108,20 @@ def test_smoke_recipe_end_to_end_then_resumed(tmp_path, text_file, monkeypatch):
     assert set(mqar["lr_sweep"]) == {c["name"] for c in mqar["rows"]} and "mossnet-E1-wide-d16" in mqar["lr_sweep"]
     assert all(r["lr"] == mqar["lr_sweep"][r["name"]]["chosen"] for r in mqar["runs"])
     assert "Skipped: recipe smoke gives no mossnet ladder" in md and not (out / "mossnet").exists()
+    # Downstream against compute: each run kept steps 1 and its last (keep_log 2); the kept one is model-only, and
+    # both are placed at their training compute, which grows with the step. No --data-dir, and a 32-token context
+    # too short for a needle: nothing to score, and the report says why (the scoring: tests/scaling).
+    down = json.loads((out / "sections" / "downstream.json").read_text())
+    runs = {r.name for r in (out / "scaling" / "runs").iterdir() if r.is_dir()}
+    assert {p["run"] for p in down["points"]} == runs and len(down["points"]) == 2 * len(runs)
+    assert all("too short for the needle" in p["niah_skipped"] and "lambada_ppl" not in p for p in down["points"])
+    for run_name in runs:
+        first, last = sorted((p for p in down["points"] if p["run"] == run_name), key=lambda p: p["step"])
+        assert first["step"] == 1 and last["compute_pflops_days"] == pytest.approx(
+            first["compute_pflops_days"] * last["step"])
+        ckpts = dict(ckpt.list_checkpoints(out / "scaling" / "runs" / run_name / "checkpoints"))
+        assert ckpt.is_model_only(ckpts[1]) and not ckpt.is_model_only(ckpts[last["step"]])
+    assert "Downstream scores against compute" in md and "NIAH was not measured at some checkpoints" in md
 
     # The same command again: every finished section is read back; no optimizer step is taken, and no section's
     # result or training file is written again.

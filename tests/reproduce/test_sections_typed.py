@@ -199,3 +199,32 @@ def test_a_recipes_scaling_archs_are_some_of_its_ladders_own():
     for bad in (["llama", "nope"], [], ["llama", "llama"]):
         with pytest.raises(ConfigError, match=r"^archs: .* name each once, among ladder cpu's \(llama, tnl"):
             ScalingSettings(ladder="cpu", archs=bad).validate()
+
+
+def test_downstream_keeps_checkpoints_through_the_ladder_and_refuses_bad_settings(recipe_dir, tmp_path, capsys,
+                                                                                   no_timing):
+    """scaling.keep_log reaches every run's training config as checkpoint.keep_log; 0 leaves the ladder as it is and
+    the downstream section out of the plan; impossible values are named with their key before any work."""
+    from linlm.errors import ConfigError
+    from linlm.reproduce.sections.downstream import DownstreamSettings
+    from linlm.reproduce.sections.training import MAX_KEPT, ScalingSettings
+    from linlm.scaling.ladder import load_ladder
+
+    kept = ScalingSettings(ladder="smoke", keep_log=5).validate().load()
+    assert kept.train["checkpoint"] == {**load_ladder("smoke").train["checkpoint"], "keep_log": 5}
+    assert ScalingSettings(ladder="smoke").validate().load().train == load_ladder("smoke").train
+    for bad in (-1, MAX_KEPT + 1):
+        with pytest.raises(ConfigError, match=rf"^keep_log: {bad}; give 0 .* to {MAX_KEPT}"):
+            ScalingSettings(ladder="smoke", keep_log=bad).validate()
+    with pytest.raises(ConfigError, match="^limit: 0; give at least 1 item"):
+        DownstreamSettings(limit=0).validate()
+    with pytest.raises(ConfigError, match="^trials: 0; give 1 to"):
+        DownstreamSettings(trials=0).validate()
+    (recipe_dir / "bad.yaml").write_text(yaml.safe_dump({"base": "smoke", "name": "bad",
+                                                         "downstream": {"trials": -3}}))
+    assert main(["reproduce", "--recipe", "bad", "--out", str(tmp_path / "job"), "--dry-run"]) == 2
+    assert "downstream: trials: -3; give 1 to" in capsys.readouterr().err
+    for name, line in [("smoke", "each scaling run's 2 log-spaced kept checkpoints"),
+                       ("cpu", "downstream against compute: not in this recipe")]:
+        assert main(["reproduce", "--recipe", name, "--out", str(tmp_path / name), "--dry-run"]) == 0
+        assert line in capsys.readouterr().out

@@ -97,3 +97,18 @@ def test_a_sweep_without_kept_checkpoints_is_refused_in_one_line(tmp_path, token
         kept_checkpoints(sweep)
     assert main(["scaling", "evaluate", str(sweep)]) == 2
     one_line_error(capsys.readouterr().err, "no run kept checkpoints along training", "checkpoint.keep_every_tokens")
+
+
+def test_a_context_too_short_for_a_needle_leaves_niah_out_with_why(tmp_path, tokenizer):
+    """A run trained at 16 tokens: NIAH cannot place a needle and its question, so the checkpoint's scores say why
+    instead of failing the sweep; the zero-shot scores are unaffected."""
+    from linlm.scaling.downstream import score_checkpoint
+
+    sweep = kept_sweep(tmp_path / "sweep", tokenizer, steps=(1, 2))
+    path = sweep / "runs" / "tnl-r" / "checkpoints" / "step_00000002"
+    short = score_checkpoint(path, data_dir=EVAL_DATA, seq_len=16, haystack=[HAY], limit=2, trials=1)
+    assert "too short for the needle" in short["niah_skipped"] and "niah_mean" not in short
+    full = score_checkpoint(path, data_dir=EVAL_DATA, seq_len=160, haystack=[HAY], limit=2, trials=1)
+    assert "niah_skipped" not in short.keys() & full.keys() and "niah_mean" in full
+    assert {k: v for k, v in short.items() if k != "niah_skipped"} == {k: v for k, v in full.items()
+                                                                      if not k.startswith("niah")}

@@ -12,7 +12,8 @@ and a second call scores only what is missing. The zero-shot tasks are those of 
 
 Retrieval is NIAH in easy mode, scored by choice among 4 one-letter values (chance 0.25; see
 :mod:`linlm.eval.niah`), at lengths within the run's training context: the measure that still separates small
-models, where the paper's 7-digit greedy NIAH reads 0 for all of them.
+models, where the paper's 7-digit greedy NIAH reads 0 for all of them. A context too short to hold a needle and its
+question leaves NIAH out, with why (``niah_skipped``).
 
 Fits: a perplexity falls as a power law of compute along an envelope, as the loss does; where a run's perplexity
 has at least 3 checkpoints, ``ppl = beta C^alpha`` is fitted in log space (the paper's form for loss). Accuracies
@@ -72,16 +73,22 @@ def score_checkpoint(path: Path, *, data_dir: Optional[Path], seq_len: int, hays
     lengths = sorted({max(32, seq_len // 2), max(32, seq_len - 8)})
     cfg = NIAHConfig(lengths=lengths, depths=[0.0, 50.0, 100.0], mode="easy", trials=trials, scoring="choice",
                      candidates=4, alphabet="letters", value_length=1)
-    niah = run_niah(model, tok, haystack, cfg)
-    out.update(niah_mean=niah["mean"], niah_chance=niah["chance"], niah_band=niah["chance_band"])
+    try:
+        niah = run_niah(model, tok, haystack, cfg)
+    except ConfigError as e:  # a training context too short to hold a needle and its question: not measured
+        out["niah_skipped"] = str(e)
+    else:
+        out.update(niah_mean=niah["mean"], niah_chance=niah["chance"], niah_band=niah["chance_band"])
     return {k: v for k, v in out.items() if v is not None}
 
 
 def evaluate_sweep(sweep: str | Path, *, data_dir: Optional[str | Path] = None, haystack: str = "shakespeare",
                    limit: Optional[int] = None, trials: int = 4,
-                   progress: Optional[Callable[[str, int, bool], None]] = None) -> dict:
+                   progress: Optional[Callable[[str, int, bool], None]] = None,
+                   out: Optional[str | Path] = None) -> dict:
     """Score every kept checkpoint of every run of ``sweep`` (resumably), then write one plot per measure
-    (``SWEEP/downstream/<measure>.png``) and ``summary.json``; returns the summary."""
+    (``<out>/<measure>.png``) and ``summary.json`` into ``out`` (default ``SWEEP/downstream``); returns the
+    summary."""
     from linlm import outputs
     from linlm.data.sources import open_source
     from linlm.scaling.fits import PFLOPS_DAY
@@ -93,7 +100,7 @@ def evaluate_sweep(sweep: str | Path, *, data_dir: Optional[str | Path] = None, 
     if data is not None and not data.is_dir():
         raise ConfigError(f"--data-dir {data}: not a directory; give the directory of the task files (`linlm eval "
                           f"fetch --tasks {TASKS} --out DIR`)")
-    out_root = sweep / OUT
+    out_root = Path(out) if out is not None else sweep / OUT
     texts: Optional[list[str]] = None
     points: list[dict] = []
     for name, (meta, ckpts) in runs.items():

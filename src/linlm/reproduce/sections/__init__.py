@@ -1,6 +1,7 @@
 """The sections of ``linlm reproduce``, in the order the job runs them: one module each (training holds both
 training sections, quality both quality sections, retrieval_studies the aspect and context studies, hybrid the
-hybrid stacks' study, mossnet_ladder MossNet's optional ladder and its fits), each defining its
+hybrid stacks' study, mossnet_ladder MossNet's optional ladder and its fits, downstream the scores of the
+checkpoints kept along training against compute), each defining its
 :class:`linlm.reproduce.section.Section`.
 
 Adding a section: write its module here (its settings dataclass, its ``measure``, its ``run`` from the job, its
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 from linlm.errors import ConfigError
 from linlm.reproduce.section import Section, option_rows
-from linlm.reproduce.sections import (decode, fits, hybrid, long_context, mossnet_ladder, mqar, niah, quality,
-                                      retrieval_studies, training, zeroshot)
+from linlm.reproduce.sections import (decode, downstream, fits, hybrid, long_context, mossnet_ladder, mqar, niah,
+                                      quality, retrieval_studies, training, zeroshot)
 
 SECTIONS: tuple[Section, ...] = (training.SCALING, training.COMPARE, fits.SECTION, quality.QUALITY,
-                                 quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, long_context.SECTION,
+                                 quality.COMPARE_QUALITY, zeroshot.SECTION, niah.SECTION, downstream.SECTION,
+                                 long_context.SECTION,
                                  mqar.SECTION,
                                  decode.SECTION, retrieval_studies.ASPECT, retrieval_studies.CONTEXT,
                                  hybrid.SECTION,

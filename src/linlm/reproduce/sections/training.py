@@ -38,6 +38,9 @@ def load_ladder_named(name: str):
         raise ConfigError(f"ladder: {str(e).removeprefix('--ladder: ')}") from None
 
 
+MAX_KEPT = 1000  # checkpoints kept along training per run, at most
+
+
 @dataclass
 class ScalingSettings:
     """The recipe's ``scaling:``."""
@@ -48,10 +51,14 @@ class ScalingSettings:
     seeds: Optional[SeedRungs] = setting(None, "{rungs, archs, count}: those rungs trained count times for those "
                                                "archs (rungs RUNG-s1, ...; train seeds the ladder's + 1, ...): the "
                                                "seed spread of the fits' intervals (null: none, no intervals)")
+    keep_log: int = setting(0, "checkpoints each run keeps along training, log-spaced (checkpoint.keep_log), for "
+                               "the downstream section (0: none, and no downstream section)")
 
     def validate(self) -> "ScalingSettings":
         from linlm.reproduce.seeds import MAX_SEEDS
 
+        if not 0 <= self.keep_log <= MAX_KEPT:
+            raise ConfigError(f"keep_log: {self.keep_log}; give 0 (no checkpoints kept along training) to {MAX_KEPT}")
         ladder = self.load()  # refuses archs that are not the ladder's own
         if self.seeds is not None:
             names = [r.name for r in ladder.rungs if r.archs is None]
@@ -68,6 +75,9 @@ class ScalingSettings:
         from linlm.schema import deep_merge
 
         ladder = load_ladder_named(self.ladder)
+        if self.keep_log:
+            ladder = dataclasses.replace(ladder, train=deep_merge(ladder.train,
+                                                                  {"checkpoint": {"keep_log": self.keep_log}}))
         if self.archs is not None:
             bad = [a for a in self.archs if a not in ladder.archs]
             if bad or not self.archs or len(set(self.archs)) != len(self.archs):
