@@ -53,7 +53,8 @@ def register(subparsers) -> None:
                      "SCROLLS and the recall tasks through lm-eval",
         description="Score multiple-choice tasks and LAMBADA. Tasks: "
                     f"{', '.join(TASKS)}; groups: {', '.join(GROUPS)}; through lm-evaluation-harness' own tasks: scrolls "
-                    "(its 7 subtasks) and recall (swde, fda, squad_completion), each also by name. Without --data-dir each task comes from the "
+                    "(its 7 subtasks), recall (swde, fda, squad_completion and RULER's niah_single_1, niah_multikey_2, "
+                    "niah_multikey_3) and ruler_niah (RULER's 8 NIAH variants), each also by name. Without --data-dir each task comes from the "
                     "dataset hub as lm-evaluation-harness defines it, converted once into linlm's cache; `linlm "
                     "eval fetch` writes the same files for a machine without network. See docs/evaluation.md.")
     _add_model(p, required=False)  # required unless `fetch`: checked in cmd_eval
@@ -67,7 +68,8 @@ def register(subparsers) -> None:
     p.add_argument("--naive", action="store_true", help="score each choice in its own full pass (no shared context)")
     p.add_argument("--max-length", type=RANGES["tokens"], default=None,
                    help="truncate longer inputs from the left (default: the model's limit; none for linear models); "
-                        "for scrolls and recall, the context cut (as the paper cut to each model's training context)")
+                        "for scrolls and recall, the context cut (as the paper cut to each model's training context); "
+                        "for RULER's NIAH, the length its prompts are made for (default 4096)")
     p.add_argument("--json", default=None, metavar="OUT", help=f"also write the results as JSON to OUT ({OUTPUT_RULE})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
@@ -170,7 +172,8 @@ def _eval(args, own: list[str], long: list[str]) -> int:
 
         res = run_long_tasks(model, tok, long, limit=args.limit, max_context=args.max_length,
                              batch_size=args.batch_size)
-        rows = [[name, ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "n"), str(d["n"])]
+        rows = [[name, ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items()
+                             if k != "n"), str(d["n"])]
                 for name, d in res["tasks"].items()]
         if res["scrolls_avg"] is not None:
             rows.append(["scrolls avg (13 metrics)", f"{res['scrolls_avg']:.2f}", "-"])

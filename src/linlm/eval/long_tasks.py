@@ -1,6 +1,7 @@
 """Long-context tasks run by lm-evaluation-harness itself through linlm's adapter: SCROLLS (arXiv 2201.03533, the
 scaling paper's long-context set, arXiv 2406.16690) and the recall tasks the linear-model papers report (SWDE, FDA,
-SQuAD-completion: lm-eval's ``based`` recall tasks).
+SQuAD-completion: lm-eval's ``based`` recall tasks; RULER's needle-in-a-haystack variants, whose prompts lm-eval
+generates for one length, ``max_context``, with the model's own tokenizer).
 
 lm-eval builds every request and aggregates every metric; linlm answers the requests
 (:class:`linlm.eval.harness.LinlmLM`: greedy generation from the recurrent state, log-likelihoods from one
@@ -31,9 +32,18 @@ SCROLLS_METRICS = {"scrolls_govreport": ("rouge1", "rouge2", "rougeL"),
                    "scrolls_qmsum": ("rouge1", "rouge2", "rougeL"),
                    "scrolls_qasper": ("f1",), "scrolls_narrativeqa": ("f1",),
                    "scrolls_quality": ("em",), "scrolls_contractnli": ("em",)}
-RECALL_METRICS = {"swde": ("contains",), "fda": ("contains",), "squad_completion": ("contains",)}
+# RULER's needle-in-a-haystack variants (Hsieh et al., arXiv 2404.06654), as lm-eval builds them: synthetic
+# prompts sized with the model's own tokenizer to one length, scored by string match (the share of the gold values
+# the answer contains, 0-1). Three make their haystack in place; the others read Paul Graham's essays from the hub.
+RULER_NIAH = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+              "niah_multikey_3", "niah_multiquery", "niah_multivalue")
+RULER_OFFLINE = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
+RULER_LENGTH = 4096  # lm-eval's default length, where no --max-length (max_context) gives one
+RECALL_METRICS = {"swde": ("contains",), "fda": ("contains",), "squad_completion": ("contains",),
+                  **{t: ("acc",) for t in RULER_NIAH}}
 METRICS = {**SCROLLS_METRICS, **RECALL_METRICS}
-LONG_GROUPS = {"scrolls": tuple(SCROLLS_METRICS), "recall": tuple(RECALL_METRICS)}
+LONG_GROUPS = {"scrolls": tuple(SCROLLS_METRICS), "recall": ("swde", "fda", "squad_completion", *RULER_OFFLINE),
+               "ruler_niah": RULER_NIAH}
 
 
 def squad_normalizer_shim() -> None:
@@ -78,6 +88,28 @@ def scrolls_average(results: dict[str, dict]) -> Optional[float]:
     return sum(values) / len(values)
 
 
+def ruler_tasks(names: Sequence[str], tokenizer, length: int) -> dict:
+    """lm-eval's RULER NIAH tasks ``names``, their prompts generated for ``length`` tokens with ``tokenizer`` (saved
+    for lm-eval to load with transformers' AutoTokenizer, as RULER sizes its prompts by it). A length too short for
+    RULER's template, one needle and 128 answer tokens is a ConfigError."""
+    import tempfile
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    with tempfile.TemporaryDirectory(prefix="linlm-ruler-tok-") as tmp:
+        tokenizer.save(tmp)
+        try:
+            return get_task_dict(list(names), TaskManager(metadata={"tokenizer": tmp, "max_seq_lengths": [length]}))
+        except ImportError as e:
+            raise ConfigError(f"{', '.join(names)}: lm-eval's RULER tasks need wonderwords and nltk ({e.msg}); "
+                              "pip install 'linlm[eval]'") from None
+        except ValueError as e:
+            if "Could not generate any sample" in str(e):
+                raise ConfigError(f"{', '.join(names)}: RULER cannot fit its prompt, a needle and 128 answer tokens "
+                                  f"in {length} tokens; give a longer --max-length (512 or more)") from None
+            raise
+
+
 def run_long_tasks(model, tokenizer, names: Sequence[str], *, limit: Optional[int] = None,
                    max_context: Optional[int] = None, batch_size: int = 16, task_dict: Optional[dict] = None
                    ) -> dict[str, Any]:
@@ -100,10 +132,19 @@ def run_long_tasks(model, tokenizer, names: Sequence[str], *, limit: Optional[in
         raise ConfigError(f"tasks: {', '.join(unknown)} are not long-context tasks; valid ones are "
                           f"{', '.join(METRICS)} (or the groups {', '.join(LONG_GROUPS)})")
     lm = LinlmLM(model=model, tokenizer=tokenizer, batch_size=batch_size, max_context=max_context)
+    length = max_context or RULER_LENGTH
     if task_dict is None:
         try:
-            with offline_scrolls_metric():
-                task_dict = get_task_dict(list(names), TaskManager())
+            task_dict = {}
+            rest = [n for n in names if n not in RULER_NIAH]
+            if rest:
+                with offline_scrolls_metric():
+                    task_dict = get_task_dict(rest, TaskManager())
+            ruler = [n for n in names if n in RULER_NIAH]
+            if ruler:
+                task_dict.update(ruler_tasks(ruler, tokenizer, length))
+        except ConfigError:
+            raise
         except (ConnectionError, OSError, ValueError) as e:
             raise DataError(f"{', '.join(names)}: lm-eval could not load the data ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); run where the dataset hub can be "
@@ -113,7 +154,12 @@ def run_long_tasks(model, tokenizer, names: Sequence[str], *, limit: Optional[in
     tasks = {}
     for name in names:
         got = out["results"].get(name, {})
-        tasks[name] = {m: float(got[m + ",none"]) for m in METRICS[name] if m + ",none" in got}
+        if name in RULER_NIAH:  # lm-eval names RULER's metric by the length; -1: no sample of that length
+            value = got.get(f"{length},none")
+            tasks[name] = {"acc": float(value)} if isinstance(value, (int, float)) and value != -1 else {}
+            tasks[name]["length"] = length
+        else:
+            tasks[name] = {m: float(got[m + ",none"]) for m in METRICS[name] if m + ",none" in got}
         tasks[name]["n"] = int(out.get("n-samples", {}).get(name, {}).get("effective", 0))
     return {"tasks": tasks, "cut": dict(lm.cuts), "max_context": max_context,
             "scrolls_avg": scrolls_average(tasks)}

@@ -82,7 +82,8 @@ def render(job, pending: list[str]) -> Blocks:
         c = v["cut"]
         rows.append([label, *[fmt(v["tasks"].get(t, {}).get(m), ".2f") for t, m in cols],
                      fmt(v.get("scrolls_avg"), ".2f"), f"{c['cut']}/{c['requests']} to {c['window']}"])
-    b.append(("p", "lm-eval's own tasks and metrics (ROUGE, F1, EM on its 0-100 scale; `contains` for recall), "
+    b.append(("p", "lm-eval's own tasks and metrics (ROUGE, F1, EM on its 0-100 scale; `contains` for recall, "
+                   "RULER's string match `acc` for its NIAH variants, 0-1, prompts made for the training context), "
                    "greedy answers from the recurrent state; each input cut from the left to the model's training "
                    "context (the question at the end stays), the count of cut requests beside."))
     b.append(("table", ["model", *[f"{t.replace('scrolls_', '')} {m}" for t, m in cols], "SCROLLS avg (13)",
