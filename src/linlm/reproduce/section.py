@@ -207,11 +207,15 @@ def image(job, name: str) -> Optional[tuple]:
 
 def heading(job, title: str, pending: list[str], *names: str) -> tuple[Blocks, Optional[dict]]:
     """A section's part of the report begins: its heading and the results of ``names[0]``; or, when one of the
-    sections ``names`` has nothing to show, the heading and why (and None)."""
+    sections ``names`` has nothing to show (or ``names[0]`` did not run: ``not_run``), the heading and why (and
+    None)."""
     why = next(filter(None, (missing(job, name, pending) for name in names)), None)
     if why:
         return [("h2", title), ("p", why)], None
-    return [("h2", title)], job.results[names[0]]
+    res = job.results[names[0]]
+    if isinstance(res, dict) and "not_run" in res:
+        return [("h2", title), ("p", f"Skipped: {res['not_run']}.")], None
+    return [("h2", title)], res
 
 
 def missing(job, name: str, pending: list[str]) -> Optional[str]:

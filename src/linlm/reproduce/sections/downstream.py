@@ -69,8 +69,6 @@ def render(job, pending: list[str]) -> Blocks:
     b, res = heading(job, "Downstream scores against compute", pending, "downstream")
     if res is None:
         return b
-    if "not_run" in res:
-        return b + [("p", f"Skipped: {res['not_run']}.")]
     points = res["points"]
     shown = [m for m in MEASURES if any(m in p for p in points)]
     tasks = ("the commonsense average, LAMBADA and WikiText-2 (at most "

@@ -97,8 +97,6 @@ def render(job, pending: list[str]) -> Blocks:
     b, res = heading(job, "Hybrid stacks (retrieval)", pending, "hybrid")
     if res is None:
         return b
-    if "not_run" in res:
-        return b + [("p", f"Skipped: {res['not_run']}.")]
     window = f", a sliding window of {res['window']} tokens" if res.get("window") else ", full causal attention"
     b.append(("p", f"Each linear model alone, with one attention layer in {res['every']}{window}, and LLaMA, at one "
                    f"width and depth. MQAR, {res['task']['num_kv']} pairs, chance {res['chance']:.3f}: "

@@ -64,13 +64,6 @@ def optional_training(name: str, weight: float, options: type) -> Section:
     return dataclasses.replace(base, run=run, check=check, plan=_ladder_line(name))
 
 
-def _opened(job, title: str, pending: list[str], *names: str) -> tuple[Blocks, Optional[dict]]:
-    """A section's heading and its result, or (the blocks to show, None) when it is pending or did not run."""
-    b, res = heading(job, title, pending, *names)
-    if res is not None and "not_run" in res:
-        return b + [("p", f"Skipped: {res['not_run']}.")], None
-    return b, res
-
 
 # ---- MossNet's ladder ---------------------------------------------------------------------------------------------
 
@@ -85,7 +78,7 @@ def run_mossnet_fits(job, tick: Tick) -> Optional[dict]:
 
 
 def render_mossnet_fits(job, pending: list[str]) -> Blocks:
-    b, res = _opened(job, "MossNet's scaling (with Mamba and LLaMA)", pending, "mossnet_fits", "mossnet")
+    b, res = heading(job, "MossNet's scaling (with Mamba and LLaMA)", pending, "mossnet_fits", "mossnet")
     if res is None:
         return b
     return b + fits.laws_blocks(

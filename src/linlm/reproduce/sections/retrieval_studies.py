@@ -135,8 +135,6 @@ def study_blocks(job, name: str, title: str, about: str, pending: list[str]) -> 
     b, res = heading(job, title, pending, name)
     if res is None:
         return b
-    if "not_run" in res:
-        return b + [("p", f"Skipped: {res['not_run']}.")]
     key, levels = res["key"], res["levels"]
     b.append(("p", f"{about} MQAR, {res['task']['num_kv']} pairs, chance {res['chance']:.3f}: {res['training']}. "
                    "Each cell: accuracy, the mean over seeds (min-max); spread: the largest minus the smallest mean "

@@ -116,8 +116,6 @@ def render(job, pending: list[str]) -> Blocks:
     b, z = heading(job, "Zero-shot tasks", pending, "zeroshot")
     if z is None:
         return b
-    if "not_run" in z:
-        return b + [("p", f"Skipped: {z['not_run']}.")]
     from linlm.eval.tasks import TASKS
 
     scored = {t for m in z["models"].values() for t in m["tasks"]}
