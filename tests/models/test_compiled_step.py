@@ -38,10 +38,11 @@ def _steps_agree(model, steps=4, batch=2):
 
 
 @needs_cxx
-@pytest.mark.parametrize("arch", ["mamba", "cosformer2", "mamba2"])
+@pytest.mark.parametrize("arch", ["mamba", "cosformer2", "mamba2", "mossnet"])
 def test_compiled_step_equals_eager(arch):
     # mamba: no position in the step; cosformer2: an embedding mixer and a position (the offset recompiles once as a
-    # dynamic int); mamba2: a step whose eager form calls the C kernels, which step aside while torch compiles.
+    # dynamic int); mamba2: a step whose eager form calls the C kernels, which step aside while torch compiles;
+    # mossnet: routed experts, whose grouping by expert the graph replaces by per-token weight gathers.
     torch._dynamo.reset()
     model = _tiny(arch)
     assert model.compile_step()

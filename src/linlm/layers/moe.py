@@ -15,8 +15,8 @@ ways to run the experts on their groups, same math:
   experts run in two bmm calls. Fast while the load is balanced (the balance loss keeps it so);
 - looped: one matmul pair per expert on its contiguous slice, no padding; used when padding would cost more than
   PAD_LIMIT x the real work (a collapsed router).
-- static (only while torch.export traces, see linlm.infer.export): no grouping, so no shape depends on the
-  routing. Few tokens (a decoding step): each token gathers its k experts' weights; more tokens: every expert runs
+- static (while torch.export traces, and in a compiled decoding step: linlm.infer.export, CausalLM.compile_step):
+  no grouping, so no shape depends on the routing. Few tokens (a decoding step): each token gathers its k experts' weights; more tokens: every expert runs
   on every token and the outputs are weighted by the (mostly zero) dense gates.
 ``shared`` always-on experts are fused into one SwiGLU of width shared * expert_dim (the sum of S SwiGLUs of
 width h is one SwiGLU of width S h).
@@ -101,11 +101,15 @@ class MoEMLP(nn.Module):
         n_tokens = flat.shape[0]
         logits = router_logits(self.router, flat)
         weights, indices, probs = top_k_route(logits, self.top_k)
-        if torch.compiler.is_exporting():
+        # No shape may follow the routing while torch.export traces, nor in a compiled decoding step (no gradient).
+        if torch.compiler.is_exporting() or (torch.compiler.is_compiling() and not torch.is_grad_enabled()):
             y = self._experts_static(flat, weights, indices)
             if self.shared is not None:
                 y = y + self.shared(flat)
-            return y.view(shape), logits.new_zeros(())
+            if torch.compiler.is_exporting():
+                return y.view(shape), logits.new_zeros(())
+            return y.view(shape), router_aux_loss(logits, probs, indices, self.n_experts, self.balance_coef,
+                                                  self.z_coef)
         order, counts = group_by_expert(indices, self.n_experts)
         capacity = int(counts.max()) if counts.numel() else 0
         grouped = self.grouped and grouped_mm_takes(flat, self.d_model, self.expert_dim)
