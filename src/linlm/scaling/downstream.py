@@ -85,17 +85,17 @@ def score_checkpoint(path: Path, *, data_dir: Optional[Path], seq_len: int, hays
 def evaluate_sweep(sweep: str | Path, *, data_dir: Optional[str | Path] = None, haystack: str = "shakespeare",
                    limit: Optional[int] = None, trials: int = 4,
                    progress: Optional[Callable[[str, int, bool], None]] = None,
-                   out: Optional[str | Path] = None) -> dict:
+                   out: Optional[str | Path] = None, runs: Optional[dict] = None) -> dict:
     """Score every kept checkpoint of every run of ``sweep`` (resumably), then write one plot per measure
     (``<out>/<measure>.png``) and ``summary.json`` into ``out`` (default ``SWEEP/downstream``); returns the
-    summary."""
+    summary. ``runs``: the sweep's :func:`kept_checkpoints`, where the caller has listed them already."""
     from linlm import outputs
     from linlm.data.sources import open_source
     from linlm.scaling.fits import PFLOPS_DAY
     from linlm.scaling.runs import flops_key
 
     sweep = Path(sweep)
-    runs = kept_checkpoints(sweep)
+    runs = kept_checkpoints(sweep) if runs is None else runs
     data = Path(data_dir).expanduser() if data_dir else None
     if data is not None and not data.is_dir():
         raise ConfigError(f"--data-dir {data}: not a directory; give the directory of the task files (`linlm eval "

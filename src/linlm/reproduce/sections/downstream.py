@@ -46,9 +46,10 @@ def run(job, tick: Tick) -> Optional[dict]:
                            "{keep_log: N} keeps N log-spaced ones per run)"}
     s, sweep, out = job.recipe.downstream, job.sweep("scaling"), job.out / "downstream"
     try:
-        total = sum(len(c) for _, c in kept_checkpoints(sweep).values())
+        runs = kept_checkpoints(sweep)
     except ConfigError as e:  # a sweep trained without them (--scaling-dir): nothing to score, the rest stands
         return {"not_run": str(e)}
+    total = sum(len(c) for _, c in runs.values())
     done = [0]
 
     def progress(run: str, step: int, cached: bool) -> None:
@@ -56,7 +57,7 @@ def run(job, tick: Tick) -> Optional[dict]:
         tick(done[0] / max(total, 1))
 
     summary = evaluate_sweep(sweep, data_dir=job.data_dir, limit=s.limit, trials=s.trials, progress=progress,
-                             out=out)
+                             out=out, runs=runs)
     plots = [outputs.copy_file(out / name, job.plots / f"downstream_{name}", "plot").name
              for name in summary["plots"]]
     return {"keep_log": keep, "limit": s.limit, "trials": s.trials, "with_tasks": bool(job.data_dir),
@@ -71,10 +72,9 @@ def render(job, pending: list[str]) -> Blocks:
         return b
     points = res["points"]
     shown = [m for m in MEASURES if any(m in p for p in points)]
-    tasks = ("the commonsense average, LAMBADA and WikiText-2 (at most "
-             f"{res['limit']} items per task) and " if res.get("with_tasks") and res.get("limit") else
-             "the commonsense average, LAMBADA and WikiText-2 (every item) and " if res.get("with_tasks") else
-             "(no --data-dir: no zero-shot task) ")
+    items = "every item" if res.get("limit") is None else f"at most {res['limit']} items per task"
+    tasks = (f"the commonsense average, LAMBADA and WikiText-2 ({items}) and " if res.get("with_tasks")
+             else "(no --data-dir: no zero-shot task) ")
     b.append(("p", f"As the paper's figure of benchmark scores along training: {len(points)} checkpoints of "
                    f"{len({p['run'] for p in points})} runs (each run's {res['keep_log']} log-spaced kept steps), "
                    f"each at its training compute, scored on {tasks}NIAH (easy mode, the true one of 4 one-letter "
