@@ -283,14 +283,14 @@ def strip_to_model(path: Path) -> bool:
     """Make the kept checkpoint at ``path`` model-only (see the module doc); return whether it did. One that does
     not verify, or holds anything linlm did not write, is left whole with a warning."""
     foreign = outputs.foreign_entries(path)
+    if foreign:  # checked first: it reads no file whole, and prune asks again at every save
+        log.warning("kept checkpoint %s holds files linlm did not write (%s); it is kept whole, optimizer state "
+                    "included", path, outputs.shown(foreign))
+        return False
     try:
         verify(path)
     except CheckpointError as e:
         log.warning("kept checkpoint %s is left as it is (%s)", path, e)
-        return False
-    if foreign:
-        log.warning("kept checkpoint %s holds files linlm did not write (%s); it is kept whole, optimizer state "
-                    "included", path, outputs.shown(foreign))
         return False
     manifest = json.loads((path / MANIFEST).read_text())
     tmp: Optional[Path] = outputs.temp_dir_beside(path)
