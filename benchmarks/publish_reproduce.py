@@ -10,6 +10,7 @@ files were written: the sections run one after another, so the differences are t
 continued counts the pause too), the claims, judged from the job's saved sections by this checkout's
 linlm/reproduce/claims/ (its revision is recorded as judged_at), and ``evidence``: the parts of the sections the
 claims read (per-seed values, seed replicates, fitted points), from which a test computes every verdict again.
+The recipe's description and trade-offs are read as the job's revision had them.
 A job with a section pending or failed is refused: a stopped job is not a result.
 """
 
@@ -19,6 +20,7 @@ import argparse
 import datetime
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,10 +52,35 @@ def section_times(job: Path, created: str) -> list[dict]:
     return rows
 
 
+def recipe_at(name: str, revision: str | None):
+    """The recipe ``name`` as the job's revision had it (so that the page's description and trade-offs are what the
+    job ran), merged over its bases as linlm merges them; this checkout's when the revision is not in this
+    repository."""
+    import yaml
+
+    from linlm.reproduce.recipes import build_recipe, load_recipe
+    from linlm.schema import deep_merge
+
+    def data(n: str, seen: tuple = ()) -> dict:
+        text = subprocess.run(["git", "show", f"{revision}:src/linlm/reproduce/recipes/{n}.yaml"], cwd=ROOT,
+                              check=True, capture_output=True, text=True).stdout
+        d = yaml.safe_load(text)
+        base = d.pop("base", None)
+        if base is None or base in (*seen, n):
+            return d
+        return {**deep_merge(data(base, (*seen, n)), d), "name": d.get("name", n)}
+
+    if revision:
+        try:
+            return build_recipe(data(name), f"{name}.yaml at {revision[:10]}")
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return load_recipe(name)
+
+
 def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
     from linlm.reproduce.claims import judge
     from linlm.reproduce.claims.evidence import published
-    from linlm.reproduce.recipes import load_recipe
 
     marker_path, results_path = job / "reproduce.json", job / "results.json"
     if not marker_path.is_file() or not results_path.is_file():
@@ -66,7 +93,7 @@ def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
     if any(unfinished.values()):
         raise SystemExit(f"publish_reproduce: {job} has not finished ({unfinished}); run its command again until "
                          "every section is done, then publish")
-    recipe = load_recipe(marker["preset"])
+    recipe = recipe_at(marker["preset"], marker["environment"].get("git_revision"))
     times = section_times(job, marker["created"])
     here = environment()
     return {

@@ -214,10 +214,10 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
         out += [f"{recipe.get('description', '')}. The job ran as the command above, at the revision above; its "
                 f"claims were judged from its saved sections by linlm/reproduce/claims/ at revision {judged} "
                 "(benchmarks/publish_reproduce.py), by one rule: each difference's 95 % interval over the unit that "
-                "varies (seeds, or seed replicates of a fit), Holm's correction over every difference, 'alike' only "
-                "by two one-sided tests within a stated margin. This file holds the per-seed values, replicates "
-                "and fitted points the verdicts rest on, and a test computes every verdict again from it. The "
-                "job's own report holds every section's tables and plots.", ""]
+                "varies (seeds, or seed replicates of a fit), Holm's correction over every difference tested, "
+                "'alike' only by two one-sided tests within a stated margin. This file holds the per-seed values, "
+                "replicates and fitted points the verdicts rest on, and a test computes every verdict again from "
+                "it. The job's own report holds every section's tables and plots.", ""]
         out += ["## Claims", ""]
         out += table(["claim", "verdict", "scale", "differences (95 % interval, p) and numbers", "judged by"],
                      [[c["claim"], c["verdict"] + (f": {c['why']}" if c.get("why") else ""), c.get("scale") or "-",

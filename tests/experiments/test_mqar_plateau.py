@@ -4,13 +4,14 @@ the learning rate its sweep chose, and the one-expert MossNet widened to the pap
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig
 from linlm.experiments.mqar import RECORD_FILE, MQARRun, run_experiment, sweep_learning_rates
-from linlm.experiments.mqar_plateau import Plateau, choose_lr
+from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, recent_loss
 
 
 def records(losses: list[float], every: int = 10) -> list[dict]:
@@ -34,6 +35,35 @@ def test_the_plateau_rule_compares_the_last_block_with_the_one_before():
     assert "within 2%" in rule.text()
 
 
+def test_a_loss_flat_at_chance_is_not_a_plateau_and_a_run_may_stop_there():
+    """MQAR's loss sits flat at chance's (ln 64 for 64 values) before it falls: flat there is not a plateau; flat
+    0.1 nats or more below it is. With chance_steps a run still at chance stops there."""
+    chance, flat_loss = 1 / 64, math.log(64)
+    rule = Plateau(block=100, min_steps=200, max_steps=600, chance_margin=0.1, chance_steps=400).validate()
+    at = records([flat_loss + 0.004] * 20)
+    assert Plateau(block=100, min_steps=200).plateaued(at) is True  # without the task's chance: the old rule
+    assert rule.plateaued(at, chance) is False and rule.gives_up(at, chance) is False  # step 200 < chance_steps
+    assert rule.plateaued(records([flat_loss - 0.05] * 20), chance) is False  # 0.05 nats: not yet learning
+    assert rule.plateaued(records([flat_loss - 0.2] * 20), chance) is True
+    assert rule.gives_up(records([flat_loss] * 40), chance) is True  # step 400, still at chance
+    assert rule.gives_up(records([flat_loss - 0.3] * 40), chance) is False
+    # The recent loss is the last tenth of the steps: a run that has just left chance has left it.
+    assert at_chance(recent_loss([flat_loss] * 90 + [flat_loss - 0.5] * 10), chance) is False
+    assert at_chance(None, chance) is True and "0.1 nats" in rule.text() and "400 steps" in rule.text()
+    for bad in ({"chance_steps": 250}, {"chance_steps": 700}, {"chance_margin": -0.1}):
+        with pytest.raises(ConfigError, match="chance"):
+            Plateau(**{"block": 100, "min_steps": 200, "max_steps": 600, **bad}).validate()
+
+
+def test_a_run_still_at_chance_stops_at_chance_steps_and_says_so(tmp_path):
+    cfg = MQARConfig(vocab_size=32, num_kv=3)  # 16 values: chance's loss ln 16; 8 steps of llama stay above it
+    rule = Plateau(block=4, min_steps=8, max_steps=16, chance_steps=8)
+    [row] = run_experiment([MQARRun("llama", 16, lr=1e-4)], cfg, tmp_path, batch_size=4, head_dim=8,
+                           test_sequences=32, plateau=rule)
+    assert row["loss_last_window"] > math.log(16) - 0.1
+    assert row["steps"] == 8 and row["plateaued"] is False and row["at_chance"] is True
+
+
 def test_the_lowest_last_window_loss_chooses_the_learning_rate_and_a_diverged_run_loses():
     rows = [{"lr": 1e-3, "loss_last_window": 2.0}, {"lr": 3e-3, "loss_last_window": 1.5},
             {"lr": 1e-2, "loss_last_window": 0.1, "diverged": "stopped at step 5"}]
@@ -52,7 +82,7 @@ def test_a_run_trains_to_its_plateau_in_blocks_and_a_stopped_one_resumes_to_the_
 
     metrics = read_metrics(tmp_path / "a" / run.dir_name() / "metrics.jsonl")
     assert row["steps"] in (8, 12, 16) and row["lr"] == 5e-3 and [r["step"] for r in metrics][-1] == row["steps"]
-    assert row["plateaued"] is rule.plateaued(metrics) and (row["plateaued"] or row["steps"] == 16)
+    assert row["plateaued"] is rule.plateaued(metrics, cfg.chance) and (row["plateaued"] or row["steps"] == 16)
     record = json.loads((tmp_path / "a" / run.dir_name() / RECORD_FILE).read_text())
     assert record["settings"]["plateau"]["max_steps"] == 16 and record["settings"]["train"]["schedule"]["kind"] == \
         "constant"
@@ -62,11 +92,11 @@ def test_a_run_trains_to_its_plateau_in_blocks_and_a_stopped_one_resumes_to_the_
     real = mp.Plateau.plateaued
     calls = []
 
-    def stop_once(self, recs):
+    def stop_once(self, recs, chance=None):
         calls.append(recs[-1]["step"])
         if len(calls) == 1:
             raise KeyboardInterrupt
-        return real(self, recs)
+        return real(self, recs, chance)
 
     monkeypatch.setattr(mp.Plateau, "plateaued", stop_once)
     with pytest.raises(KeyboardInterrupt):

@@ -25,7 +25,7 @@ from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig, mqar_accuracy, mqar_data, mqar_test_set, state_floats
 from linlm.experiments.mqar_grid import MQARRun, default_archs, default_runs, model_overrides
-from linlm.experiments.mqar_plateau import Plateau, choose_lr
+from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr
 from linlm.experiments.mqar_summary import loss_trend
 from linlm.locking import DirLock
 
@@ -211,7 +211,8 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
 
     A run the divergence guard stopped is a result too: its row says why (``diverged``), its accuracy is None and
     it is recorded, so that the experiment goes on and a rerun reads it back instead of diverging again. With
-    ``plateau`` the run is continued block by block until the rule says it plateaued or it reaches max_steps."""
+    ``plateau`` the run is continued block by block until the rule says it plateaued, it stops still at chance
+    (the rule's chance_steps) or it reaches max_steps."""
     import dataclasses
 
     from linlm.models.io import load
@@ -240,8 +241,9 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
                                "stop signal")
         if plateau is None or result is None:
             break
-        flat = plateau.plateaued(read_metrics(plan.dir / METRICS_FILE))
-        if flat or result.step >= plateau.max_steps:
+        records = read_metrics(plan.dir / METRICS_FILE)
+        flat = plateau.plateaued(records, cfg.chance)
+        if flat or result.step >= plateau.max_steps or plateau.gives_up(records, cfg.chance):
             flat = bool(flat)
             break
         resume, steps = True, plateau.next_steps(result.step)
@@ -262,6 +264,7 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
            "final_loss": result.loss if result else (metrics or [{}])[-1].get("loss"), "diverged": diverged,
            **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, "lr": plan.train_cfg.optim.lr,
            "plateaued": flat, "study": plan.run.study or {}, **measured}
+    row["at_chance"] = at_chance(row["loss_last_window"], cfg.chance, (plateau or Plateau()).chance_margin)
     outputs.write_json(plan.dir / RECORD_FILE, plan.record(row, replace=False), what)
     if diverged:
         log.warning("%s %s: diverged (%s); recorded without an accuracy", prefix, name, diverged)

@@ -8,6 +8,13 @@ fraction of itself). A run that reaches ``max_steps`` still falling has not plat
 measures how fast it learns as much as what it can hold. The rule is checked only at block boundaries (multiples
 of ``block`` from step 0), so a run stopped and resumed continues to the same steps as one that was not.
 
+**Chance is not a plateau.** MQAR's loss first sits flat at chance (the entropy of a uniform guess among the values,
+``-ln(chance)``) for hundreds to thousands of steps before it starts to fall, and the rule above would call that a
+plateau. So a run whose recent loss (:func:`recent_loss`: the mean over the last tenth of its steps) is not at least
+``chance_margin`` nats below chance has not plateaued (:func:`at_chance`). Such a run trains on to ``max_steps``, or
+stops at ``chance_steps`` when the rule gives one, and says it did not plateau: it has not started learning, so its
+accuracy says how slowly it starts, not what it can hold. The claims read the same test from the published rows.
+
 **The learning rate** (:func:`choose_lr`): each configuration trains ``sweep_steps`` on seed 0 at each of a few
 learning rates; the one with the lowest mean training loss over the last tenth of the steps is chosen (a diverged
 run loses), and the table is recorded.
@@ -15,11 +22,31 @@ run loses), and the table is recorded.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from linlm.errors import ConfigError
+from linlm.experiments.mqar_summary import loss_trend
+
+CHANCE_MARGIN = 0.1  # nats below chance's loss a run's recent loss must reach to count as learning
+
+
+def chance_loss(chance: float) -> float:
+    """The loss of guessing uniformly among the answers, for an accuracy of ``chance`` (0 < chance <= 1)."""
+    return -math.log(chance)
+
+
+def recent_loss(losses: Sequence[Optional[float]]) -> Optional[float]:
+    """The mean training loss of the last tenth of the steps (None with too few): the rows' ``loss_last_window``."""
+    return loss_trend(losses)["loss_last_window"]
+
+
+def at_chance(loss: Optional[float], chance: float, margin: float = CHANCE_MARGIN) -> bool:
+    """Whether a run whose recent loss is ``loss`` has not yet left chance: its loss is not ``margin`` nats below
+    the loss of a uniform guess (an unknown loss counts as at chance)."""
+    return loss is None or not math.isfinite(loss) or loss > chance_loss(chance) - margin
 
 
 @dataclass(frozen=True)
@@ -29,6 +56,8 @@ class Plateau:
     max_steps: int = 1200
     tolerance: float = 0.02
     floor: float = 0.01
+    chance_margin: float = CHANCE_MARGIN
+    chance_steps: Optional[int] = None  # a run still at chance here stops, not plateaued (None: on to max_steps)
 
     def validate(self) -> "Plateau":
         if self.block < 1 or self.min_steps < 2 * self.block or self.min_steps % self.block:
@@ -39,25 +68,37 @@ class Plateau:
         if not 0 < self.tolerance < 1 or self.floor < 0:
             raise ConfigError(f"plateau: tolerance {self.tolerance} (a fraction in (0, 1)), floor {self.floor} (nats "
                               ">= 0)")
+        if not 0 <= self.chance_margin <= 10:
+            raise ConfigError(f"plateau: chance_margin {self.chance_margin} (nats below chance's loss, in [0, 10])")
+        c = self.chance_steps
+        if c is not None and (c % self.block or not self.min_steps <= c <= self.max_steps):
+            raise ConfigError(f"plateau: chance_steps {c}; give a multiple of block {self.block} between min_steps "
+                              f"{self.min_steps} and max_steps {self.max_steps}, or leave it out")
         return self
 
     def text(self) -> str:
         return (f"trained in blocks of {self.block} steps from {self.min_steps} to at most {self.max_steps}; "
                 f"plateaued when the last block's mean training loss is within {self.tolerance:.0%} (or "
-                f"{self.floor:g} nats) of the block before's")
+                f"{self.floor:g} nats) of the block before's, and its recent loss is {self.chance_margin:g} nats "
+                f"or more below chance's" + ("" if self.chance_steps is None else
+                                            f"; a run still at chance at {self.chance_steps} steps stops there"))
 
     def next_steps(self, step: int) -> int:
         """The step to train to next from ``step``: the next block boundary, at most max_steps."""
         return min(self.max_steps, max(self.min_steps, (step // self.block + 1) * self.block))
 
-    def plateaued(self, records: Sequence[dict]) -> Optional[bool]:
+    def plateaued(self, records: Sequence[dict], chance: Optional[float] = None) -> Optional[bool]:
         """Whether the run whose metrics are ``records`` (step, loss) has plateaued at its last step: None when its
-        last step is not a block boundary past min_steps (not decided there)."""
+        last step is not a block boundary past min_steps (not decided there). With the task's ``chance`` accuracy,
+        a run still at chance has not plateaued."""
         if not records:
             return None
         step = int(records[-1]["step"])
         if step < self.min_steps or step % self.block:
             return None
+        if chance is not None and at_chance(recent_loss([r.get("loss") for r in records]), chance,
+                                            self.chance_margin):
+            return False
         last = [r["loss"] for r in records if step - self.block < r["step"] <= step and r.get("loss") is not None]
         prev = [r["loss"] for r in records
                 if step - 2 * self.block < r["step"] <= step - self.block and r.get("loss") is not None]
@@ -65,6 +106,13 @@ class Plateau:
             return None
         a, b = statistics.fmean(prev), statistics.fmean(last)
         return a - b <= max(self.tolerance * abs(a), self.floor)
+
+
+    def gives_up(self, records: Sequence[dict], chance: float) -> bool:
+        """Whether the run stops here still at chance: at or past ``chance_steps`` (when the rule gives one)."""
+        if self.chance_steps is None or not records or int(records[-1]["step"]) < self.chance_steps:
+            return False
+        return at_chance(recent_loss([r.get("loss") for r in records]), chance, self.chance_margin)
 
 
 def choose_lr(rows: Sequence[dict]) -> dict:

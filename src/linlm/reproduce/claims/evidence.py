@@ -5,7 +5,8 @@ the claims see only these fields (a missing section is None).
   why a fit was refused, and the common compute C* with each architecture's loss and optimum there.
 - :func:`seeded`: a number of trained models per seed, by group ({group: {seed: value}}).
 - :class:`Retrieval`: an MQAR section's runs (each configuration and seed), its chance level, which run
-  plateaued, and a study's tags (the shape or the context of a run).
+  plateaued (a run whose loss never left chance did not: :mod:`linlm.experiments.mqar_plateau`), and a study's tags
+  (the shape or the context of a run).
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ class Run:
     steps: int
     study: dict = field(default_factory=dict)  # a study's tags: {"shape": "d64-l4"} or {"context": 256}
     state_per_layer: Optional[float] = None  # decoding-state floats per layer (linlm.eval.mqar.state_floats)
+    at_chance: bool = False  # its recent training loss never left chance's (so it has not plateaued)
+
+    @property
+    def stopped(self) -> str:
+        """Why this run does not count as trained to a plateau ("" when it does)."""
+        return "at chance" if self.at_chance else "" if self.plateaued else \
+            "not plateaued" if self.plateaued is False else "plateau not recorded"
 
 
 @dataclass
@@ -135,10 +143,19 @@ class Retrieval:
             return None
         if "not_run" in result:
             return cls([], 0.0, 0, not_run=result["not_run"])
+        from linlm.experiments.mqar_plateau import at_chance
+
+        chance = float(result.get("chance", 0.0))
+
+        def stuck(r: dict) -> bool:  # recorded by newer runs; read from the recent loss for older ones
+            if "at_chance" in r:
+                return bool(r["at_chance"])
+            return "loss_last_window" in r and chance > 0 and at_chance(r["loss_last_window"], chance)
+
         runs = [Run(r["name"].rsplit("-d", 1)[0], r["arch"], r["d_model"], r.get("seed", 0) or 0, r.get("accuracy"),
-                    r.get("plateaued"), r.get("steps", 0), r.get("study") or {}, r.get("state_per_layer"))
+                    r.get("plateaued"), r.get("steps", 0), r.get("study") or {}, r.get("state_per_layer"), stuck(r))
                 for r in result.get("runs") or result.get("rows") or []]
-        return cls(runs, float(result.get("chance", 0.0)), int((result.get("task") or {}).get("num_kv", 0)))
+        return cls(runs, chance, int((result.get("task") or {}).get("num_kv", 0)))
 
     def width(self) -> Optional[int]:
         """The width the claims are judged at: the largest."""
@@ -159,8 +176,8 @@ class Retrieval:
     def not_plateaued(self, config: str, width: Optional[int] = None) -> list[str]:
         """The runs of ``config`` that stopped before their loss plateaued (or whose plateau was not recorded)."""
         width = width or self.width()
-        return [f"seed {r.seed}" + ("" if r.plateaued is False else ": not recorded")
-                for r in self.runs if r.config == config and r.d_model == width and not r.plateaued]
+        return [f"seed {r.seed} ({r.stopped})" for r in self.runs
+                if r.config == config and r.d_model == width and r.stopped]
 
     def study_values(self, arch: str, key: str) -> dict:
         """{seed: max - min of the accuracy over the study's ``key`` values (shapes, contexts)} of ``arch``: the
@@ -173,14 +190,14 @@ class Retrieval:
         return {s: max(v) - min(v) for s, v in by.items() if len(v) == levels and levels >= 2}
 
     def study_not_plateaued(self, arch: str, key: str) -> list[str]:
-        return [f"{r.study[key]} seed {r.seed}" for r in self.runs
-                if r.arch == arch and key in r.study and not r.plateaued]
+        return [f"{r.study[key]} seed {r.seed} ({r.stopped})" for r in self.runs
+                if r.arch == arch and key in r.study and r.stopped]
 
 
 # ---- what a published results file keeps ------------------------------------------------------------------------
 
-_RUN_FIELDS = ("name", "arch", "d_model", "n_layers", "seed", "accuracy", "plateaued", "steps", "lr", "study",
-               "active_params", "state_per_layer")
+_RUN_FIELDS = ("name", "arch", "d_model", "n_layers", "seed", "accuracy", "plateaued", "at_chance",
+               "loss_last_window", "steps", "lr", "study", "active_params", "state_per_layer")
 
 
 def _fits_kept(result: dict) -> dict:

@@ -11,14 +11,16 @@ the unit that varies:
   difference over replicates (the two sides' replicates are independent draws).
 
 **Outcomes.** Each difference is tested against zero (two-sided: a t test, or the replicates on either side of 0).
-Holm's correction runs over every difference of every claim of the report (family-wise error 5 %): the k-th
-smallest of m p-values counts when it is at most 0.05 / (m - k + 1), and so did every smaller one. A counted
-difference on the side the claim predicts is **for**, on the other side **against**. A difference that did not
-count is **alike** only when two one-sided tests (TOST) put it inside ± its margin, stated beside it, Holm-corrected
-over the same family; otherwise **cannot tell**. A claim that predicts no difference (``predicts="alike"``) is
-for when its differences are alike and against when they count. A claim's verdict is its parts' one outcome when
-they agree, **mixed** (listing them) when they do not; a claim that cannot be judged at all says **cannot tell** and
-why (one seed, one size, a fit refused, every model at chance, a section that did not run).
+Holm's correction runs over every difference of every claim of the report that is tested (family-wise error 5 %; a
+difference with a reason it cannot be judged, such as one seed or a run that did not plateau, is decided before any
+p-value and is not tested, so it is not in the family): the k-th smallest of m p-values counts when it is at most
+0.05 / (m - k + 1), and so did every smaller one. A counted difference on the side the claim predicts is **for**, on
+the other side **against**. A difference that did not count is **alike** only when two one-sided tests (TOST) put it
+inside ± its margin, stated beside it, Holm-corrected over the same family; otherwise **cannot tell**. A claim that
+predicts no difference (``predicts="alike"``) is for when its differences are alike and against when they count. A
+claim's verdict is its parts' one outcome when they agree, **mixed** (listing them) when they do not; a claim that
+cannot be judged at all says **cannot tell** and why (one seed, one size, a fit refused, every model at chance, a
+section that did not run).
 
 **False verdicts.** With no true difference, the chance of any false for or against in the whole report is at most
 5 % (exact for t intervals when seed noise is normal; for replicates as far as their intervals cover, which

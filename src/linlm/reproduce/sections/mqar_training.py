@@ -5,13 +5,14 @@ training itself, its time for ``--dry-run`` (timed now on this machine), and the
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from linlm.errors import ConfigError
-from linlm.experiments.mqar_plateau import Plateau
+from linlm.experiments.mqar_plateau import Plateau, at_chance
 from linlm.reproduce.section import Tick, setting
 
 
@@ -23,7 +24,8 @@ class TrainSettings:
     seed: int = setting(0, "the first seed")
     steps: int = setting(300, "training steps per model, without a plateau rule")
     plateau: Optional[Plateau] = setting(None, "train to a plateau instead: {block, min_steps, max_steps, "
-                                               "tolerance, floor} (linlm.experiments.mqar_plateau)")
+                                               "tolerance, floor, chance_margin, chance_steps} "
+                                               "(linlm.experiments.mqar_plateau)")
     lr: float = setting(3e-3, "the learning rate, without a sweep")
     lrs: list[float] = setting([], "a sweep: each configuration trains sweep_steps at each of these (seed 0) and "
                                    "keeps the best ([]: lr for all)")
@@ -130,15 +132,23 @@ def seconds(settings: TrainSettings, task, configs: list) -> float:
 def runs_blocks(result: dict) -> list[tuple]:
     """The report's table of every run: its configuration, seed, learning rate, steps, whether it plateaued and
     its accuracy; and the sweep's table."""
-    rows = [[r["name"], str(r["seed"]), f"{r.get('lr', 0):g}", str(r["steps"]),
-             {True: "yes", False: "no"}.get(r.get("plateaued"), "-"),
+    chance = result.get("chance") or 0.0
+
+    def plateaued(r: dict) -> str:
+        return "no (at chance)" if r.get("at_chance") else {True: "yes", False: "no"}.get(r.get("plateaued"), "-")
+
+    rows = [[r["name"], str(r["seed"]), f"{r.get('lr', 0):g}", str(r["steps"]), plateaued(r),
              "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"] for r in result.get("runs") or []]
     blocks = [("table", ["run", "seed", "lr", "steps", "plateaued", "accuracy"], rows)]
     sweep = result.get("lr_sweep") or {}
     if sweep:
         lrs = sorted({k for t in sweep.values() for k in t["losses"]}, key=float)
+        chosen = {c: t["losses"].get(f"{t['chosen']:g}") for c, t in sweep.items()}
+        stuck = [c for c, x in chosen.items() if chance and x is not None and at_chance(x, chance)]
         blocks.append(("p", "The learning-rate sweep: each configuration's mean training loss over the last tenth of "
-                            "its sweep steps at each rate (seed 0); the lowest is chosen ('-': diverged)."))
+                            "its sweep steps at each rate (seed 0); the lowest is chosen ('-': diverged)." +
+                       (f" At every rate, {', '.join(stuck)} had not left chance's loss ({-math.log(chance):.3f}), "
+                        "so their choice is noise." if stuck else "")))
         blocks.append(("table", ["configuration", *lrs, "chosen"],
                        [[c, *("-" if t["losses"].get(k) is None else f"{t['losses'][k]:.3f}" for k in lrs),
                          f"{t['chosen']:g}"] for c, t in sweep.items()]))
