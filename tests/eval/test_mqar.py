@@ -127,3 +127,29 @@ def test_a_gap_puts_filler_between_the_pairs_and_the_queries():
         assert (targets[b, :13] == -100).all() and (targets[b, 14::2] == -100).all()
     with pytest.raises(ConfigError, match="gap"):
         MQARConfig(gap=-1).validate()
+
+
+def test_a_mixture_cycles_training_through_fewer_pairs_and_leaves_the_held_out_sets_alone():
+    plain, mixed = MQARConfig(vocab_size=64, num_kv=8), MQARConfig(vocab_size=64, num_kv=8, mix=(2, 4))
+    assert mixed.fingerprint() != plain.fingerprint() and mixed.seq_len == plain.seq_len == 32
+    stream = MQARStream(mixed.validate(), 3, seed=1)
+    batches = [next(stream) for _ in range(6)]
+    assert {ids.shape for ids, _ in batches} == {(3, 32)}  # one length: fewer pairs are padded at the end
+    answers = [int((t != IGNORE).sum(1)[0]) for _, t in batches]
+    assert answers == [2, 4, 8, 2, 4, 8]  # 2, 4, then 8 pairs (each key queried once), in turn
+    ids, targets = stream.batch(4)  # 4 pairs: keys and values, every key queried once, then filler
+    assert (targets[:, 8:16:2] != IGNORE).all() and (targets[:, :8] == IGNORE).all()
+    assert (ids[:, 16:] == 0).all() and (targets[:, 16:] == IGNORE).all() and (ids[:, :16] > 0).all()
+    for b in range(3):
+        table = dict(zip(ids[b, 0:8:2].tolist(), ids[b, 1:8:2].tolist()))
+        assert targets[b, 8:16:2].tolist() == [table[int(k)] for k in ids[b, 8:16:2]]
+    # A batch of num_kv pairs is the step's own draw, not the plain stream's: the task's identity seeds it.
+    assert not torch.equal(stream.batch(2)[0], MQARStream(plain, 3, seed=1).batch(2)[0])
+    for split in ("val", "test"):  # held-out sets: num_kv pairs only, the same with or without the mixture
+        for (a, _), (b, _) in zip(mqar_batches(mixed, 2, 4, 0, split), mqar_batches(plain, 2, 4, 0, split)):
+            assert torch.equal(a, b) and a.shape[1] == 32
+    capped = MQARConfig(vocab_size=64, num_kv=8, num_queries=3, mix=(2,))
+    assert capped.at_step(0).queries == 2 and capped.at_step(1).queries == 3
+    for bad in ((8,), (0, 4), (9,)):
+        with pytest.raises(ConfigError, match="mix"):
+            MQARConfig(vocab_size=64, num_kv=8, mix=bad).validate()

@@ -305,6 +305,15 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
     assert outputs.owns_file(out / "results.json") and outputs.owns_file(out / "mqar.png")
     results = json.loads((out / "results.json").read_text())
     assert [c["name"] for c in results["configs"]] == ["hgrn2-d16"] and results["seeds"] == [0]
+    # Trained on 1, 2 and 3 pairs in turn, tested on 3: every test answer is one of 3 per sequence.
+    mixed = tmp_path / "mixed"
+    assert main(["mqar", "--out", str(mixed), "--archs", "hgrn2", *TINY[2:], "--steps", "3", "--mix", "1,2"]) == 0
+    from linlm.train.metrics import read_metrics
+
+    [row] = json.loads((mixed / "results.json").read_text())["runs"]
+    assert row["answers"] == 3 * 64 and row["steps"] == 3  # the test: 64 sequences of 3 pairs
+    assert [r["tokens"] for r in read_metrics(mixed / "hgrn2-d16-s0" / "metrics.jsonl")] == [48, 96, 144]
+    assert json.loads((mixed / "results.json").read_text())["mqar"]["mix"] == [1, 2]
     assert results["groups"] == [] and results["meta"]["command"].startswith("linlm mqar --out")
     # tnl-d16 would be new, hgrn2-d16 is of another experiment (2 steps, not 3): refused before tnl trains.
     assert main(["mqar", "--out", str(out), *TINY, "--steps", "3"]) == 2
@@ -323,6 +332,7 @@ def test_outputs_are_checked_before_any_training(tmp_path, capsys):
     (["--mossnet-policies", "routed"], "routed-kN"), (["--mossnet-policies", "dense-k0"], "dense-k0"),
     (["--lr", "nan"], "argument --lr: expected a number > 0 and <= 10000, got 'nan'"), (["--widths", "12"], "head_dim 8"),
     (["--widths", "16,16"], "given twice"), (["--archs", ""], "no runs"),
+    (["--mix", "3"], "mqar mix: pair counts [3] are not in 1..2"), (["--mix", "0"], "argument --mix"),
     # a policy no expert count of the grid can take would train no MossNet under its name
     (["--experts", "2", "--mossnet-policies", "routed-k9"], "--mossnet-policies routed-k9: takes 9 experts a token"),
     (["--experts", "1,2,4", "--mossnet-policies", "routed-k2,dense-k8"], "dense-k8: takes 8 experts a token"),

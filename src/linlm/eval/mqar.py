@@ -14,6 +14,13 @@ from the context. Only the answers are targets (``targets[t] = a_j`` at the posi
 accuracy is the fraction of answers that are the argmax of the model's prediction (and the fraction of sequences
 with every answer right).
 
+With ``mix`` (pair counts below ``num_kv``), training batches cycle through those counts and then ``num_kv``, one
+count per batch (``num_queries``, when given, capped at a batch's pairs), each sequence of fewer pairs padded at
+its end with filler to ``seq_len`` (no targets there: a causal model answers before it sees them, and every batch
+keeps one length, so tokens per step stay what the Trainer counts), while the validation and test sets hold
+``num_kv`` pairs only. The easier sequences teach the lookup sooner: a loss
+that sits at chance for thousands of steps on ``num_kv`` pairs alone can start to fall within hundreds.
+
 A state of constant size holds only so many pairs: that is the point. The experiment that trains models of every
 architecture on this task and reports accuracy against the width and the state's size is
 :mod:`linlm.experiments.mqar` (``linlm mqar``); this module is the task alone.
@@ -24,6 +31,7 @@ Batches are a pure function of (seed, split, step, rank): :class:`MQARStream` re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -42,6 +50,7 @@ class MQARConfig:
     num_kv: int = 8
     num_queries: Optional[int] = None  # None: every key is queried once (num_queries = num_kv)
     gap: int = 0  # filler tokens (id 0) between the pairs and the queries
+    mix: tuple[int, ...] = ()  # smaller pair counts training batches cycle through before num_kv's (module doc)
 
     @property
     def queries(self) -> int:
@@ -71,7 +80,20 @@ class MQARConfig:
         if self.num_queries is not None and not 1 <= self.num_queries <= self.num_kv:
             raise ConfigError(f"mqar num_queries: must be in 1..num_kv={self.num_kv} (or left out: every key), got "
                               f"{self.num_queries}")
+        bad = [m for m in self.mix if not 1 <= m < self.num_kv]
+        if bad:
+            raise ConfigError(f"mqar mix: pair counts {bad} are not in 1..{self.num_kv - 1}; give counts below "
+                              f"num_kv={self.num_kv} (the test's), or leave mix out")
         return self
+
+    def at_step(self, step: int) -> "MQARConfig":
+        """The task of training batch ``step``: with ``mix``, the pair counts taken in turn (then num_kv's)."""
+        if not self.mix:
+            return self
+        counts = (*self.mix, self.num_kv)
+        n = counts[step % len(counts)]
+        queries = None if self.num_queries is None else min(self.num_queries, n)
+        return MQARConfig(self.vocab_size, n, queries, self.gap)
 
     def fingerprint(self) -> str:
         """The task's identity, which seeds every batch. "Every key" is written as 0, as it was when 0 meant it, so
@@ -81,7 +103,19 @@ class MQARConfig:
             fields["num_queries"] = 0
         if not self.gap:  # a task without a gap keeps the identity it had before the gap existed
             del fields["gap"]
+        if self.mix:
+            fields["mix"] = list(self.mix)
+        else:  # and one without a mixture the identity it had before mixtures
+            del fields["mix"]
         return hashlib.sha256(json.dumps({"mqar": fields}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pairs_text(task: dict) -> str:
+    """How many pairs a task (``asdict`` of an MQARConfig, as results keep it) tests, and the training mixture."""
+    n, mix = task["num_kv"], task.get("mix") or ()
+    if not mix:
+        return f"{n} pairs"
+    return f"{n} pairs (trained on {', '.join(map(str, mix))} and {n} pairs in turn)"
 
 
 def _seed(*parts) -> int:
@@ -105,6 +139,7 @@ def mqar_batch(cfg: MQARConfig, batch: int, generator: torch.Generator) -> tuple
 
 def _fixed_batch(cfg: MQARConfig, size: int, seed: int, split: str, index: int):
     """Batch ``index`` of a fixed set: its own generator, seeded by (seed, split, task, index)."""
+    cfg = dataclasses.replace(cfg, mix=())  # held-out sets are num_kv's alone, the same with or without a mixture
     return mqar_batch(cfg, size, torch.Generator().manual_seed(_seed(seed, split, cfg.fingerprint(), index)))
 
 
@@ -136,7 +171,12 @@ class MQARStream:
 
     def batch(self, step: int):
         g = torch.Generator().manual_seed(_seed(self.seed, "train", self.cfg.fingerprint(), step, self.rank))
-        return mqar_batch(self.cfg, self.batch_size, g)
+        ids, targets = mqar_batch(self.cfg.at_step(step), self.batch_size, g)
+        pad = self.cfg.seq_len - ids.shape[1]
+        if pad:
+            ids = torch.nn.functional.pad(ids, (0, pad))
+            targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE)
+        return ids, targets
 
     def __next__(self):
         out = self.batch(self.step)

@@ -37,6 +37,9 @@ def register(subparsers):
     p.add_argument("--num-kv", type=RANGES["pairs"], default=4, help="key-value pairs per sequence")
     p.add_argument("--num-queries", type=RANGES["pairs"], default=None,
                    help="keys queried per sequence, 1..--num-kv (default: every key, once)")
+    p.add_argument("--mix", type=NumberList(RANGES["pairs"]), default=None, metavar="N,N,...",
+                   help="smaller pair counts that training batches cycle through before --num-kv's (fewer pairs "
+                        "teach the lookup sooner); the test stays at --num-kv")
     p.add_argument("--layers", type=RANGES["layers"], default=2)
     p.add_argument("--head-dim", type=RANGES["width"], default=16)
     p.add_argument("--steps", type=RANGES["steps"], default=3000,
@@ -62,12 +65,13 @@ def cmd_mqar(args) -> int:
     import datetime
     import math
     import sys
+    from dataclasses import asdict
 
     from linlm import outputs
     from linlm.cli_args import comma_list
     from linlm.environment import environment
     from linlm.errors import ConfigError
-    from linlm.eval.mqar import MQARConfig
+    from linlm.eval.mqar import MQARConfig, pairs_text
     from linlm.experiments.mqar import default_runs, plot_experiment, run_experiment
     from linlm.experiments.mqar_grid import DEFAULT_POLICIES
     from linlm.experiments.mqar_summary import comparison_groups, config_table, group_table, summarize
@@ -90,7 +94,8 @@ def cmd_mqar(args) -> int:
                           "or counts >= 1")
     policies = comma_list(args.policies, "--mossnet-policies", what="policies", example=",".join(DEFAULT_POLICIES))
     _check_policies(policies, [e for e in experts if e])
-    cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries).validate()
+    cfg = MQARConfig(vocab_size=args.vocab_size, num_kv=args.num_kv, num_queries=args.num_queries,
+                     mix=tuple(args.mix or ())).validate()
     seeds = range(args.seed, args.seed + args.seeds)
     runs = default_runs(widths, [e for e in experts if e], archs, policies, seeds, args.matched,
                         n_layers=args.layers, head_dim=args.head_dim, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
@@ -113,10 +118,11 @@ def cmd_mqar(args) -> int:
     configs = summarize(rows)
     groups = comparison_groups(configs)
     print_table(*config_table(configs),
-                title=f"MQAR: {cfg.num_kv} pairs, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
+                title=f"MQAR: {pairs_text(asdict(cfg))}, {cfg.queries} queries, vocab {cfg.vocab_size}, {args.steps} steps")
     print_table(*group_table(groups), title="Comparison groups")
     plot = plot_experiment(configs, out / "mqar.png", "--out")
-    task = {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv, "num_queries": cfg.queries, "seq_len": cfg.seq_len}
+    task = {"vocab_size": cfg.vocab_size, "num_kv": cfg.num_kv, "num_queries": cfg.queries, "seq_len": cfg.seq_len,
+            "mix": list(cfg.mix)}
     path = outputs.write_json(out / "results.json", {
         "meta": meta, "mqar": task, "settings": {k: v for k, v in vars(args).items() if k != "func"},
         "seeds": list(seeds), "runs": rows, "configs": configs, "groups": groups, "format": "linlm-mqar"}, "--out")

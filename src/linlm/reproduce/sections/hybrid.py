@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from linlm.errors import ConfigError
-from linlm.eval.mqar import MQARConfig
+from linlm.eval.mqar import MQARConfig, pairs_text
 from linlm.reproduce.section import Blocks, Section, Tick, heading, setting
 from linlm.reproduce.sections.mqar_training import TrainSettings, runs_blocks, seconds, train
 from linlm.reproduce.sections.retrieval_studies import chosen_lr, study_result
@@ -99,7 +99,7 @@ def render(job, pending: list[str]) -> Blocks:
         return b
     window = f", a sliding window of {res['window']} tokens" if res.get("window") else ", full causal attention"
     b.append(("p", f"Each linear model alone, with one attention layer in {res['every']}{window}, and LLaMA, at one "
-                   f"width and depth. MQAR, {res['task']['num_kv']} pairs, chance {res['chance']:.3f}: "
+                   f"width and depth. MQAR, {pairs_text(res['task'])}, chance {res['chance']:.3f}: "
                    f"{res['training']}. Each cell: accuracy, the mean over seeds (min-max), and the body's training "
                    "GFLOPs per 1K tokens (counted from the layer shapes)."))
     rows = []

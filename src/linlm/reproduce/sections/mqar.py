@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from linlm.errors import ConfigError
-from linlm.eval.mqar import MQARConfig
+from linlm.eval.mqar import MQARConfig, pairs_text
 from linlm.reproduce.section import Blocks, Section, Tick, heading, image, setting
 from linlm.reproduce.sections.mqar_training import TrainSettings, runs_blocks, seconds, train
 
@@ -26,7 +26,8 @@ from linlm.reproduce.sections.mqar_training import TrainSettings, runs_blocks, s
 class MQARSettings(TrainSettings):
     """The recipe's ``mqar:``."""
 
-    task: MQARConfig = setting(MQARConfig(), "the task: vocab_size, num_kv (key-value pairs), num_queries")
+    task: MQARConfig = setting(MQARConfig(), "the task: vocab_size, num_kv (key-value pairs), num_queries, gap, mix "
+                                             "(smaller pair counts training takes in turn; linlm.eval.mqar)")
     widths: list[int] = setting([32, 64], "d_model of every configuration (the claims read the largest)")
     archs: Optional[list[str]] = setting(None, "architectures trained at each width (null: every registered one "
                                                "but the mixtures of experts)")
@@ -109,7 +110,7 @@ def render(job, pending: list[str]) -> Blocks:
     b, m = heading(job, "Retrieval: MQAR", pending, "mqar")
     if m is None:
         return b
-    b.append(("p", f"Multi-query associative recall: {m['task']['num_kv']} key-value pairs, vocabulary "
+    b.append(("p", f"Multi-query associative recall: {pairs_text(m['task'])}, vocabulary "
                    f"{m['task']['vocab_size']}, chance {m['chance']:.3f}. Each model is trained on MQAR and tested "
                    f"on held-out sequences: {m.get('training', '')}. Accuracy is the seeds' mean, with their min and "
                    "max; the groups compare models at equal active parameters and at equal state per layer."))
@@ -127,7 +128,7 @@ def render(job, pending: list[str]) -> Blocks:
 def plan(p) -> str:
     m = p.mqar
     names = [c.name() for c in m.configs()]
-    return (f"MQAR: {m.task.num_kv} pairs; {len(names)} configurations ({', '.join(names)}); {m.how()}")
+    return (f"MQAR: {pairs_text(asdict(m.task))}; {len(names)} configurations ({', '.join(names)}); {m.how()}")
 
 
 SECTION = Section("mqar", run, 0.14, render=render, report_rank=5, trees=("mqar",), plots=("mqar.png",), plan=plan,

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from linlm.errors import ConfigError
-from linlm.eval.mqar import MQARConfig
+from linlm.eval.mqar import MQARConfig, pairs_text
 from linlm.reproduce.section import Blocks, Section, Tick, fmt, heading, setting
 from linlm.reproduce.sections.mqar_training import TrainSettings, runs_blocks, seconds, train
 
@@ -136,7 +136,7 @@ def study_blocks(job, name: str, title: str, about: str, pending: list[str]) -> 
     if res is None:
         return b
     key, levels = res["key"], res["levels"]
-    b.append(("p", f"{about} MQAR, {res['task']['num_kv']} pairs, chance {res['chance']:.3f}: {res['training']}. "
+    b.append(("p", f"{about} MQAR, {pairs_text(res['task'])}, chance {res['chance']:.3f}: {res['training']}. "
                    "Each cell: accuracy, the mean over seeds (min-max); spread: the largest minus the smallest mean "
                    "across the columns (the claim compares it per seed)."))
     rows = []
