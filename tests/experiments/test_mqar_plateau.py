@@ -11,7 +11,7 @@ import pytest
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig
 from linlm.experiments.mqar import RECORD_FILE, MQARRun, run_experiment, sweep_learning_rates
-from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, recent_loss
+from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, learning_loss, recent_loss
 
 
 def records(losses: list[float], every: int = 10) -> list[dict]:
@@ -50,6 +50,14 @@ def test_a_loss_flat_at_chance_is_not_a_plateau_and_a_run_may_stop_there():
     # The recent loss is the last tenth of the steps: a run that has just left chance has left it.
     assert at_chance(recent_loss([flat_loss] * 90 + [flat_loss - 0.5] * 10), chance) is False
     assert at_chance(None, chance) is True and "0.1 nats" in rule.text() and "400 steps" in rule.text()
+    # The held-out loss (the task's pairs alone) decides when the last step measured one: a stream that mixes in
+    # fewer pairs can fall below chance on those while the task itself sits at chance.
+    mixed = records([flat_loss - 0.2] * 20)
+    assert rule.plateaued(mixed, chance) is True
+    mixed[-1]["val_loss"] = flat_loss - 0.01
+    assert rule.plateaued(mixed, chance) is False and learning_loss(mixed) == flat_loss - 0.01
+    mixed[-1]["val_loss"] = flat_loss - 0.3
+    assert rule.plateaued(mixed, chance) is True
     for bad in ({"chance_steps": 250}, {"chance_steps": 700}, {"chance_margin": -0.1}):
         with pytest.raises(ConfigError, match="chance"):
             Plateau(**{"block": 100, "min_steps": 200, "max_steps": 600, **bad}).validate()

@@ -262,7 +262,7 @@ def test_zeroshot_table_renders_scores_and_the_unscored_tasks():
     assert tables[1][2] == [["a", "1234.50", "3.2500", "1.7004", "812.50", "0.250"], ["b", "-", "-", "-", "-", "-"]]
 
 
-def test_long_context_section_renders_lm_evals_metrics_and_the_cut():
+def test_long_context_section_renders_lm_evals_metrics_and_the_cut(monkeypatch):
     from types import SimpleNamespace
 
     from linlm.errors import ConfigError
@@ -274,6 +274,13 @@ def test_long_context_section_renders_lm_evals_metrics_and_the_cut():
         LongContextSettings(tasks="piqa").validate()
     job = SimpleNamespace(recipe=SimpleNamespace(long_context=LongContextSettings()))
     assert "lists no long-context tasks" in run(job, lambda f: None)["not_run"]
+    # With the sweep's models at hand, a recipe listing none says what the tasks could say at its scale.
+    import linlm.reproduce.sections.long_context as lc
+
+    for ctx, said in ((128, True), (1024, False)):
+        monkeypatch.setattr(lc, "largest_models", lambda job, *s, c=ctx: {"llama": {"seq_len": c}, "tnl": {}})
+        why = run(SimpleNamespace(recipe=job.recipe, sweep=None), lambda f: None)["not_run"]
+        assert ("trained on 128-token contexts" in why and "could order" in why) is said, why
     tasks = {t: {m: 0.0 for m in ms} for t, ms in SCROLLS_METRICS.items()}
     r = {"tasks": list(SCROLLS_METRICS), "limit": 5,
          "models": {"tnl": {"arch": "tnl", "params": 1, "tasks": tasks, "scrolls_avg": 0.0,

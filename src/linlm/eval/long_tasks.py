@@ -39,6 +39,7 @@ RULER_NIAH = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_
               "niah_multikey_3", "niah_multiquery", "niah_multivalue")
 RULER_OFFLINE = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
 RULER_LENGTH = 4096  # lm-eval's default length, where no --max-length (max_context) gives one
+RULER_ANSWER_TOKENS = 128  # what lm-eval's RULER tasks leave for the answer in every prompt
 RECALL_METRICS = {"swde": ("contains",), "fda": ("contains",), "squad_completion": ("contains",),
                   **{t: ("acc",) for t in RULER_NIAH}}
 METRICS = {**SCROLLS_METRICS, **RECALL_METRICS}
@@ -105,7 +106,7 @@ def ruler_tasks(names: Sequence[str], tokenizer, length: int) -> dict:
                               "pip install 'linlm[eval]'") from None
         except ValueError as e:
             if "Could not generate any sample" in str(e):
-                raise ConfigError(f"{', '.join(names)}: RULER cannot fit its prompt, a needle and 128 answer tokens "
+                raise ConfigError(f"{', '.join(names)}: RULER cannot fit its prompt, a needle and {RULER_ANSWER_TOKENS} answer tokens "
                                   f"in {length} tokens; give a longer --max-length (512 or more)") from None
             raise
 

@@ -25,7 +25,7 @@ from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig, mqar_accuracy, mqar_data, mqar_test_set, state_floats
 from linlm.experiments.mqar_grid import MQARRun, default_archs, default_runs, model_overrides
-from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr
+from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, learning_loss
 from linlm.experiments.mqar_summary import loss_trend
 from linlm.locking import DirLock
 
@@ -264,7 +264,7 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
            "final_loss": result.loss if result else (metrics or [{}])[-1].get("loss"), "diverged": diverged,
            **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, "lr": plan.train_cfg.optim.lr,
            "plateaued": flat, "study": plan.run.study or {}, **measured}
-    row["at_chance"] = at_chance(row["loss_last_window"], cfg.chance, (plateau or Plateau()).chance_margin)
+    row["at_chance"] = at_chance(learning_loss(metrics), cfg.chance, (plateau or Plateau()).chance_margin)
     outputs.write_json(plan.dir / RECORD_FILE, plan.record(row, replace=False), what)
     if diverged:
         log.warning("%s %s: diverged (%s); recorded without an accuracy", prefix, name, diverged)

@@ -10,8 +10,10 @@ of ``block`` from step 0), so a run stopped and resumed continues to the same st
 
 **Chance is not a plateau.** MQAR's loss first sits flat at chance (the entropy of a uniform guess among the values,
 ``-ln(chance)``) for hundreds to thousands of steps before it starts to fall, and the rule above would call that a
-plateau. So a run whose recent loss (:func:`recent_loss`: the mean over the last tenth of its steps) is not at least
-``chance_margin`` nats below chance has not plateaued (:func:`at_chance`). Such a run trains on to ``max_steps``, or
+plateau. So a run whose loss (:func:`learning_loss`: its held-out loss at its last step, measured on the task's
+pairs alone, or else the mean training loss over the last tenth of its steps) is not at least ``chance_margin`` nats
+below chance has not plateaued (:func:`at_chance`). The held-out loss comes first because a training stream that
+mixes in fewer pairs (``MQARConfig.mix``) can fall below chance on those alone. Such a run trains on to ``max_steps``, or
 stops at ``chance_steps`` when the rule gives one, and says it did not plateau: it has not started learning, so its
 accuracy says how slowly it starts, not what it can hold. The claims read the same test from the published rows.
 
@@ -41,6 +43,14 @@ def chance_loss(chance: float) -> float:
 def recent_loss(losses: Sequence[Optional[float]]) -> Optional[float]:
     """The mean training loss of the last tenth of the steps (None with too few): the rows' ``loss_last_window``."""
     return loss_trend(losses)["loss_last_window"]
+
+
+def learning_loss(records: Sequence[dict]) -> Optional[float]:
+    """The loss the chance test reads: the held-out loss (``val_loss``) of the last record when it has one, else the
+    recent training loss (:func:`recent_loss`)."""
+    if records and records[-1].get("val_loss") is not None:
+        return float(records[-1]["val_loss"])
+    return recent_loss([r.get("loss") for r in records])
 
 
 def at_chance(loss: Optional[float], chance: float, margin: float = CHANCE_MARGIN) -> bool:
@@ -79,8 +89,8 @@ class Plateau:
     def text(self) -> str:
         return (f"trained in blocks of {self.block} steps from {self.min_steps} to at most {self.max_steps}; "
                 f"plateaued when the last block's mean training loss is within {self.tolerance:.0%} (or "
-                f"{self.floor:g} nats) of the block before's, and its recent loss is {self.chance_margin:g} nats "
-                f"or more below chance's" + ("" if self.chance_steps is None else
+                f"{self.floor:g} nats) of the block before's, and its held-out loss is {self.chance_margin:g} "
+                f"nats or more below chance's" + ("" if self.chance_steps is None else
                                             f"; a run still at chance at {self.chance_steps} steps stops there"))
 
     def next_steps(self, step: int) -> int:
@@ -96,8 +106,7 @@ class Plateau:
         step = int(records[-1]["step"])
         if step < self.min_steps or step % self.block:
             return None
-        if chance is not None and at_chance(recent_loss([r.get("loss") for r in records]), chance,
-                                            self.chance_margin):
+        if chance is not None and at_chance(learning_loss(records), chance, self.chance_margin):
             return False
         last = [r["loss"] for r in records if step - self.block < r["step"] <= step and r.get("loss") is not None]
         prev = [r["loss"] for r in records
@@ -112,7 +121,7 @@ class Plateau:
         """Whether the run stops here still at chance: at or past ``chance_steps`` (when the rule gives one)."""
         if self.chance_steps is None or not records or int(records[-1]["step"]) < self.chance_steps:
             return False
-        return at_chance(recent_loss([r.get("loss") for r in records]), chance, self.chance_margin)
+        return at_chance(learning_loss(records), chance, self.chance_margin)
 
 
 def choose_lr(rows: Sequence[dict]) -> dict:

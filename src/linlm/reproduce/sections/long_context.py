@@ -48,7 +48,7 @@ def run(job, tick: Tick) -> Optional[dict]:
     s = job.recipe.long_context
     names = s.names()
     if not names:
-        return {"not_run": "this recipe lists no long-context tasks (the gpu and paper recipes do)"}
+        return {"not_run": _why_none(job)}
     models = largest_models(job, "scaling")
     if not models:
         return None
@@ -66,6 +66,21 @@ def run(job, tick: Tick) -> Optional[dict]:
         out["models"][label] = {"arch": m["arch"], "params": m["params"], **res}
         tick((i + 1) / len(models))
     return out
+
+
+def _why_none(job) -> str:
+    """Why a recipe that lists no tasks runs none, and, where its models' context says it, what the tasks could
+    have said at its scale (nothing: no training runs here, so it costs nothing)."""
+    from linlm.eval.long_tasks import RULER_ANSWER_TOKENS
+
+    why = "this recipe lists no long-context tasks (the gpu and paper recipes do)"
+    models = largest_models(job, "scaling") if hasattr(job, "sweep") else {}
+    ctx = max((m.get("seq_len") or 0 for m in (models or {}).values()), default=0)
+    if 0 < ctx <= RULER_ANSWER_TOKENS:
+        why += (f": its largest models were trained on {ctx}-token contexts, which RULER's {RULER_ANSWER_TOKENS} "
+                f"answer tokens alone fill, and of SCROLLS' inputs (thousands of tokens) the cut would keep the last "
+                f"{ctx}, so no score of these tasks could order the architectures at this scale")
+    return why
 
 
 def render(job, pending: list[str]) -> Blocks:
