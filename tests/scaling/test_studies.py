@@ -107,6 +107,61 @@ def test_aspect_and_context_studies_end_to_end_through_the_cli(tmp_path, capsys,
             assert short["val_loss"] == short["val_loss_common"] and long["val_loss"] != long["val_loss_common"]
         assert main(["scaling", "study", str(out)]) == 0
         assert labels[0] in capsys.readouterr().out
+        if ladder.startswith("aspect"):
+            shape_study_downstream(out, arch, labels, res, text_file, capsys)
+
+
+def shape_study_downstream(out, arch, labels, res, text_file, capsys):
+    """The paper's tables of a shape study: each run's final checkpoint scored on LAMBADA and WikiText-2 (the task
+    files given) and NIAH, each shape's cell holding its seeds' mean, kept so that a second call scores nothing
+    and a call with other settings scores again."""
+    from pathlib import Path
+
+    from linlm.scaling import downstream
+    from linlm.scaling.shapes import study_downstream
+
+    data = Path(__file__).parents[1] / "eval" / "data"
+    tasks = out.parent / "tasks"  # no commonsense files: no average
+    tasks.mkdir()
+    for name in ("lambada_openai.jsonl", "wikitext2.jsonl"):
+        (tasks / name).write_bytes((data / name).read_bytes())
+    assert main(["scaling", "study", str(out), "--json", "--data-dir", str(tasks), "--limit", "2", "--trials", "1",
+                 "--haystack", str(text_file)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["downstream"]["measures"] == ["lambada_acc", "lambada_ppl", "wikitext2_word_ppl"]
+    assert got["downstream"]["settings"]["tasks"] == ["lambada", "wikitext2"]
+    for label in labels:
+        run = next(r for r in got["runs"] if r["run"] == f"{arch}-{label}")
+        cell = got["archs"][arch]["shapes"][label]["downstream"]
+        assert cell == {m: run["downstream"][m] for m in got["downstream"]["measures"]}  # one seed: its scores
+        assert cell["wikitext2_word_ppl"] > 1 and 0 <= cell["lambada_acc"] <= 1
+        # A context of 32 tokens cannot hold a needle and its question: NIAH says why instead of a number.
+        assert "too short for the needle" in run["downstream"]["niah_skipped"]
+    # Two different shapes, two different models: their perplexities differ.
+    ppl = [got["archs"][arch]["shapes"][s]["downstream"]["wikitext2_word_ppl"] for s in labels]
+    assert ppl[0] != ppl[1]
+    # Kept: the same settings again score nothing; another limit scores every run again.
+    calls = []
+    real = downstream.score_checkpoint
+
+    def counted(*a, **k):
+        calls.append(k["limit"])
+        return real(*a, **k)
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(downstream, "score_checkpoint", counted)
+        again = study_downstream(out, json.loads(json.dumps(res)), data_dir=tasks, haystack=str(text_file), limit=2,
+                                 trials=1)
+        assert calls == [] and all(again["archs"][arch]["shapes"][s]["downstream"]
+                                   == got["archs"][arch]["shapes"][s]["downstream"] for s in labels)
+        study_downstream(out, json.loads(json.dumps(res)), data_dir=tasks, haystack=str(text_file), limit=3,
+                         trials=1)
+        assert calls == [3, 3]
+    assert main(["scaling", "study", str(out), "--downstream", "--haystack", str(text_file), "--trials", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "val loss" in table and "WikiText-2" not in table  # no task files: NIAH only, and it was skipped
 
 
 def test_study_of_a_directory_without_study_runs_is_one_line(tmp_path, capsys):

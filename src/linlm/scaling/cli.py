@@ -51,10 +51,21 @@ def register(subparsers) -> None:
                        description="Score every finished run of an aspect-ratio or context-length study (a ladder "
                                    "with a study: `linlm scaling run --ladder aspect-cpu --out DIR`) on its "
                                    "validation text, and print the loss per shape per architecture and its spread "
-                                   "across shapes.")
+                                   "across shapes; with --downstream (or --data-dir), also each shape's "
+                                   "commonsense average, LAMBADA, WikiText-2 and NIAH, as the paper's tables of "
+                                   "its shape studies. See docs/scaling.md.")
     p.add_argument("dir", help="the sweep directory of a study (linlm scaling run --out)")
     p.add_argument("--max-tokens", type=RANGES["eval_tokens"], default=None,
                    help="validation tokens scored per run (default 32768)")
+    p.add_argument("--downstream", action="store_true",
+                   help="score each run's final checkpoint on the downstream measures too (kept in "
+                        "DIR/downstream/: a second call scores nothing new); NIAH only, without --data-dir")
+    p.add_argument("--data-dir", default=None,
+                   help="task files for the downstream measures (`linlm eval fetch --tasks "
+                        "commonsense,lambada,wikitext2 --out DIR`); implies --downstream")
+    p.add_argument("--haystack", default="shakespeare", help="text source of the NIAH haystack")
+    p.add_argument("--limit", type=RANGES["limit"], default=None, help="items scored per task (default: every item)")
+    p.add_argument("--trials", type=RANGES["trials"], default=4, help="NIAH needles per cell")
     p.add_argument("--json", action="store_true", help="print the losses as JSON")
     p.set_defaults(func=cmd_study)
 
@@ -181,16 +192,22 @@ def cmd_study(args) -> int:
     from linlm.cli_args import check_numbers
     from linlm.errors import DataError
     from linlm.render import print_table
-    from linlm.scaling.shapes import DEFAULT_MAX_TOKENS, study_losses, study_table
+    from linlm.scaling.shapes import DEFAULT_MAX_TOKENS, study_downstream, study_losses, study_table
 
     check_numbers(("--max-tokens", args.max_tokens, 2, False))
     root = Path(args.dir).expanduser()
     if not root.is_dir():
         raise DataError(f"{root}: no such directory; give the --out directory of `linlm scaling run` of a study")
+    data = Path(args.data_dir).expanduser() if args.data_dir else None
+    if data is not None and not data.is_dir():
+        raise DataError(f"--data-dir {data}: not a directory; give the directory of the task files (`linlm eval "
+                        "fetch --tasks commonsense,lambada,wikitext2 --out DIR`)")
     res = study_losses(root, max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS)
     if res is None:
         raise DataError(f"{root}: holds no finished run of a study (a ladder with `study:`); train it with "
                         f"`linlm scaling run --ladder LADDER --out {root}` first")
+    if args.downstream or data is not None:
+        study_downstream(root, res, data_dir=data, haystack=args.haystack, limit=args.limit, trials=args.trials)
     if args.json:
         from linlm import outputs
 
@@ -198,6 +215,10 @@ def cmd_study(args) -> int:
         return 0
     head, rows = study_table(res)
     print_table(head, rows, title=f"{res['kind']} study: {len(res['runs'])} runs, loss in nats/token")
+    above = (res.get("downstream") or {}).get("niah_above_chance")
+    if above == 0:
+        print(f"NIAH: no run is above chance ({res['downstream']['niah_chance']:.3f}, by more than two binomial "
+              "standard errors), so it cannot order the shapes")
     return 0
 
 

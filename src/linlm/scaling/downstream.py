@@ -7,7 +7,7 @@ A run keeps checkpoints along training with ``checkpoint.keep_log`` / ``checkpoi
 convention) and T tokens per step sits at C = F T s FLOPs, reported in PFLOP/s-days as the fits are.
 
 Resumable: each checkpoint's scores are written to ``SWEEP/downstream/<run>/step_XXXXXXXX.json`` when it is done,
-and a second call scores only what is missing. The zero-shot tasks are those of ``data_dir`` (``linlm eval fetch
+with the settings they were scored with, and a second call with the same settings scores only what is missing. The zero-shot tasks are those of ``data_dir`` (``linlm eval fetch
 --tasks commonsense,lambada,wikitext2 --out DIR`` writes them); without it only the retrieval measure runs.
 
 Retrieval is NIAH in easy mode, scored by choice among 4 one-letter values (chance 0.25; see
@@ -56,12 +56,11 @@ def score_checkpoint(path: Path, *, data_dir: Optional[Path], seq_len: int, hays
     """The measures of one checkpoint (see the module doc); a task whose file is not in ``data_dir`` is left out."""
     from linlm.eval.evaluator import evaluate
     from linlm.eval.niah import NIAHConfig, run_niah
-    from linlm.eval.tasks import TASKS as ALL, resolve_tasks
     from linlm.infer.generate import load_for_generation
 
     model, tok = load_for_generation(path)
     out: dict = {}
-    names = [n for n in resolve_tasks(TASKS) if data_dir and (data_dir / ALL[n].filename).is_file()]
+    names = task_names(data_dir)
     if names:
         res = evaluate(model, tok, names, data_dir, limit=limit, drop_overlong=True)
         t = res["tasks"]
@@ -82,6 +81,50 @@ def score_checkpoint(path: Path, *, data_dir: Optional[Path], seq_len: int, hays
     return {k: v for k, v in out.items() if v is not None}
 
 
+def task_names(data_dir: Optional[Path]) -> list[str]:
+    """The zero-shot tasks of :data:`TASKS` whose files ``data_dir`` holds (none without it)."""
+    from linlm.eval.tasks import TASKS as ALL, resolve_tasks
+
+    return [n for n in resolve_tasks(TASKS) if data_dir and (data_dir / ALL[n].filename).is_file()]
+
+
+class Scorer:
+    """Scores checkpoints with one set of settings, each kept in ``out_root/RUN/CHECKPOINT.json``: a checkpoint
+    scored there before with the same settings (tasks found, limit, trials, haystack) is read back, one scored
+    otherwise (or whose file is unreadable) is scored again and its file replaced."""
+
+    def __init__(self, out_root: Path, data_dir: Optional[Path], haystack: str, limit: Optional[int], trials: int):
+        self.out_root, self.data_dir, self.haystack = Path(out_root), data_dir, haystack
+        self.limit, self.trials = limit, trials
+        self.settings = {"tasks": task_names(data_dir), "limit": limit, "trials": trials, "haystack": haystack}
+        self._texts: Optional[list[str]] = None
+
+    def scores(self, run: str, step: int, path: Path, seq_len: int) -> tuple[dict, bool]:
+        """(the checkpoint's scores, whether they were read back)."""
+        import json
+
+        from linlm import outputs
+
+        target = self.out_root / run / f"{path.name}.json"
+        try:
+            record = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else None
+        except (OSError, ValueError):
+            record = None
+        if (isinstance(record, dict) and record.get("settings") == self.settings
+                and isinstance(record.get("scores"), dict)):
+            return record["scores"], True
+        if self._texts is None:
+            from linlm.data.sources import open_source
+
+            self._texts = list(open_source(self.haystack))
+        scores = score_checkpoint(path, data_dir=self.data_dir, seq_len=seq_len, haystack=self._texts,
+                                  limit=self.limit, trials=self.trials)
+        outputs.make_dir(target.parent, "downstream scores")
+        outputs.write_json(target, {"run": run, "step": step, "settings": self.settings, "scores": scores},
+                           "downstream scores")
+        return scores, False
+
+
 def evaluate_sweep(sweep: str | Path, *, data_dir: Optional[str | Path] = None, haystack: str = "shakespeare",
                    limit: Optional[int] = None, trials: int = 4,
                    progress: Optional[Callable[[str, int, bool], None]] = None,
@@ -90,7 +133,6 @@ def evaluate_sweep(sweep: str | Path, *, data_dir: Optional[str | Path] = None, 
     (``<out>/<measure>.png``) and ``summary.json`` into ``out`` (default ``SWEEP/downstream``); returns the
     summary. ``runs``: the sweep's :func:`kept_checkpoints`, where the caller has listed them already."""
     from linlm import outputs
-    from linlm.data.sources import open_source
     from linlm.scaling.fits import PFLOPS_DAY
     from linlm.scaling.runs import flops_key
 
@@ -101,25 +143,13 @@ def evaluate_sweep(sweep: str | Path, *, data_dir: Optional[str | Path] = None, 
         raise ConfigError(f"--data-dir {data}: not a directory; give the directory of the task files (`linlm eval "
                           f"fetch --tasks {TASKS} --out DIR`)")
     out_root = Path(out) if out is not None else sweep / OUT
-    texts: Optional[list[str]] = None
+    scorer = Scorer(out_root, data, haystack, limit, trials)
     points: list[dict] = []
     for name, (meta, ckpts) in runs.items():
         per_token = float(meta[flops_key(meta)]) * int(meta["tokens_per_step"])
         seq_len = int(meta.get("seq_len") or 128)  # a run without a config.yaml: a short retrieval context
         for step, path in ckpts:
-            target = out_root / name / f"{path.name}.json"
-            done = target.is_file()
-            if done:
-                import json
-
-                scores = json.loads(target.read_text(encoding="utf-8"))["scores"]
-            else:
-                if texts is None:
-                    texts = list(open_source(haystack))
-                scores = score_checkpoint(path, data_dir=data, seq_len=seq_len, haystack=texts, limit=limit,
-                                          trials=trials)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                outputs.write_json(target, {"run": name, "step": step, "scores": scores}, "downstream scores")
+            scores, done = scorer.scores(name, step, path, seq_len)
             if progress is not None:
                 progress(name, step, done)
             points.append({"run": name, "arch": meta["arch"], "params": meta.get("params"), "step": step,

@@ -122,20 +122,67 @@ def study_losses(root: str | Path, *, max_tokens: int = DEFAULT_MAX_TOKENS,
     return out
 
 
+def study_downstream(root: str | Path, res: dict, *, data_dir: Optional[Path], haystack: str = "shakespeare",
+                     limit: Optional[int] = None, trials: int = 4,
+                     on_fraction: Optional[Callable[[float], None]] = None) -> dict:
+    """The paper's tables of its shape studies: every finished run's final checkpoint scored on the downstream
+    measures of :mod:`linlm.scaling.downstream` (the commonsense average, LAMBADA and WikiText-2 from
+    ``data_dir``, NIAH always, each at the run's own training context), kept in ``root/downstream/RUN/`` so that
+    a second call with the same settings scores nothing. Adds to ``res`` (:func:`study_losses`'s) each run's
+    scores, and to each shape's cell the mean over its seeds of every measure (``downstream``); returns ``res``."""
+    from linlm.scaling.downstream import MEASURES, OUT, Scorer
+
+    scorer = Scorer(Path(root) / OUT, data_dir, haystack, limit, trials)
+    by_run = {}
+    runs = study_runs(Path(root))
+    for i, r in enumerate(runs):
+        ckpt = Path(r["checkpoint"])
+        by_run[r["run"]], _ = scorer.scores(r["run"], _step_of(ckpt), ckpt, r["seq_len"])
+        if on_fraction is not None:
+            on_fraction((i + 1) / len(runs))
+    for row in res["runs"]:
+        row["downstream"] = by_run.get(row["run"], {})
+    for arch, a in res["archs"].items():
+        for label, cell in a["shapes"].items():
+            rows = [r["downstream"] for r in res["runs"] if r["arch"] == arch and shape_label(r["study"]) == label]
+            cell["downstream"] = {m: sum(x[m] for x in rows if m in x) / n for m in MEASURES
+                                  if (n := sum(m in x for x in rows))}
+    res["downstream"] = {"settings": scorer.settings, "measures": [m for m in MEASURES if any(
+        m in c["downstream"] for a in res["archs"].values() for c in a["shapes"].values())]}
+    niah = [r["downstream"] for r in res["runs"] if "niah_band" in r["downstream"]]
+    if niah:
+        res["downstream"]["niah_chance"] = niah[0]["niah_chance"]
+        res["downstream"]["niah_above_chance"] = sum(x["niah_mean"] > x["niah_band"] for x in niah)
+    return res
+
+
+def _step_of(checkpoint: Path) -> int:
+    """The training step of a checkpoint directory named step_XXXXXXXX (0 when it is named otherwise)."""
+    digits = checkpoint.name.removeprefix("step_")
+    return int(digits) if digits.isdigit() else 0
+
+
 def study_table(res: dict) -> tuple[list[str], list[list[str]]]:
-    """The loss per shape per architecture as a table (header, rows)."""
+    """The loss per shape per architecture as a table (header, rows), with the downstream measures' seed means
+    where :func:`study_downstream` added them."""
+    from linlm.scaling.downstream import MEASURES
+
     context = res["kind"] == "context"
+    measures = (res.get("downstream") or {}).get("measures", [])
     head = ["arch", "context" if context else "shape (d/l)", "N (non-emb.)", "seeds",
             f"val loss at context {res['common_context']}" if context else "val loss",
-            *(["val loss at own context"] if context else []), "spread across shapes", "seed range"]
+            *(["val loss at own context"] if context else []), "spread across shapes", "seed range",
+            *(MEASURES[m] for m in measures)]
     rows = []
     for arch, a in res["archs"].items():
         for i, (label, c) in enumerate(a["shapes"].items()):
             first = i == 0
+            scores = c.get("downstream", {})
             rows.append([arch, label, f"{c['params']:,}", str(len(c["seeds"])), f"{c['loss']:.4f}",
                          *([f"{c['loss_own_context']:.4f}"] if context else []),
                          f"{a['spread']:.4f}" if first else "",
-                         (f"{a['seed_range']:.4f}" if a["seed_range"] is not None else "-") if first else ""])
+                         (f"{a['seed_range']:.4f}" if a["seed_range"] is not None else "-") if first else "",
+                         *(f"{scores[m]:.4g}" if m in scores else "-" for m in measures)])
     return head, rows
 
 
