@@ -50,7 +50,11 @@ def register(subparsers):
     p.add_argument("--seeds", type=RANGES["seeds"], default=1,
                    help="seeds per configuration (--seed, --seed + 1, ...): accuracy is their mean and min-max")
     p.add_argument("--test-sequences", type=RANGES["trials"], default=512, help="held-out sequences each model is tested on")
-    p.add_argument("--threads", type=RANGES["threads"], default=None, help="torch threads for training (default: torch's own)")
+    p.add_argument("--threads", type=RANGES["threads"], default=None,
+                   help="torch threads for training (default: torch's own; 1 with --jobs)")
+    p.add_argument("--jobs", type=RANGES["jobs"], default=1,
+                   help="runs trained at once, each in its own process with --threads threads (small models use "
+                        "several cores poorly: on N cores, N runs of 1 thread finish sooner than N-thread runs)")
     p.add_argument("--overwrite", action="store_true",
                    help="train every run of this experiment again from step 0, also one that finished or belongs "
                         "to another experiment (only files linlm wrote are removed). Without it the same command "
@@ -80,7 +84,8 @@ def cmd_mqar(args) -> int:
 
     setup_logging()
     for flag, low in (("vocab_size", 1), ("num_kv", 1), ("num_queries", 1), ("layers", 1), ("head_dim", 1),
-                      ("steps", 1), ("batch_size", 1), ("test_sequences", 1), ("threads", 1), ("seeds", 1)):
+                      ("steps", 1), ("batch_size", 1), ("test_sequences", 1), ("threads", 1), ("seeds", 1),
+                      ("jobs", 1)):
         value = getattr(args, flag)
         if value is not None and value < low:
             raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be >= {low}")
@@ -109,8 +114,8 @@ def cmd_mqar(args) -> int:
     try:
         rows = run_experiment(runs, cfg, out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                               n_layers=args.layers, head_dim=args.head_dim, test_sequences=args.test_sequences,
-                              threads=0 if args.threads is None else args.threads, overwrite=args.overwrite,
-                              what="--out")
+                              threads=(1 if args.jobs > 1 else 0) if args.threads is None else args.threads,
+                              overwrite=args.overwrite, what="--out", jobs=args.jobs)
     except KeyboardInterrupt as e:
         print(f"linlm mqar: {str(e) or 'interrupted'}; nothing unfinished was recorded and no further run was trained. "
               f"To continue, run the same command again: {command}", file=sys.stderr)

@@ -129,7 +129,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
                    lr: float = 3e-3, n_layers: int = 2, head_dim: int = 16, test_sequences: int = 512,
                    threads: int = 0, overwrite: bool = False, what: str = "out_dir",
                    on_fraction: Optional[Callable[[float], None]] = None,
-                   plateau: Optional[Plateau] = None) -> list[dict]:
+                   plateau: Optional[Plateau] = None, jobs: int = 1) -> list[dict]:
     """Train each run on MQAR with the Trainer (``out_dir/NAME-sSEED``) and measure its test accuracy; one row per
     run (a configuration and a seed: :func:`linlm.experiments.mqar_summary.summarize` joins a configuration's
     seeds). A run's seed sets its initialisation, its training stream and its held-out test set.
@@ -145,7 +145,10 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     the new one starts, also when a rerun without ``overwrite`` continues a stopped one. ``threads`` 0 leaves
     torch's thread count as it is (TrainConfig.threads). ``on_fraction(f)`` hears the fraction of runs done.
     ``plateau``: each run trains to a plateau by that rule instead of ``steps`` (its row says whether it got there);
-    a run's own ``lr`` replaces ``lr``."""
+    a run's own ``lr`` replaces ``lr``. ``jobs`` > 1 trains that many runs at once, each in a worker process
+    (:mod:`linlm.scaling.workers`) with ``threads`` threads: the same rows, as each run's seed alone sets what it
+    computes; a stop checkpoints every running run, records none of them, and raises Stopped once all have
+    stopped."""
     cfg = cfg.validate()
     out_dir = Path(out_dir).expanduser()
     names = [r.dir_name() for r in runs]
@@ -170,6 +173,9 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
         for p in plans:
             if p.new_record:
                 outputs.write_json(p.dir / RECORD_FILE, p.record(), what)
+        todo = [p for p in plans if p.row is None]
+        if jobs > 1 and len(todo) > 1:
+            return _in_workers(plans, cfg, tests, what, plateau, jobs, on_fraction)
         for i, p in enumerate(plans, 1):
             if p.row is not None:
                 log.info("[%d/%d] %s: finished earlier (%d steps, accuracy %s); read back", i, len(plans),
@@ -182,18 +188,73 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     return rows
 
 
+@dataclass
+class _InWorker:
+    """One run trained and measured in a worker process (:func:`linlm.scaling.workers.run_pool`)."""
+
+    plan: _Planned
+    cfg: MQARConfig
+    test: list
+    what: str
+    prefix: str
+    plateau: Optional[Plateau]
+
+    def run_in_worker(self, on_step: Callable[[dict], None]) -> dict:
+        return _train_and_measure(self.plan, self.cfg, self.test, self.what, self.prefix, self.plateau, on_step)
+
+
+def _in_workers(plans: list[_Planned], cfg: MQARConfig, tests: dict, what: str, plateau: Optional[Plateau],
+                jobs: int, on_fraction: Optional[Callable[[float], None]]) -> list[dict]:
+    """The runs still to train, ``jobs`` at a time in worker processes; the rows in the plans' order."""
+    from linlm.scaling.workers import run_pool
+    from linlm.signals import Stopped
+
+    n, rows = len(plans), {p.run.dir_name(): p.row for p in plans if p.row is not None}
+    for name, row in rows.items():
+        log.info("%s: finished earlier (%d steps, accuracy %s); read back", name, row["steps"],
+                 _shown(row.get("accuracy")))
+    if on_fraction is not None and rows:
+        on_fraction(len(rows) / n)
+    work = [(p.run.dir_name(), _InWorker(p, cfg, tests[p.run.seed], what, f"[{i}/{n}]", plateau))
+            for i, p in enumerate(plans, 1) if p.row is None]
+    log.info("training %d runs, %d at a time, each in its own process", len(work), jobs)
+
+    def done(key: str, payload: dict) -> None:
+        row = payload.get("result")
+        if row is None:  # stopped: checkpointed, not recorded
+            return
+        rows[key] = row
+        log.info("%s: %s after %d steps", key, "diverged" if row.get("diverged") else
+                 f"accuracy {_shown(row.get('accuracy'))}", row["steps"])
+        if on_fraction is not None:
+            on_fraction(len(rows) / n)
+
+    stopped = run_pool(work, jobs, on_start=lambda key: log.info("%s: training", key),
+                       on_step=lambda key, loss: None, on_done=done)
+    if stopped:
+        left = [p.run.dir_name() for p in plans if p.run.dir_name() not in rows]
+        raise Stopped(stopped, f"stopped by {stopped}: {len(left)} run(s) not finished ({', '.join(left[:4])}"
+                               f"{', ...' if len(left) > 4 else ''}), each running one checkpointed; run the same "
+                               "command again to resume")
+    return [rows[p.run.dir_name()] for p in plans]
+
+
 def _shown(accuracy: Optional[float]) -> str:
     return "none: diverged" if accuracy is None else f"{accuracy:.3f}"
 
 
-def _hooks(plan: _Planned, prefix: str, what: str):
+def _hooks(plan: _Planned, prefix: str, what: str, on_step: Optional[Callable[[dict], None]] = None):
     """TrainHooks for one run: say whether it starts or resumes, and at which step; once the Trainer has replaced
-    an older run in its directory, record that it did."""
+    an older run in its directory, record that it did; pass each step's record to ``on_step``."""
     from linlm.train import TrainHooks
 
     name = plan.run.dir_name()
 
     class Hooks(TrainHooks):
+        def on_step(self, record: dict) -> None:
+            if on_step is not None:
+                on_step(record)
+
         def on_start(self, info: dict) -> None:
             if plan.replace:
                 outputs.write_json(plan.dir / RECORD_FILE, plan.record(replace=False), what)
@@ -206,7 +267,7 @@ def _hooks(plan: _Planned, prefix: str, what: str):
 
 
 def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, prefix: str,
-                       plateau: Optional[Plateau] = None) -> dict:
+                       plateau: Optional[Plateau] = None, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """Train (or resume) one run to its end, measure it and record its row; a stopped run raises Stopped.
 
     A run the divergence guard stopped is a result too: its row says why (``diverged``), its accuracy is None and
@@ -228,7 +289,7 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
     resume, train_cfg, flat = plan.has_run and not plan.replace, plan.train_cfg, None
     while True:
         trainer = Trainer(train_cfg, resume=resume, overwrite=plan.replace and not resume,
-                          hooks=_hooks(plan, prefix, what), verbose=False, live=False, data=mqar_data(cfg, seed=seed))
+                          hooks=_hooks(plan, prefix, what, on_step), verbose=False, live=False, data=mqar_data(cfg, seed=seed))
         try:
             result, diverged = trainer.run(), None
         except TrainingDiverged as e:

@@ -10,7 +10,10 @@ after its current step and exits, and the next ``linlm scaling run`` resumes the
 died stops the same way. A worker that fails makes the parent stop the others and raise its error.
 
 A worker is ``python -m linlm.scaling.workers``: it reads its pickled TrainConfig on stdin and writes one JSON
-line per message on stdout, so nothing depends on how the parent was started (script, notebook or CLI).
+line per message on stdout, so nothing depends on how the parent was started (script, notebook or CLI). A job may
+also be any picklable object with a ``run_in_worker(on_step) -> dict`` method (an MQAR run, trained and measured:
+:mod:`linlm.experiments.mqar`): its dict comes back as the result's ``result``, and a stop it raises as a
+KeyboardInterrupt (:class:`linlm.signals.Stopped`) comes back as the result's ``interrupted``, as a training run's.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ def _error_from(msg: dict) -> LinlmError:
 
 
 def worker_main() -> int:
-    """A worker process (``python -m linlm.scaling.workers``): read the pickled (key, TrainConfig) on stdin,
-    train it, and write one JSON line per step, then one for the result or the error, on stdout."""
+    """A worker process (``python -m linlm.scaling.workers``): read the pickled (key, job) on stdin, train it
+    (a TrainConfig, or an object's ``run_in_worker``), and write one JSON line per step, then one for the result or
+    the error, on stdout."""
     import pickle
 
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -96,10 +100,13 @@ def worker_main() -> int:
             loss = rec.get("loss")
             send("step", loss if isinstance(loss, float) and math.isfinite(loss) else None)
 
-        res = train_run(cfg, on_step)
-        send("done", {"loss": res.loss, "seconds": res.seconds, "interrupted": res.interrupted})
-    except KeyboardInterrupt:  # stopped before the Trainer installed its handlers, or a second Ctrl-C
-        send("done", {"loss": None, "seconds": 0.0, "interrupted": "SIGINT"})
+        if callable(getattr(cfg, "run_in_worker", None)):
+            send("done", {"result": cfg.run_in_worker(on_step), "interrupted": None})
+        else:
+            res = train_run(cfg, on_step)
+            send("done", {"loss": res.loss, "seconds": res.seconds, "interrupted": res.interrupted})
+    except KeyboardInterrupt as e:  # a job's own stop (Stopped), a stop before the Trainer's handlers, a 2nd Ctrl-C
+        send("done", {"loss": None, "seconds": 0.0, "interrupted": getattr(e, "signal", None) or "SIGINT"})
     except BaseException as e:  # noqa: BLE001 -- every failure goes back to the parent, which raises it
         send("error", _error_message(e))
     return 0
@@ -146,7 +153,8 @@ def _start(key: str, cfg, messages: "queue_mod.Queue"):
 def run_pool(jobs: list, n_workers: int, *, on_start: Callable[[str], None],
              on_step: Callable[[str, Optional[float]], None],
              on_done: Callable[[str, dict], None]) -> Optional[str]:
-    """Train ``jobs`` (a list of (key, TrainConfig)) with up to ``n_workers`` at once, in the given order.
+    """Train ``jobs`` (a list of (key, TrainConfig or an object with ``run_in_worker``)) with up to ``n_workers``
+    at once, in the given order.
 
     ``on_start(key)`` / ``on_step(key, loss)`` / ``on_done(key, result)`` run in this process. Returns the name
     of the signal that stopped the pool (its running workers checkpointed), or None when every job finished.

@@ -35,11 +35,12 @@ class TrainSettings:
     head_dim: int = setting(16, "head dimension (widths must be multiples of it)")
     test_sequences: int = setting(512, "held-out sequences each model is tested on")
     threads: int = setting(1, "torch threads of each training run")
+    jobs: int = setting(1, "training runs at once, each in its own process with `threads` threads")
 
     def check_training(self) -> None:
         from linlm.reproduce.seeds import MAX_SEEDS
 
-        for key in ("steps", "batch_size", "n_layers", "head_dim", "test_sequences", "threads"):
+        for key in ("steps", "batch_size", "n_layers", "head_dim", "test_sequences", "threads", "jobs"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: {getattr(self, key)}; give a whole number >= 1")
         if not 1 <= self.seeds <= MAX_SEEDS or self.seed < 0:
@@ -69,7 +70,7 @@ class TrainSettings:
 
 def train_kw(s: TrainSettings) -> dict:
     return {"batch_size": s.batch_size, "lr": s.lr, "n_layers": s.n_layers, "head_dim": s.head_dim,
-            "test_sequences": s.test_sequences, "threads": s.threads}
+            "test_sequences": s.test_sequences, "threads": s.threads, "jobs": s.jobs}
 
 
 def train(settings: TrainSettings, task, configs: list, out: Path, tick: Tick,
@@ -98,17 +99,19 @@ def train(settings: TrainSettings, task, configs: list, out: Path, tick: Tick,
 
 def seconds(settings: TrainSettings, task, configs: list) -> float:
     """At most how long training ``configs`` takes here: a few steps of each timed now (after one to warm up),
-    times its sweep's steps and every seed's max_steps."""
+    times its sweep's steps and every seed's max_steps; with ``jobs`` at once, the sweep's runs and then the
+    seeds' placed on the first free worker (timed one at a time, so runs sharing the cores may take longer)."""
     import torch
 
     from linlm.eval.mqar import mqar_batch
     from linlm.experiments.mqar_grid import model_overrides
     from linlm.models.lm import CausalLM
     from linlm.models.presets import preset_config
+    from linlm.scaling.progress import wall_seconds
 
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
-    total = 0.0
+    per_step = {}
     try:
         for c in configs:
             over = model_overrides(c, settings.n_layers, settings.head_dim, task.vocab_size, task.seq_len)
@@ -122,11 +125,12 @@ def seconds(settings: TrainSettings, task, configs: list) -> float:
                 (out.loss + out.aux_loss).backward()
                 opt.step()
                 opt.zero_grad()
-            per_step = (time.perf_counter() - t0) / 3
-            total += per_step * (len(settings.lrs) * settings.sweep_steps + settings.seeds * settings.max_steps())
+            per_step[c.name()] = (time.perf_counter() - t0) / 3
     finally:
         torch.set_num_threads(threads)
-    return total
+    sweep = [t * settings.sweep_steps for t in per_step.values() for _ in settings.lrs]
+    seeds = [t * settings.max_steps() for _ in settings.seed_list for t in per_step.values()]
+    return wall_seconds(sweep, settings.jobs) + wall_seconds(seeds, settings.jobs)
 
 
 def runs_blocks(result: dict) -> list[tuple]:
