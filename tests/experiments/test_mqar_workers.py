@@ -44,7 +44,7 @@ def test_two_at_once_give_the_rows_of_one_by_one_in_order_and_read_back(tmp_path
     for r in both:  # each worker recorded its run as the serial path does
         assert json.loads((tmp_path / "two" / r["run"] / RECORD_FILE).read_text())["result"] == r
     # Again: every run is read back, no worker starts.
-    import linlm.scaling.workers as workers
+    import linlm.train.workers as workers
 
     monkeypatch.setattr(workers, "run_pool", lambda *a, **k: pytest.fail("a worker started"))
     assert run_experiment(RUNS, CFG, tmp_path / "two", jobs=2, **kw) == both

@@ -18,7 +18,7 @@ from linlm.errors import CheckpointError, ConfigError
 from linlm.scaling.ladder import load_ladder, plan_runs
 from linlm.scaling.progress import wall_seconds
 from linlm.scaling.runner import run_grid
-from linlm.scaling.workers import WorkerError
+from linlm.train.workers import WorkerError
 
 
 def tiny_ladder(path: Path, tokens: int = 4096, jobs: int = 1, tokens_b: int = 4096) -> Path:
@@ -94,7 +94,7 @@ def test_a_failing_worker_raises_its_error_and_a_killed_one_is_named(tmp_path, t
     with pytest.raises(CheckpointError):
         run_grid(ladder, None, out, overrides=over, say=lambda s: None, jobs=2)
 
-    from linlm.scaling import workers
+    from linlm.train import workers
 
     if not Path("/proc/self").is_dir():
         pytest.skip("finding the worker processes to kill reads /proc")
@@ -106,7 +106,7 @@ def test_a_failing_worker_raises_its_error_and_a_killed_one_is_named(tmp_path, t
                 cmd = (stat.parent / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(fields[1]) == os.getpid() and b"linlm.scaling.workers" in cmd:
+            if int(fields[1]) == os.getpid() and b"linlm.train.workers" in cmd:
                 os.kill(int(stat.parent.name), signal.SIGKILL)
 
     jobs = [(r.name, r.config) for r in plan_runs(ladder, ["llama"], tmp_path / "killed", over)]

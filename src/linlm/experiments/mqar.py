@@ -146,7 +146,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
     torch's thread count as it is (TrainConfig.threads). ``on_fraction(f)`` hears the fraction of runs done.
     ``plateau``: each run trains to a plateau by that rule instead of ``steps`` (its row says whether it got there);
     a run's own ``lr`` replaces ``lr``. ``jobs`` > 1 trains that many runs at once, each in a worker process
-    (:mod:`linlm.scaling.workers`) with ``threads`` threads: the same rows, as each run's seed alone sets what it
+    (:mod:`linlm.train.workers`) with ``threads`` threads: the same rows, as each run's seed alone sets what it
     computes; a stop checkpoints every running run, records none of them, and raises Stopped once all have
     stopped."""
     cfg = cfg.validate()
@@ -190,7 +190,7 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
 
 @dataclass
 class _InWorker:
-    """One run trained and measured in a worker process (:func:`linlm.scaling.workers.run_pool`)."""
+    """One run trained and measured in a worker process (:func:`linlm.train.workers.run_pool`)."""
 
     plan: _Planned
     cfg: MQARConfig
@@ -206,7 +206,7 @@ class _InWorker:
 def _in_workers(plans: list[_Planned], cfg: MQARConfig, tests: dict, what: str, plateau: Optional[Plateau],
                 jobs: int, on_fraction: Optional[Callable[[float], None]]) -> list[dict]:
     """The runs still to train, ``jobs`` at a time in worker processes; the rows in the plans' order."""
-    from linlm.scaling.workers import run_pool
+    from linlm.train.workers import run_pool
     from linlm.signals import Stopped
 
     n, rows = len(plans), {p.run.dir_name(): p.row for p in plans if p.row is not None}

@@ -66,7 +66,7 @@ class Ladder:
     train: dict = field(default_factory=dict)
     # Extra torchrun arguments for --emit torchrun (e.g. "--nnodes=4 --nproc_per_node=8").
     torchrun: str = "--nproc_per_node=8"
-    # Runs trained at the same time on this machine, each in a worker process (linlm.scaling.workers).
+    # Runs trained at the same time on this machine, each in a worker process (linlm.train.workers).
     jobs: int = 1
     # A study's ladder: {kind: aspect | context} (linlm.scaling.studies); {} for a ladder of sizes.
     study: dict = field(default_factory=dict)

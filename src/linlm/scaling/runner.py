@@ -4,7 +4,7 @@
 (one training run directory each, plus ``scaling.json``: see :mod:`linlm.scaling.runs`). A finished run is
 skipped; an interrupted one resumes from its newest checkpoint (the Trainer restores the data order and RNG); the
 directory is checked before any work and locked against a second runner (:mod:`linlm.scaling.sweepdir`). Runs
-train one by one in this process, or ``jobs`` at a time in worker processes (:mod:`linlm.scaling.workers`).
+train one by one in this process, or ``jobs`` at a time in worker processes (:mod:`linlm.train.workers`).
 
 Loss is logged every optimizer step, i.e. at a fixed interval of ``batch_size x seq_len`` tokens; compute is
 C, the paper FLOPs per token (:mod:`linlm.models.cost`) times the tokens seen.
@@ -21,7 +21,7 @@ from linlm.scaling.plan import PlanRow, check_runs_memory, prepare_rows
 from linlm.scaling.progress import GridProgress, fmt_seconds
 from linlm.scaling.runs import META_FILE, run_meta
 from linlm.scaling.sweepdir import check_started_runs, check_sweep_dir, locked_sweep, write_plan
-from linlm.scaling.workers import run_pool, train_run
+from linlm.train.workers import run_pool, train_run
 
 
 def _begin(row: PlanRow, ladder: Ladder) -> None:

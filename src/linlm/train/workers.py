@@ -9,7 +9,7 @@ single run: SIGINT or SIGTERM to the parent is passed on to every worker as SIGT
 after its current step and exits, and the next ``linlm scaling run`` resumes them. A worker whose parent has
 died stops the same way. A worker that fails makes the parent stop the others and raise its error.
 
-A worker is ``python -m linlm.scaling.workers``: it reads its pickled TrainConfig on stdin and writes one JSON
+A worker is ``python -m linlm.train.workers``: it reads its pickled TrainConfig on stdin and writes one JSON
 line per message on stdout, so nothing depends on how the parent was started (script, notebook or CLI). A job may
 also be any picklable object with a ``run_in_worker(on_step) -> dict`` method (an MQAR run, trained and measured:
 :mod:`linlm.experiments.mqar`): its dict comes back as the result's ``result``, and a stop it raises as a
@@ -70,7 +70,7 @@ def _error_from(msg: dict) -> LinlmError:
 
 
 def worker_main() -> int:
-    """A worker process (``python -m linlm.scaling.workers``): read the pickled (key, job) on stdin, train it
+    """A worker process (``python -m linlm.train.workers``): read the pickled (key, job) on stdin, train it
     (a TrainConfig, or an object's ``run_in_worker``), and write one JSON line per step, then one for the result or
     the error, on stdout."""
     import pickle
@@ -132,7 +132,7 @@ def _start(key: str, cfg, messages: "queue_mod.Queue"):
     import pickle
     import subprocess
 
-    proc = subprocess.Popen([sys.executable, "-m", "linlm.scaling.workers"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "linlm.train.workers"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=os.environ.copy())
     proc.stdin.write(pickle.dumps((key, cfg)))
     proc.stdin.close()
