@@ -60,12 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--downstream", action="store_true",
                    help="score each run's final checkpoint on the downstream measures too (kept in "
                         "DIR/downstream/: a second call scores nothing new); NIAH only, without --data-dir")
-    p.add_argument("--data-dir", default=None,
-                   help="task files for the downstream measures (`linlm eval fetch --tasks "
-                        "commonsense,lambada,wikitext2 --out DIR`); implies --downstream")
-    p.add_argument("--haystack", default="shakespeare", help="text source of the NIAH haystack")
-    p.add_argument("--limit", type=RANGES["limit"], default=None, help="items scored per task (default: every item)")
-    p.add_argument("--trials", type=RANGES["trials"], default=4, help="NIAH needles per cell")
+    _downstream_args(p, "; implies --downstream")
     p.add_argument("--json", action="store_true", help="print the losses as JSON")
     p.set_defaults(func=cmd_study)
 
@@ -76,16 +71,22 @@ def register(subparsers) -> None:
                                    "against training compute per architecture, writing SWEEP/downstream/. A second "
                                    "call scores only what is missing. See docs/scaling.md.")
     p.add_argument("dir", help="the sweep directory (linlm scaling run --out)")
-    p.add_argument("--data-dir", default=None,
-                   help="task files (`linlm eval fetch --tasks commonsense,lambada,wikitext2 --out DIR`); without "
-                        "it only NIAH runs")
-    p.add_argument("--haystack", default="shakespeare", help="text source of the NIAH haystack")
-    p.add_argument("--limit", type=RANGES["limit"], default=None, help="items scored per task (default: every item)")
-    p.add_argument("--trials", type=RANGES["trials"], default=4, help="NIAH needles per cell")
+    _downstream_args(p, "; without it only NIAH runs")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("ladders", help="list the built-in ladders")
     p.set_defaults(func=cmd_ladders)
+
+
+def _downstream_args(p, data_note: str) -> None:
+    """The flags of the downstream measures (``scaling evaluate`` and ``scaling study``)."""
+    from linlm.cli_ranges import RANGES
+
+    p.add_argument("--data-dir", default=None,
+                   help="task files (`linlm eval fetch --tasks commonsense,lambada,wikitext2 --out DIR`)" + data_note)
+    p.add_argument("--haystack", default="shakespeare", help="text source of the NIAH haystack")
+    p.add_argument("--limit", type=RANGES["limit"], default=None, help="items scored per task (default: every item)")
+    p.add_argument("--trials", type=RANGES["trials"], default=4, help="NIAH needles per cell")
 
 
 def _fit_args(p) -> None:
