@@ -148,9 +148,7 @@ def shape_study_downstream(out, arch, labels, res, text_file, capsys):
         calls.append(k["limit"])
         return real(*a, **k)
 
-    import pytest as _pytest
-
-    with _pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(downstream, "score_checkpoint", counted)
         again = study_downstream(out, json.loads(json.dumps(res)), data_dir=tasks, haystack=str(text_file), limit=2,
                                  trials=1)

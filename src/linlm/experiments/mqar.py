@@ -173,13 +173,11 @@ def run_experiment(runs: list[MQARRun], cfg: MQARConfig, out_dir, *, steps: int 
         for p in plans:
             if p.new_record:
                 outputs.write_json(p.dir / RECORD_FILE, p.record(), what)
-        todo = [p for p in plans if p.row is None]
-        if jobs > 1 and len(todo) > 1:
+        if jobs > 1 and sum(p.row is None for p in plans) > 1:
             return _in_workers(plans, cfg, tests, what, plateau, jobs, on_fraction)
         for i, p in enumerate(plans, 1):
             if p.row is not None:
-                log.info("[%d/%d] %s: finished earlier (%d steps, accuracy %s); read back", i, len(plans),
-                         p.run.dir_name(), p.row["steps"], _shown(p.row.get("accuracy")))
+                _read_back(p, f"[{i}/{len(plans)}]")
                 rows.append(p.row)
             else:
                 rows.append(_train_and_measure(p, cfg, tests[p.run.seed], what, f"[{i}/{len(plans)}]", plateau))
@@ -210,9 +208,9 @@ def _in_workers(plans: list[_Planned], cfg: MQARConfig, tests: dict, what: str, 
     from linlm.signals import Stopped
 
     n, rows = len(plans), {p.run.dir_name(): p.row for p in plans if p.row is not None}
-    for name, row in rows.items():
-        log.info("%s: finished earlier (%d steps, accuracy %s); read back", name, row["steps"],
-                 _shown(row.get("accuracy")))
+    for i, p in enumerate(plans, 1):
+        if p.row is not None:
+            _read_back(p, f"[{i}/{n}]")
     if on_fraction is not None and rows:
         on_fraction(len(rows) / n)
     work = [(p.run.dir_name(), _InWorker(p, cfg, tests[p.run.seed], what, f"[{i}/{n}]", plateau))
@@ -237,6 +235,11 @@ def _in_workers(plans: list[_Planned], cfg: MQARConfig, tests: dict, what: str, 
                                f"{', ...' if len(left) > 4 else ''}), each running one checkpointed; run the same "
                                "command again to resume")
     return [rows[p.run.dir_name()] for p in plans]
+
+
+def _read_back(plan: _Planned, prefix: str) -> None:
+    log.info("%s %s: finished earlier (%d steps, accuracy %s); read back", prefix, plan.run.dir_name(),
+             plan.row["steps"], _shown(plan.row.get("accuracy")))
 
 
 def _shown(accuracy: Optional[float]) -> str:

@@ -7,8 +7,9 @@ A run keeps checkpoints along training with ``checkpoint.keep_log`` / ``checkpoi
 convention) and T tokens per step sits at C = F T s FLOPs, reported in PFLOP/s-days as the fits are.
 
 Resumable: each checkpoint's scores are written to ``SWEEP/downstream/<run>/step_XXXXXXXX.json`` when it is done,
-with the settings they were scored with, and a second call with the same settings scores only what is missing. The zero-shot tasks are those of ``data_dir`` (``linlm eval fetch
---tasks commonsense,lambada,wikitext2 --out DIR`` writes them); without it only the retrieval measure runs.
+with the settings they were scored with, and a second call with the same settings scores only what is missing.
+The zero-shot tasks are those of ``data_dir`` (``linlm eval fetch --tasks commonsense,lambada,wikitext2 --out
+DIR`` writes them); without it only the retrieval measure runs.
 
 Retrieval is NIAH in easy mode, scored by choice among 4 one-letter values (chance 0.25; see
 :mod:`linlm.eval.niah`), at lengths within the run's training context: the measure that still separates small
@@ -99,7 +100,7 @@ class Scorer:
         self.settings = {"tasks": task_names(data_dir), "limit": limit, "trials": trials, "haystack": haystack}
         self._texts: Optional[list[str]] = None
 
-    def scores(self, run: str, step: int, path: Path, seq_len: int) -> tuple[dict, bool]:
+    def scores(self, run: str, step: Optional[int], path: Path, seq_len: int) -> tuple[dict, bool]:
         """(the checkpoint's scores, whether they were read back)."""
         import json
 

@@ -131,13 +131,14 @@ def study_downstream(root: str | Path, res: dict, *, data_dir: Optional[Path], h
     a second call with the same settings scores nothing. Adds to ``res`` (:func:`study_losses`'s) each run's
     scores, and to each shape's cell the mean over its seeds of every measure (``downstream``); returns ``res``."""
     from linlm.scaling.downstream import MEASURES, OUT, Scorer
+    from linlm.train.checkpoint import checkpoint_step
 
     scorer = Scorer(Path(root) / OUT, data_dir, haystack, limit, trials)
     by_run = {}
     runs = study_runs(Path(root))
     for i, r in enumerate(runs):
         ckpt = Path(r["checkpoint"])
-        by_run[r["run"]], _ = scorer.scores(r["run"], _step_of(ckpt), ckpt, r["seq_len"])
+        by_run[r["run"]], _ = scorer.scores(r["run"], checkpoint_step(ckpt), ckpt, r["seq_len"])
         if on_fraction is not None:
             on_fraction((i + 1) / len(runs))
     for row in res["runs"]:
@@ -154,12 +155,6 @@ def study_downstream(root: str | Path, res: dict, *, data_dir: Optional[Path], h
         res["downstream"]["niah_chance"] = niah[0]["niah_chance"]
         res["downstream"]["niah_above_chance"] = sum(x["niah_mean"] > x["niah_band"] for x in niah)
     return res
-
-
-def _step_of(checkpoint: Path) -> int:
-    """The training step of a checkpoint directory named step_XXXXXXXX (0 when it is named otherwise)."""
-    digits = checkpoint.name.removeprefix("step_")
-    return int(digits) if digits.isdigit() else 0
 
 
 def study_table(res: dict) -> tuple[list[str], list[list[str]]]:

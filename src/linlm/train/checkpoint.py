@@ -73,6 +73,12 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def checkpoint_step(path: str | Path) -> Optional[int]:
+    """The step of a checkpoint directory named by :func:`checkpoint_name`, None for any other name."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 @dataclass
 class Checkpoint:
     path: Path
@@ -223,9 +229,9 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
         return []
     out = []
     for p in root.iterdir():
-        m = _NAME.match(p.name)
-        if m and p.is_dir():
-            out.append((int(m.group(1)), p))
+        step = checkpoint_step(p)
+        if step is not None and p.is_dir():
+            out.append((step, p))
     return sorted(out)
 
 
