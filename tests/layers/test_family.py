@@ -155,9 +155,9 @@ def test_parameter_counts_by_hand():
 
 def test_flop_hooks_by_hand():
     d, C = 32, 4  # chunk_size 4
-    # The GLA op per token: H (2 C (K + V) + 4 K V).
-    m = _mixer("mamba2")  # H = 4, K = N = 8, V = P = 16; linear layers in_proj and out_proj; conv 2 * 96 * 4
-    op = 4 * (2 * C * (8 + 16) + 4 * 8 * 16)
+    # The GLA op per token: H (2 C (K + V) + 4 K V); with q and k shared by G groups, G 2 C K + H (2 C V + 4 K V).
+    m = _mixer("mamba2")  # H = 4, G = 2, K = N = 8, V = P = 16; linear layers in_proj and out_proj; conv 2 * 96 * 4
+    op = 2 * 2 * C * 8 + 4 * (2 * C * 16 + 4 * 8 * 16)
     assert forward_flops_per_token(m, 100) == 2 * d * 164 + 2 * 64 * d + 2 * 96 * 4 + 4 * 64 + op + 6 * 64
     g = _mixer("gla")  # H = 2, K = 8, V = 16
     op = 2 * (2 * C * (8 + 16) + 4 * 8 * 16)

@@ -24,9 +24,10 @@ def run_gla(q, k, v, log_a, *, state, reset, return_state: bool, chunk_size: int
     )
 
 
-def gla_flops_per_token(n_heads: int, k_dim: int, v_dim: int, chunk_size: int) -> float:
-    """Forward FLOPs per token of the chunkwise form: intra-chunk scores and mixing, plus state read and update."""
-    return n_heads * (2.0 * chunk_size * (k_dim + v_dim) + 4.0 * k_dim * v_dim)
+def gla_flops_per_token(n_heads: int, k_dim: int, v_dim: int, chunk_size: int, groups: int = 0) -> float:
+    """Forward FLOPs per token of the chunkwise form: intra-chunk scores (once per group where q and k are shared
+    by ``groups`` groups of heads; 0: one per head) and mixing, plus state read and update."""
+    return 2.0 * chunk_size * k_dim * (groups or n_heads) + n_heads * (2.0 * chunk_size * v_dim + 4.0 * k_dim * v_dim)
 
 
 def gla_state_spec(batch: int, n_heads: int, k_dim: int, v_dim: int, dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,8 @@ For x of width d, inner width Din = expand * d, H = Din / P heads of P channels 
     out           = out_proj(RMSNorm_G(y * silu(z)))     RMSNorm over each of G groups of Din / G channels
 
 Head h reads group h // (H / G) of B and C. On the GLA op (ops/gla.py) this is q = C, k = B, v = dt * u and the
-scalar gate log a = dt * A [B, T, H]: S_t = a_t S_{t-1} + k_t v_t^T, o_t = S_t^T q_t.
+scalar gate log a = dt * A [B, T, H]: S_t = a_t S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, with q and k passed per group
+so that the op's chunk form computes each group's C B^T once (ops/ssd.py).
 
 The parameter names and the fused projection's row order [z; x; B; C; dt] are those of transformers'
 ``Mamba2Mixer`` (and mamba_ssm's), so that their checkpoints map one to one. The decoding state is the conv's last
@@ -26,6 +27,7 @@ from torch import nn
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mamba import ShortConv, decay_rate, dt_bias_init_
 from linlm.layers.mixer import TokenMixer, float32_at_least
+from linlm.ops.fused import rms_norm
 
 # A_h = -exp(A_log_h) with A_h drawn uniformly in [A_MIN, A_MAX]: Mamba-2's initialisation.
 A_MIN, A_MAX = 1.0, 16.0
@@ -52,10 +54,12 @@ class GroupRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        h = x.to(float32_at_least(x.dtype)).reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h.reshape(shape) * self.weight.to(h.dtype)).to(x.dtype)
+        h, w = x.to(float32_at_least(x.dtype)), self.weight
+        if self.groups == 1:  # the fused norm (one pass each way)
+            return rms_norm(h, w.to(h.dtype), self.eps).to(x.dtype)
+        shape = h.shape
+        h = rms_norm(h.reshape(*shape[:-1], self.groups, shape[-1] // self.groups), None, self.eps)
+        return (h.reshape(shape) * w.to(h.dtype)).to(x.dtype)
 
     def flops_per_token(self, seq_len: int) -> float:
         return 4.0 * self.weight.numel()
@@ -87,9 +91,7 @@ class Mamba2Mixer(TokenMixer):
         dt = F.softplus(dt.to(work) + self.dt_bias.to(work))  # [B, T, H]
         log_a = dt * decay_rate(self.A_log)
         u = u.reshape(B_, T, H, P)
-        rep = H // G
-        k = b.reshape(B_, T, G, 1, N).expand(B_, T, G, rep, N).reshape(B_, T, H, N)
-        q = c.reshape(B_, T, G, 1, N).expand(B_, T, G, rep, N).reshape(B_, T, H, N)
+        k, q = b.reshape(B_, T, G, N), c.reshape(B_, T, G, N)  # shared by each group's heads: the op's SSD path
         v = u * dt.unsqueeze(-1).to(u.dtype)
         o, ssm_state = run_gla(q, k, v, log_a, state=None if state is None else state["ssm"], reset=reset,
                                return_state=return_state, chunk_size=self.chunk_size)
@@ -100,7 +102,8 @@ class Mamba2Mixer(TokenMixer):
 
     def mixing_flops_per_token(self, seq_len: int) -> float:
         # The recurrence, plus dt * u, the D skip and the silu gate (element-wise over Din).
-        return gla_flops_per_token(self.n_heads, self.d_state, self.head_dim, self.chunk_size) + 6.0 * self.d_inner
+        return (gla_flops_per_token(self.n_heads, self.d_state, self.head_dim, self.chunk_size, self.n_groups)
+                + 6.0 * self.d_inner)
 
     def state_spec(self, batch: int, context: int, dtype: torch.dtype):
         """{"conv": the conv's last d_conv - 1 inputs [B, d_conv - 1, Din + 2 G N], "ssm": [B, H, N, P] in float32

@@ -1,5 +1,6 @@
-"""The pieces the chunkwise ops share (ops/gla.py, ops/delta_chunk.py, ops/delta_rule.py): argument checks, the
-working dtype, buffers, the clamped exp and segment sums of log-gates, and the chunk-major layout."""
+"""The pieces the chunkwise ops share (ops/gla.py, ops/ssd.py, ops/delta_chunk.py, ops/delta_rule.py): argument
+checks, the working dtype, buffers, the clamped exp and segment sums of log-gates, the chunk-major layout, and the
+pass over chunks that carries the state."""
 
 from __future__ import annotations
 
@@ -91,3 +92,49 @@ def check_chunk_size(chunk_size, fn: str) -> None:
 
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+class StateScan(torch.autograd.Function):
+    """The pass over chunks: S_{n+1} = decay_n * S_n + local_n from S_0 = s0 (decay None means 1).
+
+    local: [N, B, ...] (gla's [N, B, H, K, V]), chunk-major so each step touches one contiguous block; decay:
+    None or broadcastable to local (gla's [N, Bg, H, 1, 1] or [N, B, H, K, 1]); s0: local's shape without N.
+    Returns (prev [N, B, ...], the state entering each chunk; final [B, ...]). One fused op per chunk each way instead of a chain of autograd nodes.
+    """
+
+    @staticmethod
+    def forward(ctx, local, decay, s0):
+        N = local.shape[0]
+        prev = empty_buffer(local, local.shape)
+        final = empty_buffer(local, local.shape[1:])
+        prev[0] = s0
+        for n in range(N):
+            out = prev[n + 1] if n + 1 < N else final
+            if decay is None:
+                torch.add(local[n], prev[n], out=out)
+            else:
+                torch.addcmul(local[n], prev[n], decay[n], out=out)
+        ctx.save_for_backward(prev, decay)
+        return prev, final
+
+    @staticmethod
+    def backward(ctx, d_prev, d_final):
+        prev, decay = ctx.saved_tensors
+        N = prev.shape[0]
+        # d_local[n] is the gradient w.r.t. S_{n+1}, all paths included: d_prev[n + 1] + decay[n + 1] d_local[n + 1]
+        d_local = empty_buffer(d_prev, prev.shape)
+        d_local[N - 1] = d_final
+        for n in range(N - 1, -1, -1):
+            out = d_local[n - 1] if n > 0 else empty_buffer(d_final, d_final.shape)
+            if decay is None:
+                torch.add(d_prev[n], d_local[n], out=out)
+            else:
+                torch.addcmul(d_prev[n], decay[n], d_local[n], out=out)
+        d_s0 = out
+        d_decay = None
+        if decay is not None and ctx.needs_input_grad[1]:
+            d_decay = d_local * prev
+            dims = [i for i in range(d_decay.dim()) if decay.shape[i] == 1 and d_decay.shape[i] != 1]
+            if dims:
+                d_decay = d_decay.sum(dim=dims, keepdim=True)
+        return d_local, d_decay, d_s0

@@ -15,7 +15,9 @@ Three forms, which agree to float32 rounding:
 
 Conventions shared by all three:
 
-- q, k: [B, T, H, K]; v: [B, T, H, V] (step form: the same without T). No scaling is applied to q.
+- q, k: [B, T, H, K]; v: [B, T, H, V] (step form: the same without T). No scaling is applied to q. q and k may
+  instead have G heads, G dividing H, shared by groups (head h reads group h // (H / G)), as Mamba-2's B and C
+  are; the chunk form then computes a group's scores once (``linlm.ops.ssd``).
 - ``log_a`` is the log of the gate (<= 0 for a decay; -inf wipes the state): None (a = 1), [H] (a constant per
   head), [B, T, H] (a data-dependent scalar per head) or [B, T, H, K] (a data-dependent vector over key channels).
   The step form takes None, [H], [B, H] or [B, H, K].
@@ -29,7 +31,7 @@ How the chunk form works (chunks of C steps; B_t is the sum of log a over [chunk
 - Per chunk, everything that depends on the gate is one autograd Function (``_ScalarGateChunk`` or
   ``_VectorGateChunk``): the C x C scores A[t, s] = sum_k q_tk k_sk exp(B_tk - B_sk), q_t exp(B_t) (reads the
   incoming state), k_s exp(B_end - B_s) (writes the outgoing state) and exp(B_end). The rest is a few large
-  batched matmuls plus ``_StateScan``, the only loop, over the T / C chunks.
+  batched matmuls plus ``StateScan``, the only loop, over the T / C chunks.
 - Exact and finite for log a_t far below -20 per step: every decay factor is a sum of log-gates (or a product of
   gates) taken from a reference point outwards, so it is <= 1 and accurate wherever it is not negligible. The
   shortcut exp(B_t) / exp(B_s) is never formed.
@@ -56,8 +58,9 @@ from torch import Tensor
 
 from linlm.errors import ShapeError
 from linlm.ops import backends
-from linlm.ops.chunks import (check_chunk_size, check_float, clamped_exp, empty_buffer, pow2_at_least,
-                              score_block, segsum, shape_of, to_chunks, work_dtype)
+from linlm.ops.chunks import (StateScan, check_chunk_size, check_float, clamped_exp, pow2_at_least, score_block,
+                              segsum, shape_of, to_chunks, work_dtype)
+from linlm.ops.ssd import chunk_grouped
 
 __all__ = ["gla", "gla_chunk", "gla_reference", "gla_step", "reset_from_cu_seqlens"]
 
@@ -79,9 +82,9 @@ def _gate_kind(log_a, expected: dict, fn: str) -> str:
     raise ShapeError(f"{fn}: log_a has shape {shape_of(log_a)}; expected None or one of: {allowed}")
 
 
-def check_sequence_qkv(q, k, v, fn: str) -> tuple[int, int, int, int, int]:
+def check_sequence_qkv(q, k, v, fn: str, grouped: bool = False) -> tuple[int, int, int, int, int]:
     """(B, T, H, K, V) of a sequence form's q, k [B, T, H, K] and v [B, T, H, V], after checking their dtypes and
-    shapes (a ShapeError naming ``fn`` otherwise)."""
+    shapes (a ShapeError naming ``fn`` otherwise). ``grouped``: q and k may have G heads, G dividing v's H."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, t, fn)
         if t.dim() != 4:
@@ -89,9 +92,12 @@ def check_sequence_qkv(q, k, v, fn: str) -> tuple[int, int, int, int, int]:
     B, T, H, K = q.shape
     if k.shape != q.shape:
         raise ShapeError(f"{fn}: k has shape {shape_of(k)}; expected the shape of q, {shape_of(q)} ([B, T, H, K])")
+    if grouped and v.shape[:2] == q.shape[:2] and v.shape[2] % H == 0:
+        return B, T, v.shape[2], K, v.shape[3]
     if v.shape[:3] != q.shape[:3]:
+        also = f", or a multiple of q's {H} heads" if grouped else ""
         raise ShapeError(
-            f"{fn}: v has shape {shape_of(v)}; expected [B, T, H, V] with [B, T, H] = {(B, T, H)} as in q"
+            f"{fn}: v has shape {shape_of(v)}; expected [B, T, H, V] with [B, T, H] = {(B, T, H)} as in q{also}"
         )
     return B, T, H, K, v.shape[3]
 
@@ -116,7 +122,7 @@ def check_state_and_reset(initial_state, reset, dims: tuple[int, int, int, int, 
 
 def _check_sequence(q, k, v, log_a, initial_state, reset, fn: str):
     """Validate the sequence-form arguments; return (B, T, H, K, V, gate kind)."""
-    B, T, H, K, V = dims = check_sequence_qkv(q, k, v, fn)
+    B, T, H, K, V = dims = check_sequence_qkv(q, k, v, fn, grouped=True)
     kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, T, H), "vector": (B, T, H, K)}, fn)
     check_state_and_reset(initial_state, reset, dims, fn)
     return B, T, H, K, V, kind
@@ -147,9 +153,9 @@ def _step(q: Tensor, k: Tensor, v: Tensor, log_a, S: Tensor, kind: str):
     return o, S
 
 
-def check_step_qkv(q, k, v, fn: str) -> tuple[int, int, int, int]:
+def check_step_qkv(q, k, v, fn: str, grouped: bool = False) -> tuple[int, int, int, int]:
     """(B, H, K, V) of one decoding step's q, k [B, H, K] and v [B, H, V], after checking their dtypes and shapes
-    (a ShapeError naming ``fn`` otherwise)."""
+    (a ShapeError naming ``fn`` otherwise). ``grouped``: q and k may have G heads, G dividing v's H."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, t, fn)
         if t.dim() != 3:
@@ -157,8 +163,11 @@ def check_step_qkv(q, k, v, fn: str) -> tuple[int, int, int, int]:
     B, H, K = q.shape
     if k.shape != q.shape:
         raise ShapeError(f"{fn}: k has shape {shape_of(k)}; expected the shape of q, {shape_of(q)} ([B, H, K])")
+    if grouped and v.shape[0] == B and v.shape[1] % H == 0:
+        return B, v.shape[1], K, v.shape[2]
     if v.shape[:2] != q.shape[:2]:
-        raise ShapeError(f"{fn}: v has shape {shape_of(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q")
+        also = f", or a multiple of q's {H} heads" if grouped else ""
+        raise ShapeError(f"{fn}: v has shape {shape_of(v)}; expected [B, H, V] with [B, H] = {(B, H)} as in q{also}")
     V = v.shape[2]
     return B, H, K, V
 
@@ -178,10 +187,11 @@ def gla_step(q, k, v, log_a=None, *, state=None) -> tuple[Tensor, Tensor]:
     """One decoding step. q, k: [B, H, K]; v: [B, H, V]; log_a: None, [H], [B, H] or [B, H, K];
     state: [B, H, K, V] or None (zeros). Returns (o [B, H, V] in v's dtype, new state in the working dtype)."""
     fn = "gla_step"
-    B, H, K, V = check_step_qkv(q, k, v, fn)
+    B, H, K, V = check_step_qkv(q, k, v, fn, grouped=True)
     kind = _gate_kind(log_a, {"head": (H,), "scalar": (B, H), "vector": (B, H, K)}, fn)
     dt = work_dtype(q, k, v, log_a, state)
     S = step_state(state, q, (B, H, K, V), dt, fn)
+    q, k = ungroup(q, H, 1), ungroup(k, H, 1)
     o, S = _step(q, k, v, log_a, S, kind)
     return o.to(v.dtype), S
 
@@ -192,6 +202,7 @@ def gla_reference(
     """The definition: a loop over time. Returns (o [B, T, H, V], final state [B, H, K, V] or None)."""
     B, T, H, K, V, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla_reference")
     dt = work_dtype(q, k, v, log_a, initial_state)
+    q, k = ungroup(q, H, 2), ungroup(k, H, 2)
     S = q.new_zeros((B, H, K, V), dtype=dt) if initial_state is None else initial_state.to(dt)
     # unbind, not q[:, t]: one backward node per input instead of T full-size zero-filled gradients
     qs, ks, vs = q.unbind(1), k.unbind(1), v.unbind(1)
@@ -204,6 +215,12 @@ def gla_reference(
         outs.append(o)
     o = torch.stack(outs, dim=1) if outs else v.new_zeros((B, 0, H, V), dtype=dt)
     return o.to(v.dtype), (S if output_final_state else None)
+
+
+def ungroup(x: Tensor, heads: int, dim: int) -> Tensor:
+    """Grouped q or k (G heads along ``dim``) as ``heads`` heads, head h a copy of group h // (heads / G)."""
+    groups = x.shape[dim]
+    return x if groups == heads else x.repeat_interleave(heads // groups, dim=dim)
 
 
 def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
@@ -237,52 +254,6 @@ def reset_from_cu_seqlens(cu_seqlens, total_len: int) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 # Chunk form: building blocks
 # --------------------------------------------------------------------------------------------------------------
-
-
-class _StateScan(torch.autograd.Function):
-    """The pass over chunks: S_{n+1} = decay_n * S_n + local_n from S_0 = s0 (decay None means 1).
-
-    local: [N, B, H, K, V], chunk-major so each step touches one contiguous block; decay: None or broadcastable
-    to local ([N, Bg, H, 1, 1] or [N, B, H, K, 1]); s0: [B, H, K, V]. Returns (prev [N, B, H, K, V], the state
-    entering each chunk; final [B, H, K, V]). One fused op per chunk each way instead of a chain of autograd nodes.
-    """
-
-    @staticmethod
-    def forward(ctx, local, decay, s0):
-        N = local.shape[0]
-        prev = empty_buffer(local, local.shape)
-        final = empty_buffer(local, local.shape[1:])
-        prev[0] = s0
-        for n in range(N):
-            out = prev[n + 1] if n + 1 < N else final
-            if decay is None:
-                torch.add(local[n], prev[n], out=out)
-            else:
-                torch.addcmul(local[n], prev[n], decay[n], out=out)
-        ctx.save_for_backward(prev, decay)
-        return prev, final
-
-    @staticmethod
-    def backward(ctx, d_prev, d_final):
-        prev, decay = ctx.saved_tensors
-        N = prev.shape[0]
-        # d_local[n] is the gradient w.r.t. S_{n+1}, all paths included: d_prev[n + 1] + decay[n + 1] d_local[n + 1]
-        d_local = empty_buffer(d_prev, prev.shape)
-        d_local[N - 1] = d_final
-        for n in range(N - 1, -1, -1):
-            out = d_local[n - 1] if n > 0 else empty_buffer(d_final, d_final.shape)
-            if decay is None:
-                torch.add(d_prev[n], d_local[n], out=out)
-            else:
-                torch.addcmul(d_prev[n], decay[n], d_local[n], out=out)
-        d_s0 = out
-        d_decay = None
-        if decay is not None and ctx.needs_input_grad[1]:
-            d_decay = d_local * prev
-            dims = [i for i in range(d_decay.dim()) if decay.shape[i] == 1 and d_decay.shape[i] != 1]
-            if dims:
-                d_decay = d_decay.sum(dim=dims, keepdim=True)
-        return d_local, d_decay, d_s0
 
 
 def _halves(x: Tensor, h: int):
@@ -521,10 +492,13 @@ def gla_chunk(
     if kind == "vector":
         C = min(1 << (chunk_size.bit_length() - 1), pow2_at_least(T))
     N = math.ceil(T / C)
-    qc, kc, vc = (to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
     la = _gate_chunks(log_a, kind, reset, B, T, H, dt, N, C, q.device)
-
     neg_inf = reset is not None
+    G = q.shape[2]
+    if G < H and la is not None and la.dim() == 4:  # grouped q and k, a scalar gate: Mamba-2's SSD
+        return _grouped(q, k, v, la, s0, neg_inf, dt, N, C, output_final_state)
+    q, k = ungroup(q, H, 2), ungroup(k, H, 2)
+    qc, kc, vc = (to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
     if la is None:
         o, final = _chunk_nogate(qc, kc, vc, s0)
     elif la.dim() == 4:
@@ -538,13 +512,30 @@ def gla_chunk(
     return o, (final if output_final_state else None)
 
 
+def _grouped(q, k, v, la, s0, neg_inf, dt, N, C, output_final_state):
+    """gla_chunk for q, k with G < H heads and la [N, Bg, H, C]: ``linlm.ops.ssd``, in its layouts."""
+    B, T, H, V = v.shape
+    G, K = q.shape[2], q.shape[3]
+    R = H // G
+    qc, kc = to_chunks(q, dt, N, C), to_chunks(k, dt, N, C)  # [N, B, G, C, K]
+    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, N * C - T)) if N * C > T else v
+    vc = vp.view(B, N, C, G, R, V).permute(1, 0, 3, 2, 4, 5).to(dtype=dt, memory_format=torch.contiguous_format)
+    s0 = s0.view(B, G, R, K, V).transpose(2, 3).contiguous()  # [B, G, K, R, V]
+    o, final = chunk_grouped(qc, kc, vc, la.view(N, la.shape[1], G, R, C), s0, neg_inf)
+    # [N, B, G, C, R, V] -> [B, N, C, G, R, V] -> [B, T, H, V]
+    o = o.permute(1, 0, 3, 2, 4, 5).reshape(B, N * C, H, V)[:, :T]
+    o = o.to(dtype=v.dtype, memory_format=torch.contiguous_format)
+    final = final.transpose(2, 3).reshape(B, H, K, V) if output_final_state else None
+    return o, final
+
+
 def _chunk_nogate(qc, kc, vc, s0):
     """a = 1 everywhere: causal masking inside chunks, states are a running sum."""
     C = qc.shape[-2]
     causal = torch.ones(C, C, dtype=torch.bool, device=qc.device).tril()
     scores = torch.matmul(qc, kc.transpose(-1, -2)).masked_fill_(~causal, 0.0)
     local = torch.matmul(kc.transpose(-1, -2), vc)  # [N, B, H, K, V]
-    prev, final = _StateScan.apply(local, None, s0)
+    prev, final = StateScan.apply(local, None, s0)
     o = torch.matmul(scores, vc) + torch.matmul(qc, prev)
     return o, final
 
@@ -553,7 +544,7 @@ def _chunk_scalar(qc, kc, vc, la, s0, neg_inf):
     """One log-gate per head and step. la: [N, Bg, H, C] with Bg in (1, B)."""
     scores, q_start, k_end, decay = _ScalarGateChunk.apply(qc, kc, la, neg_inf)
     local = torch.matmul(k_end.transpose(-1, -2), vc)
-    prev, final = _StateScan.apply(local, decay[..., None, None], s0)
+    prev, final = StateScan.apply(local, decay[..., None, None], s0)
     o = torch.matmul(scores, vc) + torch.matmul(q_start, prev)
     return o, final
 
@@ -562,7 +553,7 @@ def _chunk_vector(qc, kc, vc, la, s0, neg_inf):
     """One log-gate per key channel. la: [N, B, H, C, K], C a power of two."""
     scores, q_start, k_end, decay = _VectorGateChunk.apply(qc, kc, la, neg_inf)
     local = torch.matmul(k_end.transpose(-1, -2), vc)
-    prev, final = _StateScan.apply(local, decay.unsqueeze(-1), s0)
+    prev, final = StateScan.apply(local, decay.unsqueeze(-1), s0)
     o = torch.matmul(scores, vc) + torch.matmul(q_start, prev)
     return o, final
 
@@ -574,8 +565,9 @@ def gla(
     says which cases, and LINLM_GPU_KERNELS=torch turns them off); else, and always on the CPU, the chunkwise
     form (``gla_chunk``). Same arguments and results as ``gla_chunk`` (chunk_size only matters to it)."""
     if backends.on_gpu(q):
-        *_, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla")
+        _, _, H, _, _, kind = _check_sequence(q, k, v, log_a, initial_state, reset, "gla")
         check_chunk_size(chunk_size, "gla")
+        q, k = ungroup(q, H, 2), ungroup(k, H, 2)
         out = backends.gla(q, k, v, log_a, kind, initial_state=initial_state, reset=reset,
                            output_final_state=output_final_state)
         if out is not None:
