@@ -27,6 +27,7 @@ from linlm.ops import backends
 from linlm.ops.delta_rule import delta_rule_reference
 from linlm.ops.gla import gla, gla_reference
 from linlm.ops.selective_scan import selective_scan, selective_scan_reference
+from test_gpu_ssd import fake_mamba_ssd
 
 KINDS = ("none", "head", "scalar", "vector")
 
@@ -485,13 +486,14 @@ def test_models_through_the_dispatch_with_stand_ins(monkeypatch, arch, overrides
     monkeypatch.setattr(backends, "_device_type", lambda t: "cuda")
     monkeypatch.setattr(backends, "_fla", lambda: counted(_fake_fla(), "fla"))
     monkeypatch.setattr(backends, "_mamba", lambda: counted(_fake_mamba(), "mamba_ssm"))
+    monkeypatch.setattr(backends, "_mamba_ssd", lambda: counted(fake_mamba_ssd(), "mamba_ssm"))
     monkeypatch.setattr(backends, "fla_gated_backward_ok", lambda index: True)
     torch.manual_seed(0)
     model = create_model(arch, "tiny", **overrides)
     ids = torch.randint(0, 512, (2, 34))
     reset = torch.zeros(2, 33, dtype=torch.bool)
     reset[0, 11] = reset[1, 20] = True
-    library = "mamba_ssm" if arch == "mamba" else "fla"
+    library = "mamba_ssm" if arch in ("mamba", "mamba2") else "fla"  # Mamba-2: the SSD kernel
     for rst in (None, reset):
         calls.update(fla=0, mamba_ssm=0)
         with backends.gpu_kernels("auto"):
@@ -500,8 +502,8 @@ def test_models_through_the_dispatch_with_stand_ins(monkeypatch, arch, overrides
         with backends.gpu_kernels("torch"):
             loss_t, grads_t = _loss_and_grads(model, ids, rst)
         assert calls == used, "the torch mode called a library"
-        # mamba_ssm takes no resets: the packed batch runs on linlm's scan, and the library is not called at all
-        if library == "mamba_ssm" and rst is not None:
+        # selective_scan_fn takes no resets: the packed batch runs on linlm's scan, and the library is not called
+        if arch == "mamba" and rst is not None:
             assert used[library] == 0, used
         else:
             assert used[library] > 0, used

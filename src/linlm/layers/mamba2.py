@@ -11,7 +11,8 @@ For x of width d, inner width Din = expand * d, H = Din / P heads of P channels 
 
 Head h reads group h // (H / G) of B and C. On the GLA op (ops/gla.py) this is q = C, k = B, v = dt * u and the
 scalar gate log a = dt * A [B, T, H]: S_t = a_t S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, with q and k passed per group
-so that the op's chunk form computes each group's C B^T once (ops/ssd.py).
+so that the op's chunk form computes each group's C B^T once (ops/ssd.py). On CUDA, mamba_ssm's SSD kernel
+(``mamba_chunk_scan_combined``) takes the sequence where it is installed (``linlm.ops.backends``).
 
 The parameter names and the fused projection's row order [z; x; B; C; dt] are those of transformers'
 ``Mamba2Mixer`` (and mamba_ssm's), so that their checkpoints map one to one. The decoding state is the conv's last
@@ -27,6 +28,7 @@ from torch import nn
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mamba import ShortConv, decay_rate, dt_bias_init_
 from linlm.layers.mixer import TokenMixer, float32_at_least
+from linlm.ops import backends
 from linlm.ops.fused import rms_norm
 
 # A_h = -exp(A_log_h) with A_h drawn uniformly in [A_MIN, A_MAX]: Mamba-2's initialisation.
@@ -42,6 +44,19 @@ def mamba2_dims(cfg) -> tuple[int, int, int, int, int]:
     d_inner = o.expand * cfg.d_model
     p = o.head_dim or (PAPER_HEAD_DIM if d_inner % PAPER_HEAD_DIM == 0 else d_inner // cfg.n_heads)
     return d_inner, d_inner // p, p, o.n_groups, o.d_state
+
+
+def run_ssd(u, dt, A, b, c, *, state, reset, return_state: bool, chunk_size: int):
+    """The SSD recurrence (no D): on CUDA mamba_ssm's kernel where ``linlm.ops.backends.ssd`` takes the call (not
+    a single decoding step), else the GLA op with q = C, k = B per group, v = dt u and log a = dt A (its chunk form
+    computes each group's C B^T once: ops/ssd.py). u [B, T, H, P]; dt [B, T, H]; A [H]; b, c [B, T, G, N]."""
+    if backends.on_gpu(u) and not (state is not None and u.shape[1] == 1 and reset is None):
+        out = backends.ssd(u, dt, A, b, c, initial_state=state, reset=reset, output_final_state=return_state,
+                           chunk_size=chunk_size)
+        if out is not None:
+            return out
+    v = u * dt.unsqueeze(-1).to(u.dtype)
+    return run_gla(c, b, v, dt * A, state=state, reset=reset, return_state=return_state, chunk_size=chunk_size)
 
 
 class GroupRMSNorm(nn.Module):
@@ -89,12 +104,10 @@ class Mamba2Mixer(TokenMixer):
         u, b, c = xbc.split([Din, G * N, G * N], dim=-1)
         work = float32_at_least(dt.dtype)
         dt = F.softplus(dt.to(work) + self.dt_bias.to(work))  # [B, T, H]
-        log_a = dt * decay_rate(self.A_log)
         u = u.reshape(B_, T, H, P)
-        k, q = b.reshape(B_, T, G, N), c.reshape(B_, T, G, N)  # shared by each group's heads: the op's SSD path
-        v = u * dt.unsqueeze(-1).to(u.dtype)
-        o, ssm_state = run_gla(q, k, v, log_a, state=None if state is None else state["ssm"], reset=reset,
-                               return_state=return_state, chunk_size=self.chunk_size)
+        o, ssm_state = run_ssd(u, dt, decay_rate(self.A_log), b.reshape(B_, T, G, N), c.reshape(B_, T, G, N),
+                               state=None if state is None else state["ssm"], reset=reset, return_state=return_state,
+                               chunk_size=self.chunk_size)
         y = o + u * self.D.to(u.dtype).view(H, 1)
         y = self.norm(y.reshape(B_, T, Din) * F.silu(z))
         new_state = {"conv": conv_state, "ssm": ssm_state} if return_state else None

@@ -1,5 +1,5 @@
 """GPU kernels from other libraries behind linlm's own op signatures: flash-linear-attention (``fla``) for gated
-linear attention, mamba_ssm for the selective scan.
+linear attention, mamba_ssm for the selective scan and Mamba-2's SSD.
 
 Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure functions of plain values):
 
@@ -25,6 +25,13 @@ Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure fu
 - ``linlm.ops.selective_scan.selective_scan`` (Mamba) runs on mamba_ssm's ``selective_scan_fn`` when its inputs
   are CUDA tensors and mamba_ssm imports, with u, dt [Bt, Din, T] and B, C [Bt, N, T] (mamba_ssm's layout:
   time last), A [Din, N] and D [Din] in float32, and dt_softplus as ``delta_softplus``.
+- ``ssd`` (Mamba-2's layer, ``linlm.layers.mamba2``, before it falls back to ``gla``) runs on mamba_ssm's
+  ``mamba_chunk_scan_combined(x=u, dt, A, B, C, chunk_size)``: u [B, T, H, P], dt [B, T, H] (already through
+  softplus: no dt_bias, no dt_softplus), A [H] and the grouped B, C [B, T, G, N] are mamba_ssm's own layouts; D and
+  the gate z stay in linlm's layer. States are [B, H, P, N] there and [B, H, N, P] in linlm (transposed both
+  ways). Packed documents become ``seq_idx`` (the document number of each position in its row); a row that
+  starts with a reset starts from zeros, not from its initial state. mamba_ssm backpropagates through the
+  initial and the final state.
 
 Everything else falls back, silently, to linlm's own path (the same maths):
 
@@ -37,7 +44,9 @@ Everything else falls back, silently, to linlm's own path (the same maths):
   chunk_simple_gla's gate g where fla cannot run it (``fla_gated_backward_ok``: Hopper with an affected Triton);
 - scan: an initial state, resets (mamba_ssm's selective_scan_fn takes neither), A [Bt, Din, N] or D [Bt, Din]
   (MossNet's batched experts), N over 256, and a final state that needs a gradient (selective_scan_fn returns the
-  last state but does not backpropagate through it). Per-row ``lengths`` are run, as in the chunked form, as
+  last state but does not backpropagate through it);
+- ssd: N or P over 256, or mamba_ssm's Triton kernels not importable (then Mamba-2 runs on fla through ``gla``,
+  or on linlm's path). Per-row ``lengths`` are run, as in the chunked form, as
   dt = 0 and C = 0 on the padding.
 
 Inputs of mixed floating dtypes are computed in their promoted dtype (a bfloat16 u with a float32 dt runs in
@@ -66,8 +75,8 @@ from torch import Tensor
 
 from linlm.errors import ConfigError
 
-__all__ = ["MODES", "available", "choose_gla", "choose_scan", "delta_rule", "fla_gated_backward_ok", "gla",
-           "gpu_kernels", "mode", "on_gpu", "selective_scan"]
+__all__ = ["MODES", "available", "choose_gla", "choose_scan", "choose_ssd", "delta_rule", "fla_gated_backward_ok",
+           "gla", "gpu_kernels", "mode", "on_gpu", "selective_scan", "ssd"]
 
 ENV = "LINLM_GPU_KERNELS"
 MODES = ("auto", "torch")
@@ -75,6 +84,7 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FLA_MIN_HEAD_DIM = 16
 FLA_MAX_DELTA_HEAD_DIM = 256  # fla's delta-rule kernels refuse larger head dims
 MAMBA_MAX_STATE = 256  # selective_scan_cuda rejects a larger d_state
+SSD_MAX_DIM = 256  # the largest state size N and head width P the SSD mapping sends to mamba_ssm
 
 _override: list[str] = []  # innermost gpu_kernels() block last
 
@@ -151,6 +161,12 @@ def _mamba() -> SimpleNamespace | None:
 
 
 @functools.lru_cache(maxsize=None)
+def _mamba_ssd() -> SimpleNamespace | None:
+    return _import("mamba_ssm", {"mamba_chunk_scan_combined": ("mamba_ssm.ops.triton.ssd_combined",
+                                                               "mamba_chunk_scan_combined")})
+
+
+@functools.lru_cache(maxsize=None)
 def fla_gated_backward_ok(device_index: int) -> bool:
     """Whether fla can run the backward of chunk_simple_gla with a gate g on this CUDA device. fla 0.5 refuses it
     (a RuntimeError in the backward) on Hopper GPUs (sm90) with Triton >= 3.4.0 and < 3.7.1, where Triton
@@ -169,8 +185,9 @@ def fla_gated_backward_ok(device_index: int) -> bool:
 
 
 def available(library: str) -> bool:
-    """Whether ``library`` ("fla" or "mamba_ssm") is installed and loads. Imports it: call only where CUDA is."""
-    loaders = {"fla": _fla, "mamba_ssm": _mamba}
+    """Whether ``library`` ("fla", "mamba_ssm", or "mamba_ssm.ssd": its Triton SSD kernels) is installed and loads.
+    Imports it: call only where CUDA is."""
+    loaders = {"fla": _fla, "mamba_ssm": _mamba, "mamba_ssm.ssd": _mamba_ssd}
     if library not in loaders:
         raise ConfigError(f"available: {library!r} is not a GPU kernel library; use one of {', '.join(loaders)}")
     return loaders[library]() is not None
@@ -233,6 +250,17 @@ def choose_scan(*, device_type: str, dtypes, seq_len: int, state_size: int, batc
     if _kernel_dtype(dtypes) is None or state_size > MAMBA_MAX_STATE:
         return "torch"
     if batched_A or batched_D or initial_state or reset or final_state_grad:
+        return "torch"
+    return "mamba_ssm" if _call(mamba_available) else "torch"
+
+
+def choose_ssd(*, device_type: str, dtypes, seq_len: int, state_size: int, head_dim: int, mode: str = "auto",
+               mamba_available: bool = False, exporting: bool = False, deterministic: bool = False) -> str:
+    """"mamba_ssm" or "torch" for Mamba-2's SSD (``ssd``). dtypes: of u, dt, B, C (and the initial state);
+    mamba_available is consulted last (a callable defers the import)."""
+    if mode == "torch" or device_type != "cuda" or exporting or deterministic or seq_len == 0:
+        return "torch"
+    if _kernel_dtype(dtypes) is None or max(state_size, head_dim) > SSD_MAX_DIM:
         return "torch"
     return "mamba_ssm" if _call(mamba_available) else "torch"
 
@@ -406,3 +434,44 @@ def _run_mamba(mamba, u, dt, A, B, C, D, output_final_state, dt_softplus):
     y = y.transpose(1, 2).to(u.dtype).contiguous()
     # last is a view into the scan's saved intermediates: a copy of its own, in float32 as linlm returns states
     return y, (None if last is None else last.to(torch.float32).clone())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Mamba-2's SSD on mamba_ssm
+
+
+def ssd(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *, initial_state: Tensor | None = None,
+        reset: Tensor | None = None, output_final_state: bool = True,
+        chunk_size: int = 64) -> tuple[Tensor, Tensor | None] | None:
+    """Mamba-2's recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t u_t^T, y_t = h_t^T C_t (per head; no D) on
+    mamba_ssm, or None when ``choose_ssd`` says torch (the caller then computes it as gla with q = C, k = B,
+    v = dt u, log a = dt A). u [B, T, H, P]; dt [B, T, H]; A [H]; B, C [B, T, G, N]; initial_state [B, H, N, P];
+    reset [B, T] or [1, T] bool. Returns (y [B, T, H, P] in u's dtype, final state [B, H, N, P] float32 or None)."""
+    tensors = [t for t in (u, dt, B, C, initial_state) if t is not None]
+    choice = choose_ssd(device_type=_device_type(u), dtypes=[t.dtype for t in tensors], seq_len=u.shape[1],
+                        state_size=B.shape[-1], head_dim=u.shape[-1], mode=mode(),
+                        mamba_available=lambda: available("mamba_ssm.ssd"), exporting=torch.compiler.is_exporting(),
+                        deterministic=torch.are_deterministic_algorithms_enabled())
+    if choice != "mamba_ssm":
+        return None
+    return _run_mamba_ssd(_mamba_ssd(), u, dt, A, B, C, initial_state, reset, output_final_state, chunk_size)
+
+
+def _run_mamba_ssd(mamba, u, dt, A, B, C, initial_state, reset, output_final_state, chunk_size):
+    """The mamba_ssm call itself (mamba: the namespace of ``_mamba_ssd()``, or a stand-in in tests)."""
+    it = _kernel_dtype([u.dtype, B.dtype, C.dtype])
+    Bt, T = u.shape[:2]
+    h0, seq_idx = None, None
+    if initial_state is not None:
+        h0 = initial_state.to(torch.float32).transpose(-1, -2).contiguous()  # [B, H, P, N]
+    if reset is not None:
+        rows = reset.expand(Bt, T)
+        seq_idx = rows.to(torch.int32).cumsum(1, dtype=torch.int32).contiguous()
+        if h0 is not None:  # a row that starts with a reset starts from zeros
+            h0 = torch.where(rows[:, 0].view(Bt, 1, 1, 1), 0.0, h0)
+    out = mamba.mamba_chunk_scan_combined(
+        u.to(it).contiguous(), dt.to(torch.float32).contiguous(), A.to(torch.float32).contiguous(),
+        B.to(it).contiguous(), C.to(it).contiguous(), int(chunk_size), initial_states=h0, seq_idx=seq_idx,
+        return_final_states=bool(output_final_state))
+    y, last = out if output_final_state else (out, None)
+    return y.to(u.dtype), (None if last is None else last.to(torch.float32).transpose(-1, -2).contiguous())
