@@ -150,3 +150,30 @@ def test_step_heads_not_a_multiple_of_the_groups_raise():
     x = grouped_inputs("scalar", 1, G=4, H=6)
     with pytest.raises(ShapeError, match=r"multiple of q's 4 heads"):
         gla_step(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["log_a"][:, 0])
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("trained", [False, True])
+def test_a_fixed_gate_spares_the_state_pass_its_decay_gradient(grouped, trained, monkeypatch):
+    """With a gate that needs no gradient (RetNet's and TNL's fixed decays) while q, k and v do, the decay reaches
+    the pass over chunks without requiring a gradient, so its backward skips that work; a trained gate's does."""
+    from linlm.ops import chunks, ssd
+
+    seen = []
+
+    class Recording:
+        @staticmethod
+        def apply(local, decay, s0):
+            seen.append(decay.requires_grad)
+            return chunks.StateScan.apply(local, decay, s0)
+
+    monkeypatch.setattr(gla_module, "StateScan", Recording)
+    monkeypatch.setattr(ssd, "StateScan", Recording)
+    x = grouped_inputs("head", 40, G=2 if grouped else 6, H=6, seed=13)
+    x["log_a"].requires_grad_(trained)
+    leaves = [x[n].requires_grad_(True) for n in ("q", "k", "v")]
+    o, s = gla_chunk(**x, chunk_size=16)
+    (o.sum() + s.sum()).backward()
+    assert seen == [trained]
+    assert all(t.grad is not None for t in leaves)
+    assert (x["log_a"].grad is not None) == trained

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
+from linlm.layers.mamba import output_gate
 from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
 
@@ -69,7 +70,7 @@ class GLAMixer(TokenMixer):
         log_a = self.gk_proj(x).view(B, T, H, K)
         o, new_state = run_gla(q, k, v, log_a, state=state, reset=reset, return_state=return_state,
                                chunk_size=self.chunk_size)
-        y = self.g_norm(o) * F.silu(self.g_proj(x)).view(B, T, H, V)
+        y = output_gate(self.g_norm(o), self.g_proj(x).view(B, T, H, V))
         return self.o_proj(y.reshape(B, T, H * V)), new_state
 
     def mixing_flops_per_token(self, seq_len: int) -> float:

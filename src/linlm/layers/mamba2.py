@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
-from linlm.layers.mamba import ShortConv, decay_rate, dt_bias_init_
+from linlm.layers.mamba import ShortConv, decay_rate, dt_bias_init_, output_gate
 from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.ops import backends
 from linlm.ops.fused import rms_norm
@@ -108,8 +108,8 @@ class Mamba2Mixer(TokenMixer):
         o, ssm_state = run_ssd(u, dt, decay_rate(self.A_log), b.reshape(B_, T, G, N), c.reshape(B_, T, G, N),
                                state=None if state is None else state["ssm"], reset=reset, return_state=return_state,
                                chunk_size=self.chunk_size)
-        y = o + u * self.D.to(u.dtype).view(H, 1)
-        y = self.norm(y.reshape(B_, T, Din) * F.silu(z))
+        y = torch.addcmul(o, u, self.D.to(u.dtype).view(H, 1))
+        y = self.norm(output_gate(y.reshape(B_, T, Din), z))
         new_state = {"conv": conv_state, "ssm": ssm_state} if return_state else None
         return self.out_proj(y), new_state
 

@@ -18,10 +18,10 @@ reset: the decay and the reset do the rest.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
+from linlm.layers.mamba import output_gate
 from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
 from linlm.ops.fused import rope_reference
@@ -58,7 +58,7 @@ class RetNetMixer(TokenMixer):
         log_decay = retnet_log_decay(H, float32_at_least(x.dtype), x.device)
         o, new_state = run_gla(q, k, v, log_decay, state=state, reset=reset, return_state=return_state,
                                chunk_size=self.chunk_size)
-        y = self.g_norm(o) * F.silu(self.g_proj(x)).view(B, T, H, V)
+        y = output_gate(self.g_norm(o), self.g_proj(x).view(B, T, H, V))
         return self.o_proj(y.reshape(B, T, H * V)), new_state
 
     def _angles(self, offset, T: int, x: torch.Tensor):

@@ -344,7 +344,10 @@ class _VectorGateChunk(torch.autograd.Function):
         prefix, suffix = _walk(gate, visit)
         if exporting:
             scores = scores + sum(scores_out)
-        return scores, q * prefix, k * suffix, prefix[..., -1, :].clone()
+        decay = prefix[..., -1, :].clone()
+        if not ctx.needs_input_grad[2]:  # a fixed gate: nothing downstream need work out the decay's gradient
+            ctx.mark_non_differentiable(decay)
+        return scores, q * prefix, k * suffix, decay
 
     @staticmethod
     def backward(ctx, d_scores, d_q_start, d_k_end, d_decay):
@@ -407,7 +410,10 @@ class _ScalarGateChunk(torch.autograd.Function):
         ctx.save_for_backward(q, k, qk, d, e_b)
         q_start = q * e_b.unsqueeze(-1)
         k_end = k * d[..., -1, :].unsqueeze(-1)  # row t = C - 1 of D is exp(B_end - B_s)
-        return qk * d, q_start, k_end, e_b[..., -1].clone()
+        decay = e_b[..., -1].clone()
+        if not ctx.needs_input_grad[2]:  # a fixed gate (RetNet's, TNL's): the state pass skips the decay's gradient
+            ctx.mark_non_differentiable(decay)
+        return qk * d, q_start, k_end, decay
 
     @staticmethod
     def backward(ctx, d_scores, d_q_start, d_k_end, d_decay):

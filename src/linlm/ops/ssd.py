@@ -43,7 +43,10 @@ class _GroupedScalarGate(torch.autograd.Function):
         e_b = clamped_exp(la.cumsum(-1), neg_inf)
         qk = torch.matmul(q, k.transpose(-1, -2))  # [N, B, G, C, C]
         ctx.save_for_backward(q, k, qk, d, e_b)
-        return qk.unsqueeze(3) * d, e_b, d[..., -1, :].clone()  # row t = C - 1 of D is exp(B_end - B_s)
+        f_end = d[..., -1, :].clone()  # row t = C - 1 of D is exp(B_end - B_s)
+        if not ctx.needs_input_grad[2]:  # a fixed gate: no gradient through the factors that depend on it alone
+            ctx.mark_non_differentiable(e_b, f_end)
+        return qk.unsqueeze(3) * d, e_b, f_end
 
     @staticmethod
     def backward(ctx, d_scores, d_e_b, d_f_end):
