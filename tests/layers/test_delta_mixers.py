@@ -29,15 +29,19 @@ ARCHS = ("deltanet", "gated_deltanet")
 def reference_mixer(mixer, x, gated: bool):
     """The layer from its equations, in float64, with the op's reference (a loop over time)."""
     B, T, d = x.shape
-    H, K, V = mixer.n_heads, mixer.k_dim, mixer.v_dim
+    H, Hk, K, V = mixer.n_heads, mixer.k_heads, mixer.k_dim, mixer.v_dim
     z = x @ mixer.proj.weight.T
-    qkv, rest = z[..., : H * (2 * K + V)], z[..., H * (2 * K + V):]
+    width = 2 * Hk * K + H * V
+    qkv, rest = z[..., :width], z[..., width:]
     w = mixer.conv.weight  # [channels, kernel], nn.Conv1d's tap order
     conv = F.conv1d(qkv.transpose(1, 2), w.unsqueeze(1), padding=w.shape[1] - 1, groups=w.shape[0])[..., :T]
     qkv = F.silu(conv.transpose(1, 2))
-    q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+    q, k, v = qkv.split([Hk * K, Hk * K, H * V], dim=-1)
     unit = lambda t: t / (t.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()  # noqa: E731
-    q, k, v = unit(q.reshape(B, T, H, K)) / math.sqrt(K), unit(k.reshape(B, T, H, K)), v.reshape(B, T, H, V)
+    # value head h reads q and k head h // (H / Hk), copied out head by head
+    per_value_head = lambda t: torch.stack([t[:, :, h * Hk // H] for h in range(H)], dim=2)  # noqa: E731
+    q, k = per_value_head(q.reshape(B, T, Hk, K)), per_value_head(k.reshape(B, T, Hk, K))
+    q, k, v = unit(q) / math.sqrt(K), unit(k), v.reshape(B, T, H, V)
     if gated:
         g, a, b = rest.split([H * V, H, H], dim=-1)
         log_a = -mixer.A_log.exp() * F.softplus(a + mixer.dt_bias)
@@ -50,10 +54,11 @@ def reference_mixer(mixer, x, gated: bool):
     return o.reshape(B, T, H * V) @ mixer.out.weight.T
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_mixer_matches_the_equations(arch):
+@pytest.mark.parametrize("arch, options", [("deltanet", {}), ("gated_deltanet", {}),
+                                           ("gated_deltanet", dict(v_heads=6))])
+def test_mixer_matches_the_equations(arch, options):
     torch.manual_seed(0)
-    model = create_model(arch, preset="tiny").double()
+    model = create_model(arch, preset="tiny", options=options).double()
     mixer = model.layers[1].mixer
     with torch.no_grad():  # weights away from their init: the norm weight and A_log are not all alike
         mixer.norm.weight.uniform_(0.5, 1.5)
@@ -63,11 +68,12 @@ def test_mixer_matches_the_equations(arch):
     torch.testing.assert_close(y, reference_mixer(mixer, x, arch == "gated_deltanet"), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_flop_hook_counts_what_the_forward_multiplies(arch):
+@pytest.mark.parametrize("arch, options", [("deltanet", {}), ("gated_deltanet", {}),
+                                           ("gated_deltanet", dict(v_heads=4))])
+def test_flop_hook_counts_what_the_forward_multiplies(arch, options):
     """FLOPs of the mixer's matmuls, counted by torch while it runs, equal the model's count (the walk over its
     Linear layers plus its mixing hook) per token: T a multiple of the chunk, so nothing is padding."""
-    model = create_model(arch, preset="tiny")
+    model = create_model(arch, preset="tiny", options=options)
     mixer = model.layers[0].mixer
     B, T = 2, 4 * model.config.chunk_size
     x = torch.randn(B, T, model.config.d_model)
@@ -108,8 +114,10 @@ def test_presets_match_llama_within_2_percent(arch, preset):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("options", [dict(short_conv=0), dict(short_conv=2, neg_eigval=True)])
+@pytest.mark.parametrize("options", [dict(short_conv=0), dict(short_conv=2, neg_eigval=True), dict(v_heads=4)])
 def test_option_variants_decode_as_the_full_pass(arch, options):
+    if arch == "deltanet" and "v_heads" in options:
+        pytest.skip("v_heads is Gated DeltaNet's")
     torch.manual_seed(1)
     model = create_model(arch, preset="tiny", options=options).eval()
     ids = torch.randint(0, 512, (2, 30))
@@ -127,6 +135,20 @@ def test_option_variants_decode_as_the_full_pass(arch, options):
         assert beta.max() > 1.99  # 2 sigmoid(.), up to 2
 
 
+def test_gated_deltanet_value_heads_by_hand():
+    """v_heads = 6 over n_heads = 2 key heads: q and k stay 2 heads wide, v, the gate, a, b and the state are 6."""
+    model = create_model("gated_deltanet", preset="tiny", options=dict(v_heads=6))
+    cfg, mixer = model.config, model.layers[0].mixer
+    d, Hk, H = cfg.d_model, cfg.n_heads, 6
+    K = 3 * d // (4 * Hk)
+    V = 2 * K
+    assert (mixer.k_heads, mixer.n_heads, mixer.k_dim, mixer.v_dim) == (Hk, H, K, V)
+    conv = 2 * Hk * K + H * V
+    params = d * (conv + H * V + 2 * H) + conv * 4 + V + H * V * d + 2 * H
+    assert sum(p.numel() for p in mixer.parameters()) == params
+    assert tuple(mixer.state_spec(3, 100, torch.float32)["delta"].shape) == (3, H, K, V)
+
+
 def test_gated_deltanet_widths():
     cfg = create_model("gated_deltanet", preset="tiny", options=dict(head_k_dim=8, expand_v=1.5)).config
     mixer = create_model("gated_deltanet", preset="tiny", options=dict(head_k_dim=8, expand_v=1.5)).layers[0].mixer
@@ -138,6 +160,8 @@ def test_gated_deltanet_widths():
     ("gated_deltanet", dict(head_k_dim=-2), r"^options.head_k_dim: must be >= 0"),
     ("gated_deltanet", dict(expand_v=0), r"^options.expand_v: must be > 0"),
     ("gated_deltanet", dict(head_k_dim=5, expand_v=1.5), r"^options.expand_v: head_k_dim x expand_v = 5 x 1.5 = 7.5"),
+    ("gated_deltanet", dict(v_heads=-1), r"^options.v_heads: must be >= 0"),
+    ("gated_deltanet", dict(v_heads=3), r"^options.v_heads: 3 value heads is not a multiple of n_heads=2"),
 ])
 def test_bad_options_are_refused(arch, options, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from linlm.conversion import fla_delta, fla_gla, fla_hgrn2, hf_llama, hf_mamba, hf_mamba2, mamba_ssm
+from linlm.conversion import fla_delta, fla_gla, fla_hgrn2, hf_llama, hf_mamba, hf_mamba2, hf_qwen3_next, mamba_ssm
 from linlm.conversion.layout import Layout
 
 LAYOUTS: dict[str, Layout] = {}
@@ -20,6 +20,7 @@ for _layout in fla_delta.LAYOUTS.values():
     register(_layout)
 register(hf_mamba2.LAYOUT)
 register(fla_gla.LAYOUT)
+register(hf_qwen3_next.LAYOUT)
 
 
 def layout_names() -> list[str]:

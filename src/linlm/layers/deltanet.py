@@ -67,16 +67,20 @@ def _doubling_levels(C: int):
 
 
 class DeltaRuleMixer(TokenMixer):
-    """What DeltaNet and Gated DeltaNet share: a fused projection whose first 2 H K + H V outputs are q, k, v (the
-    rest the subclass's own), one short conv + SiLU over q, k, v, the op, a per-head output norm and W_o. A
+    """What DeltaNet and Gated DeltaNet share: a fused projection whose first 2 Hk K + H V outputs are q, k, v
+    (the rest the subclass's own), one short conv + SiLU over q, k, v, the op, a per-head output norm and W_o. A
     subclass sets ``extra`` (the projection's further outputs) and defines ``gates(rest)`` -> (beta, log_a) and
-    ``finish(o, rest)`` -> the normed output."""
+    ``finish(o, rest)`` -> the normed output.
 
-    def __init__(self, cfg, n_heads: int, k_dim: int, v_dim: int, extra: int, conv: int):
+    H value heads (``n_heads``) may share Hk = ``k_heads`` heads of q and k (Hk dividing H): head h reads q and k
+    head h // (H / Hk), as fla's num_v_heads and Qwen3-Next's linear layers do. The op then runs on H heads."""
+
+    def __init__(self, cfg, n_heads: int, k_dim: int, v_dim: int, extra: int, conv: int, k_heads: int = 0):
         super().__init__(cfg, 0)
         d = cfg.d_model
         self.n_heads, self.k_dim, self.v_dim, self.chunk_size = n_heads, k_dim, v_dim, cfg.chunk_size
-        self.qkv_width = n_heads * (2 * k_dim + v_dim)
+        self.k_heads = k_heads or n_heads
+        self.qkv_width = 2 * self.k_heads * k_dim + n_heads * v_dim
         self.proj = nn.Linear(d, self.qkv_width + extra, bias=False)
         self.conv = ShortConv(self.qkv_width, conv, bias=False) if conv else None
         self.norm = RMSNorm(v_dim, cfg.norm_eps, weight=True)
@@ -84,16 +88,19 @@ class DeltaRuleMixer(TokenMixer):
 
     def forward(self, x, *, state=None, reset=None, offset=0, return_state=False, ctx=None):
         B, T, _ = x.shape
-        H, K, V = self.n_heads, self.k_dim, self.v_dim
+        H, Hk, K, V = self.n_heads, self.k_heads, self.k_dim, self.v_dim
         qkv, rest = self.proj(x).split([self.qkv_width, self.proj.out_features - self.qkv_width], dim=-1)
         conv_state = None
         if self.conv is not None:
             qkv, conv_state = self.conv(qkv, None if state is None else state["conv"], reset, silu=True)
         else:
             qkv = torch.nn.functional.silu(qkv)
-        q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+        q, k, v = qkv.split([Hk * K, Hk * K, H * V], dim=-1)
+        q, k = q.view(B, T, Hk, K), k.view(B, T, Hk, K)
+        if Hk != H:
+            q, k = q.repeat_interleave(H // Hk, dim=2), k.repeat_interleave(H // Hk, dim=2)
         beta, log_a = self.gates(rest)
-        o, s = run_delta_rule(q.view(B, T, H, K), k.view(B, T, H, K), v.reshape(B, T, H, V), beta, log_a,
+        o, s = run_delta_rule(q, k, v.reshape(B, T, H, V), beta, log_a,
                               state=None if state is None else state["delta"], reset=reset,
                               return_state=return_state, chunk_size=self.chunk_size, scale=K**-0.5)
         y = self.out(self.finish(o, rest).reshape(B, T, H * V))
@@ -102,7 +109,7 @@ class DeltaRuleMixer(TokenMixer):
         return y, ({"delta": s} if self.conv is None else {"conv": conv_state, "delta": s})
 
     def state_spec(self, batch: int, context: int, dtype: torch.dtype):
-        """{"conv": the conv's last inputs [B, kernel - 1, 2 H K + H V] (absent without a conv), "delta": the
+        """{"conv": the conv's last inputs [B, kernel - 1, 2 Hk K + H V] (absent without a conv), "delta": the
         delta-rule state [B, H, K, V] in float32 at least}: constant in the context."""
         spec = {"delta": meta(batch, self.n_heads, self.k_dim, self.v_dim, dtype=float32_at_least(dtype))}
         return spec if self.conv is None else {"conv": self.conv.state_spec(batch, dtype), **spec}

@@ -1,7 +1,9 @@
 """Gated DeltaNet's token mixer (arXiv 2412.06464): DeltaNet's layer (layers/deltanet.py) with Mamba-2's decay.
 
 For x of width d, H heads of key width K (options.head_k_dim; 0: 3/4 d / H, so that q and k take 3/4 d each, the
-paper's allocation) and value width V = expand_v K (2 by default: 3/2 d in all):
+paper's allocation) and value width V = expand_v K (2 by default: 3/2 d in all). With options.v_heads = Hv > H
+(fla's num_v_heads, Qwen3-Next's linear_num_value_heads) there are Hv value heads, each with its own gates, state
+and output gate, and value head h reads q and k head h // (Hv / H):
 
     (q, k, v, g, a, b) = x [W_q; W_k; W_v; W_g; W_a; W_b]
     (q, k, v) = silu(causal depthwise conv(q, k, v))                         kernel 4, no bias
@@ -38,8 +40,9 @@ def head_v_dim(cfg) -> int:
 
 class GatedDeltaNetMixer(DeltaRuleMixer):
     def __init__(self, cfg, layer_idx: int):
-        H, K, V = cfg.n_heads, head_k_dim(cfg), head_v_dim(cfg)
-        super().__init__(cfg, H, K, V, extra=H * V + 2 * H, conv=cfg.options.short_conv)
+        Hk, K, V = cfg.n_heads, head_k_dim(cfg), head_v_dim(cfg)
+        H = cfg.options.v_heads or Hk
+        super().__init__(cfg, H, K, V, extra=H * V + 2 * H, conv=cfg.options.short_conv, k_heads=Hk)
         self.beta_scale = 2.0 if cfg.options.neg_eigval else 1.0
         self.A_log = nn.Parameter(torch.empty(H).uniform_(*A_INIT).log())
         self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(H)))

@@ -26,6 +26,9 @@ class GatedDeltaNetOptions:
     short_conv: int = 4
     # beta = 2 sigmoid(.) in (0, 2) (fla: allow_neg_eigval, arXiv 2411.12537).
     neg_eigval: bool = False
+    # Value heads (fla: num_v_heads; Qwen3-Next: linear_num_value_heads), a multiple of n_heads, the q/k heads;
+    # 0: n_heads. Value head h reads q and k head h // (v_heads / n_heads).
+    v_heads: int = 0
 
     def validate(self) -> None:
         check_short_conv(self.short_conv)
@@ -34,9 +37,15 @@ class GatedDeltaNetOptions:
                                                      f"{self.head_k_dim}")
         if not self.expand_v > 0:
             raise config_error("options.expand_v", f"must be > 0, got {self.expand_v}")
+        if self.v_heads < 0:
+            raise config_error("options.v_heads", f"must be >= 0 (0: n_heads), got {self.v_heads}")
 
 
 def validate(cfg) -> None:
+    if cfg.options.v_heads % cfg.n_heads:
+        raise config_error("options.v_heads", f"{cfg.options.v_heads} value heads is not a multiple of n_heads="
+                                              f"{cfg.n_heads} (the q/k heads); choose a multiple, or 0",
+                           related=["n_heads"])
     v = head_k_dim(cfg) * cfg.options.expand_v
     if v < 1 or abs(v - round(v)) > 1e-9:
         raise config_error("options.expand_v", f"head_k_dim x expand_v = {head_k_dim(cfg)} x {cfg.options.expand_v} "

@@ -1,0 +1,119 @@
+"""The hf-qwen3-next layout: transformers' ``Qwen3NextForCausalLM`` (config.json model_type "qwen3_next") into
+linlm's gated_deltanet, where every layer is a linear-attention layer with a dense MLP.
+
+Qwen3-Next's linear layers are Gated DeltaNet with grouped values (arXiv 2412.06464; linlm's
+layers/gated_deltanet.py with ``v_heads``): Hk = linear_num_key_heads heads of q and k of width
+K = linear_key_head_dim, Hv = linear_num_value_heads value heads of width V = linear_value_head_dim (value head h
+reads q and k head h // (Hv / Hk)), a causal depthwise convolution of linear_conv_kernel_dim over q, k, v without a
+bias, SiLU, L2-normalised q and k with q scaled by K^-1/2, beta = sigmoid(b), log a = -exp(A_log) softplus(a +
+dt_bias), the per-head RMSNorm of the output then the SiLU gate z, and out_proj. Its tensors are laid out per key
+head:
+
+- ``in_proj_qkvz`` rows, for each key head: q (K), k (K), v (r V), z (r V), with r = Hv / Hk; linlm's fused
+  projection wants all of q, then k, v, the gate z, then a and b;
+- ``in_proj_ba`` rows, for each key head: b (r), a (r);
+- ``conv1d`` runs over [q; k; v] in linlm's order already.
+
+The blocks are x + mixer(RMSNorm(x)), x + MLP(RMSNorm(x)) with a SwiGLU MLP of intermediate_size. Qwen3-Next's
+RMSNorms (the blocks' and the final one) scale by (1 + w): conversion adds 1 to their weights. The gated output
+norm scales by w, as linlm's does.
+
+What does not convert, named in a CheckpointError: a layer_types entry other than "linear_attention" (Qwen3-Next's
+attention layers gate their output, normalise q and k and rotate part of each head, which linlm's hybrid attention
+layer does not compute), a sparse MoE block at any layer (num_experts > 0 where mlp_only_layers and
+decoder_sparse_step leave a layer sparse), and an activation other than SiLU. One way only: linlm writes no
+Qwen3-Next checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from linlm.conversion.layout import Layout, build, conv_weight, fill, glu_from_hf, refuse_model_type
+from linlm.conversion.source import Tensors
+from linlm.errors import CheckpointError
+from linlm.models.lm import CausalLM
+
+# transformers' Qwen3NextConfig defaults, for keys a config.json leaves out.
+DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
+                hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, linear_conv_kernel_dim=4,
+                linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                linear_num_value_heads=32, decoder_sparse_step=1, num_experts=512, mlp_only_layers=[],
+                full_attention_interval=4, layer_types=None)
+
+
+def _resolved(config: dict) -> dict:
+    c = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    n = int(c["num_hidden_layers"])
+    types = c["layer_types"]
+    if types is None:  # transformers' default pattern: full attention every full_attention_interval-th layer
+        k = int(c["full_attention_interval"])
+        types = ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
+    attention = [i for i, t in enumerate(types) if t != "linear_attention"]
+    if attention:
+        raise CheckpointError(f"layer_types: layers {attention} are {types[attention[0]]!r}; Qwen3-Next's attention "
+                              "layers gate their output, normalise q and k and rotate part of each head, which "
+                              "linlm's hybrid attention does not compute; only all-linear_attention stacks convert")
+    dense = set(c["mlp_only_layers"] or [])
+    sparse = [i for i in range(n) if i not in dense and int(c["num_experts"]) > 0
+              and (i + 1) % int(c["decoder_sparse_step"]) == 0]
+    if sparse:
+        raise CheckpointError(f"num_experts: {c['num_experts']} makes layers {sparse[:8]}"
+                              f"{' ...' if len(sparse) > 8 else ''} sparse mixtures of experts, which linlm's "
+                              "gated_deltanet does not compute; only dense MLPs convert (num_experts 0, or every "
+                              "layer in mlp_only_layers)")
+    if c["hidden_act"] not in ("silu", "swish"):
+        raise CheckpointError(f"hidden_act: {c['hidden_act']!r} is not supported; Qwen3-Next's MLP uses silu")
+    return c
+
+
+def qwen3_next_values(config: dict) -> dict:
+    """linlm's gated_deltanet config values of a Qwen3-Next config.json (refusing what does not convert)."""
+    c = _resolved(config)
+    hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+    k, v = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+    if hv % hk:
+        raise CheckpointError(f"linear_num_value_heads: {hv} is not a multiple of linear_num_key_heads={hk}")
+    return dict(arch="gated_deltanet", vocab_size=int(c["vocab_size"]), d_model=int(c["hidden_size"]),
+                n_layers=int(c["num_hidden_layers"]), n_heads=hk, glu_dim=int(c["intermediate_size"]),
+                norm_eps=float(c["rms_norm_eps"]), norm_type="rms", tie_embeddings=bool(c["tie_word_embeddings"]),
+                options=dict(head_k_dim=k, expand_v=v / k, short_conv=int(c["linear_conv_kernel_dim"]),
+                             neg_eigval=False, v_heads=hv))
+
+
+def _mixer(sd: Tensors, p: str, hk: int, r: int, k: int, v: int) -> torch.Tensor:
+    """linlm's fused projection [q; k; v; z; a; b] from Qwen3-Next's per-key-head in_proj_qkvz and in_proj_ba."""
+    qkvz = sd[p + "in_proj_qkvz.weight"]
+    d = qkvz.shape[-1]
+    q, kk, vv, z = qkvz.view(hk, 2 * k + 2 * r * v, d).split([k, k, r * v, r * v], dim=1)
+    b, a = sd[p + "in_proj_ba.weight"].view(hk, 2 * r, d).split([r, r], dim=1)
+    return torch.cat([t.reshape(-1, d) for t in (q, kk, vv, z, a, b)], dim=0)
+
+
+def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
+    refuse_model_type(config, "qwen3_next", LAYOUT.name)
+    cfg = build(qwen3_next_values(config), "config.json")
+    hk, k = cfg.n_heads, cfg.options.head_k_dim
+    hv = cfg.options.v_heads
+    v = int(round(k * cfg.options.expand_v))
+    ones = 1.0  # Qwen3-Next's RMSNorm scales by (1 + w)
+    ours = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"] + ones}
+    if not cfg.tie_embeddings:
+        ours["head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        a = p + "linear_attn."
+        ours.update({
+            o + "norm1.weight": sd[p + "input_layernorm.weight"] + ones,
+            o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + ones,
+            o + "mixer.proj.weight": _mixer(sd, a, hk, hv // hk, k, v),
+            o + "mixer.conv.weight": conv_weight(sd[a + "conv1d.weight"]),
+            o + "mixer.A_log": sd[a + "A_log"], o + "mixer.dt_bias": sd[a + "dt_bias"],
+            o + "mixer.norm.weight": sd[a + "norm.weight"], o + "mixer.out.weight": sd[a + "out_proj.weight"],
+            **glu_from_hf(sd, p, o)})
+    sd.check_used({"lm_head.weight"})
+    return fill(cfg, ours, sd.where)
+
+
+LAYOUT = Layout("hf-qwen3-next", "transformers' Qwen3NextForCausalLM (all layers linear attention, dense MLPs)",
+                "gated_deltanet", matches=lambda c: c.get("model_type") == "qwen3_next", to_linlm=_to_linlm)

@@ -1,0 +1,84 @@
+"""transformers' Qwen3NextForCausalLM (all layers linear attention, dense MLPs) -> linlm's gated_deltanet: the
+converted model's logits equal the source's (float32, 1e-5), decoding from linlm's state continues them, and
+settings linlm cannot compute are refused naming the field."""
+
+import json
+
+import pytest
+import torch
+
+import linlm
+from linlm.cli import main
+from linlm.errors import CheckpointError
+from output_asserts import one_line_error
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Qwen3NextForCausalLM"):
+    pytest.skip("this transformers has no Qwen3-Next", allow_module_level=True)
+
+LAYOUTS = {
+    # value heads grouped over key heads (Qwen3-Next's own allocation), V != K
+    "grouped_values": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                           linear_value_head_dim=12, num_experts=0),
+    # one value head a key head, a tied head, a shorter conv, MoE switched off layer by layer
+    "tied_dense_layers": dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
+                              linear_value_head_dim=16, linear_conv_kernel_dim=3, tie_word_embeddings=True,
+                              num_experts=4, mlp_only_layers=[0, 1, 2]),
+}
+
+
+def random_hf_qwen3_next(seed=0, vocab=97, layers=3, **layout):
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3NextConfig(**{**dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=2,
+        num_key_value_heads=1, rms_norm_eps=1e-6, layer_types=["linear_attention"] * layers), **layout})
+    hf = transformers.Qwen3NextForCausalLM(cfg).eval()
+    with torch.no_grad():  # random, asymmetric weights everywhere (the (1 + w) norms included); A_log kept
+        for name, p in hf.named_parameters():
+            if not name.endswith("A_log"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return hf
+
+
+def _ids(vocab=97, T=29):
+    return torch.randint(0, vocab, (2, T), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_hf_qwen3_next_converts_with_equal_logits(tmp_path, name):
+    hf = random_hf_qwen3_next(**LAYOUTS[name])
+    hf.save_pretrained(tmp_path / "hf")
+    linlm.convert(tmp_path / "hf", tmp_path / "ours")
+    ours = linlm.load(tmp_path / "ours").eval()
+    c = hf.config
+    assert ours.config.arch == "gated_deltanet" and ours.config.tie_embeddings == c.tie_word_embeddings
+    assert ours.config.n_heads == c.linear_num_key_heads and ours.config.options.v_heads == c.linear_num_value_heads
+    ids = _ids()
+    with torch.no_grad():
+        want = hf(ids, use_cache=False).logits  # (its cache needs an attention layer to build a mask)
+        torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-5)
+        logits, state = ours.prefill(ids[:, :20])  # decoding from linlm's state continues what transformers computes
+        for t in range(20, 28):
+            logits, state = ours.step(ids[:, t], state)
+        torch.testing.assert_close(logits, want[:, 27], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("layer_types", ["linear_attention", "full_attention", "linear_attention"],
+     "layer_types: layers [1] are 'full_attention'"),
+    ("num_experts", 4, "num_experts: 4 makes layers [0, 1, 2] sparse mixtures of experts"),
+    ("hidden_act", "gelu", "hidden_act: 'gelu' is not supported"),
+    ("linear_num_value_heads", 3, "linear_num_value_heads: 3 is not a multiple of linear_num_key_heads=2"),
+])
+def test_settings_linlm_cannot_compute_are_refused_naming_the_field(tmp_path, capsys, field, value, needle):
+    random_hf_qwen3_next(**LAYOUTS["grouped_values"]).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    config[field] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        linlm.convert(tmp_path / "hf", tmp_path / "ours")
+    assert not (tmp_path / "ours").exists()
+    capsys.readouterr()  # transformers' progress bars from save_pretrained
+    assert main(["convert", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 2
+    one_line_error(capsys.readouterr().err, field)
