@@ -10,6 +10,8 @@ from safetensors.torch import save_file
 import linlm
 from linlm.errors import CheckpointError
 
+from hf_random import perturbed, token_ids
+
 transformers = pytest.importorskip("transformers")
 
 from linlm.conversion.hf_llama import config_from_hf, from_hf_llama  # noqa: E402
@@ -26,16 +28,11 @@ def random_hf_mamba(seed=0, vocab=104, **layout):
     torch.manual_seed(seed)
     cfg = transformers.MambaConfig(**{**dict(vocab_size=vocab, hidden_size=32, state_size=8, num_hidden_layers=2,
                                              layer_norm_epsilon=1e-5), **layout})
-    hf = transformers.MambaForCausalLM(cfg).eval()
-    with torch.no_grad():  # random, asymmetric weights everywhere (norms, D, dt bias included); A_log kept
-        for name, p in hf.named_parameters():
-            if not name.endswith("A_log"):
-                p.add_(torch.randn_like(p) * 0.1)
-    return hf
+    return perturbed(transformers.MambaForCausalLM(cfg))
 
 
 def _ids(vocab, T=37):
-    return torch.randint(0, vocab, (2, T), generator=torch.Generator().manual_seed(5))
+    return token_ids(vocab, T)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
