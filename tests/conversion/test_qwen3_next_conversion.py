@@ -1,6 +1,6 @@
-"""transformers' Qwen3NextForCausalLM (all layers linear attention, dense MLPs) -> linlm's gated_deltanet: the
-converted model's logits equal the source's (float32, 1e-5), decoding from linlm's state continues them, and
-settings linlm cannot compute are refused naming the field."""
+"""transformers' Qwen3NextForCausalLM (dense MLPs) -> linlm's gated_deltanet, its full-attention layers a hybrid's
+attention layers: the converted model's logits equal the source's (float32, 1e-5), decoding from linlm's state
+continues them, and settings linlm cannot compute are refused naming the field."""
 
 import pytest
 import torch
@@ -20,6 +20,11 @@ LAYOUTS = {
     "tied_dense_layers": dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
                               linear_value_head_dim=16, linear_conv_kernel_dim=3, tie_word_embeddings=True,
                               num_experts=4, mlp_only_layers=[0, 1, 2]),
+    # Qwen3-Next's own pattern: gated attention (GQA, q/k norms, partial RoPE, heads wider than d / H) between
+    # linear layers
+    "hybrid": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                   num_experts=0, head_dim=24, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
 }
 
 
@@ -27,7 +32,7 @@ def random_hf_qwen3_next(seed=0, vocab=97, layers=3, **layout):
     torch.manual_seed(seed)
     cfg = transformers.Qwen3NextConfig(**{**dict(
         vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=2,
-        num_key_value_heads=1, rms_norm_eps=1e-6, layer_types=["linear_attention"] * layers), **layout})
+        num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6, layer_types=["linear_attention"] * layers), **layout})
     return perturbed(transformers.Qwen3NextForCausalLM(cfg))  # the (1 + w) norms away from 1 too
 
 
@@ -44,6 +49,7 @@ def test_hf_qwen3_next_converts_with_equal_logits(tmp_path, name):
     c = hf.config
     assert ours.config.arch == "gated_deltanet" and ours.config.tie_embeddings == c.tie_word_embeddings
     assert ours.config.n_heads == c.linear_num_key_heads and ours.config.options.v_heads == c.linear_num_value_heads
+    assert list(ours.config.attention_layers) == [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
     ids = _ids()
     with torch.no_grad():
         want = hf(ids, use_cache=False).logits  # (its cache needs an attention layer to build a mask)
@@ -55,12 +61,16 @@ def test_hf_qwen3_next_converts_with_equal_logits(tmp_path, name):
 
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("layer_types", ["linear_attention", "full_attention", "linear_attention"],
-     "layer_types: layers [1] are 'full_attention'"),
+    ("layer_types", ["linear_attention", "sliding_attention", "linear_attention"],
+     "layer_types: layers [1] are 'sliding_attention'"),
+    ("attention_bias", True, "attention_bias: Qwen3-Next attention with biases is not supported"),
+    ("num_attention_heads", 4, "num_attention_heads: 4 attention heads against linear_num_key_heads=2"),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
+     "rope_parameters: rope_type 'yarn' rescales RoPE"),
     ("num_experts", 4, "num_experts: 4 makes layers [0, 1, 2] sparse mixtures of experts"),
     ("hidden_act", "gelu", "hidden_act: 'gelu' is not supported"),
     ("linear_num_value_heads", 3, "linear_num_value_heads: 3 is not a multiple of linear_num_key_heads=2"),
 ])
 def test_settings_linlm_cannot_compute_are_refused_naming_the_field(tmp_path, capsys, field, value, needle):
-    random_hf_qwen3_next(**LAYOUTS["grouped_values"]).save_pretrained(tmp_path / "hf")
+    random_hf_qwen3_next(**LAYOUTS["hybrid"]).save_pretrained(tmp_path / "hf")
     assert_refused(tmp_path / "hf", tmp_path, capsys, field, value, needle)

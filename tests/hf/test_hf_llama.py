@@ -37,6 +37,8 @@ LAYOUTS = {
     "llama2_full_untied": dict(n_kv_heads=0, tie_embeddings=False),
     "llama3_gqa_untied_scaled": dict(n_kv_heads=2, tie_embeddings=False, rope_scaling="llama3", rope_factor=8.0,
                                      rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=64),
+    # heads wider than d_model / n_heads (transformers' head_dim; Qwen3's and Gemma's checkpoints)
+    "wide_heads_gqa_untied": dict(n_kv_heads=2, tie_embeddings=False, options={"head_dim": 24}),
 }
 
 
@@ -118,3 +120,13 @@ def test_layernorm_llama_is_refused():
     ours = create_model("llama", preset="tiny", norm_type="layer")
     with pytest.raises(ConfigError, match="norm_type"):
         to_hf_llama(ours)
+
+
+@pytest.mark.parametrize("option, value", [("qk_norm", True), ("output_gate", True), ("rope_fraction", 0.5)])
+def test_attention_variants_llama_lacks_do_not_convert_to_it(option, value):
+    from linlm.errors import ConfigError
+
+    ours = create_model("llama", preset="tiny", options={option: value})
+    with pytest.raises(ConfigError, match=rf"^options.{option}: LlamaForCausalLM has no such variant"):
+        to_hf_llama(ours)
+

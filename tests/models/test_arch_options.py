@@ -98,7 +98,7 @@ def test_errors_name_the_key_as_it_was_spelled(monkeypatch):
     with pytest.raises(ConfigError, match=r"^cosformer2_gate_before_norm: expected true or false, got 1$"):
         ModelConfig.from_dict({"arch": "llama", "cosformer2_gate_before_norm": 1})
     assert ModelConfig.from_dict({"arch": "llama", "tnl_slopes": "linear"}).options == LlamaOptions()
-    with pytest.raises(ConfigError, match=r"^options.slopes: unknown key 'slopes'; valid keys here are: 'n_kv_heads'"):
+    with pytest.raises(ConfigError, match=r"^options.slopes: unknown key 'slopes'; valid keys here are: 'head_dim', 'n_kv_heads'"):
         ModelConfig.from_dict({"arch": "llama", "options": {"slopes": "pow2"}})
     # An architecture without options of its own says so.
     monkeypatch.setitem(ARCHITECTURES, "plain", ArchSpec("plain", TNLMixer, None, "rms", "no options"))

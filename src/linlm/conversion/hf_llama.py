@@ -3,9 +3,9 @@
 linlm fuses q/k/v into one projection and gate/up into another; both use the same half-split RoPE,
 so conversion is a re-arrangement of tensors with no numerical change. The layouts of real Llama-family checkpoints
 convert: grouped-query attention (``num_key_value_heads`` -> ``n_kv_heads``), an untied ``lm_head``
-(``tie_word_embeddings=False`` -> ``tie_embeddings=False``) and Llama 3.1's "llama3" RoPE scaling. Other RoPE
-scalings, biases, a head_dim other than hidden_size / num_attention_heads, and activations other than SiLU are
-refused with a CheckpointError naming the field.
+(``tie_word_embeddings=False`` -> ``tie_embeddings=False``), Llama 3.1's "llama3" RoPE scaling and a head_dim other
+than hidden_size / num_attention_heads (``options.head_dim``). Other RoPE scalings, biases and activations other
+than SiLU are refused with a CheckpointError naming the field.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def hf_config_from(cfg: ModelConfig):
         raise ConfigError(f"norm_type: LlamaForCausalLM uses RMSNorm, got norm_type={cfg.norm_type!r}; only "
                           f"norm_type 'auto' or 'rms' converts")
     o = cfg.options
+    for name, plain in (("qk_norm", False), ("output_gate", False), ("rope_fraction", 1.0)):
+        if getattr(o, name) != plain:
+            raise ConfigError(f"options.{name}: LlamaForCausalLM has no such variant (only {name}={plain!r} "
+                              f"converts), got {getattr(o, name)!r}")
     rope = {"rope_type": "default", "rope_theta": o.rope_theta}
     if o.rope_scaling == "llama3":
         rope.update(rope_type="llama3", factor=o.rope_factor, low_freq_factor=o.rope_low_freq_factor,
@@ -62,7 +66,7 @@ def hf_config_from(cfg: ModelConfig):
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.glu_hidden,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
-        attention_bias=False, mlp_bias=False, hidden_act="silu", head_dim=cfg.head_dim,
+        attention_bias=False, mlp_bias=False, hidden_act="silu", head_dim=o.head_dim or cfg.head_dim,
     )
     try:
         return LlamaConfig(**kwargs, rope_parameters=rope)
@@ -79,11 +83,7 @@ def config_from_hf(hf_config) -> ModelConfig:
         raise CheckpointError(f"hidden_act: {hf_config.hidden_act!r} is not supported; linlm's LLaMA uses silu")
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None)
-    if head_dim is not None and head_dim * heads != hf_config.hidden_size:
-        raise CheckpointError(
-            f"head_dim: {head_dim} x num_attention_heads={heads} != hidden_size={hf_config.hidden_size}; "
-            "linlm's LLaMA needs head_dim = hidden_size / num_attention_heads"
-        )
+    own_width = head_dim is not None and head_dim * heads != hf_config.hidden_size
     kv = getattr(hf_config, "num_key_value_heads", None) or heads
     try:
         return ModelConfig.from_dict(dict(
@@ -92,7 +92,8 @@ def config_from_hf(hf_config) -> ModelConfig:
             tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
             glu_dim=hf_config.intermediate_size, max_seq_len=hf_config.max_position_embeddings,
             norm_eps=hf_config.rms_norm_eps,
-            options={"n_kv_heads": 0 if kv == heads else kv, **_rope_fields(hf_config)},
+            options={"n_kv_heads": 0 if kv == heads else kv, "head_dim": head_dim if own_width else 0,
+                     **_rope_fields(hf_config)},
         ))
     except ConfigError as e:
         raise CheckpointError(f"this Llama config does not fit linlm's LLaMA: {e}") from None
@@ -108,7 +109,8 @@ def to_hf_llama(model: CausalLM):
     sd = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight}
     if model.head is not None:
         sd["lm_head.weight"] = model.head.weight
-    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    head_dim = cfg.options.head_dim or cfg.head_dim
+    q_rows, kv_rows = cfg.n_heads * head_dim, cfg.kv_heads * head_dim
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         q, k, v = layer.mixer.qkv.weight.split([q_rows, kv_rows, kv_rows], dim=0)

@@ -1,5 +1,6 @@
 """The hf-qwen3-next layout: transformers' ``Qwen3NextForCausalLM`` (config.json model_type "qwen3_next") into
-linlm's gated_deltanet, where every layer is a linear-attention layer with a dense MLP.
+linlm's gated_deltanet, with its full-attention layers as a hybrid stack's attention layers, where every MLP is
+dense.
 
 Qwen3-Next's linear layers are Gated DeltaNet with grouped values (arXiv 2412.06464; linlm's
 layers/gated_deltanet.py with ``v_heads``): Hk = linear_num_key_heads heads of q and k of width
@@ -14,14 +15,19 @@ head:
 - ``in_proj_ba`` rows, for each key head: b (r), a (r);
 - ``conv1d`` runs over [q; k; v] in linlm's order already.
 
-The blocks are x + mixer(RMSNorm(x)), x + MLP(RMSNorm(x)) with a SwiGLU MLP of intermediate_size. Qwen3-Next's
-RMSNorms (the blocks' and the final one) scale by (1 + w): conversion adds 1 to their weights. The gated output
-norm scales by w, as linlm's does.
+The "full_attention" layers (``layer_types``) become the hybrid's ``attn_layers`` with ``attn_options``: grouped
+KV heads (num_key_value_heads), head_dim, an RMSNorm over each head of q and k before RoPE, a sigmoid gate on each
+head's output, and RoPE (rope_theta) on the first partial_rotary_factor of each head's channels. ``q_proj``'s rows
+hold each head's query and gate in turn; linlm's fused projection wants all queries, then all gates, then k and v.
 
-What does not convert, named in a CheckpointError: a layer_types entry other than "linear_attention" (Qwen3-Next's
-attention layers gate their output, normalise q and k and rotate part of each head, which linlm's hybrid attention
-layer does not compute), a sparse MoE block at any layer (num_experts > 0 where mlp_only_layers and
-decoder_sparse_step leave a layer sparse), and an activation other than SiLU. One way only: linlm writes no
+The blocks are x + mixer(RMSNorm(x)), x + MLP(RMSNorm(x)) with a SwiGLU MLP of intermediate_size. Qwen3-Next's
+RMSNorms (the blocks', the final one, and the attention's q and k norms) scale by (1 + w): conversion adds 1 to
+their weights. The gated output norm of the linear layers scales by w, as linlm's does.
+
+What does not convert, named in a CheckpointError: a layer type other than linear and full attention, a sparse
+MoE block at any layer (num_experts > 0 where mlp_only_layers and decoder_sparse_step leave a layer sparse), an
+activation other than SiLU, attention biases, RoPE scaling (a rope_type other than "default"), and a number of
+attention heads other than linear_num_key_heads (linlm's n_heads is both). One way only: linlm writes no
 Qwen3-Next checkpoints.
 """
 
@@ -39,7 +45,9 @@ DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num
                 hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, linear_conv_kernel_dim=4,
                 linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
                 linear_num_value_heads=32, decoder_sparse_step=1, num_experts=512, mlp_only_layers=[],
-                full_attention_interval=4, layer_types=None)
+                full_attention_interval=4, layer_types=None, num_attention_heads=16, num_key_value_heads=2,
+                head_dim=256, attention_bias=False, rope_theta=10000.0, partial_rotary_factor=0.25,
+                rope_parameters=None, max_position_embeddings=32768)
 
 
 def _resolved(config: dict) -> dict:
@@ -49,11 +57,11 @@ def _resolved(config: dict) -> dict:
     if types is None:  # transformers' default pattern: full attention every full_attention_interval-th layer
         k = int(c["full_attention_interval"])
         types = ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
-    attention = [i for i, t in enumerate(types) if t != "linear_attention"]
-    if attention:
-        raise CheckpointError(f"layer_types: layers {attention} are {types[attention[0]]!r}; Qwen3-Next's attention "
-                              "layers gate their output, normalise q and k and rotate part of each head, which "
-                              "linlm's hybrid attention does not compute; only all-linear_attention stacks convert")
+    other = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
+    if other:
+        raise CheckpointError(f"layer_types: layers {other} are {types[other[0]]!r}; linlm converts "
+                              "'linear_attention' and 'full_attention' layers")
+    c["attention_layers"] = [i for i, t in enumerate(types) if t == "full_attention"]
     dense = set(c["mlp_only_layers"] or [])
     sparse = [i for i in range(n) if i not in dense and int(c["num_experts"]) > 0
               and (i + 1) % int(c["decoder_sparse_step"]) == 0]
@@ -67,6 +75,24 @@ def _resolved(config: dict) -> dict:
     return c
 
 
+def _attention_options(c: dict, n_heads: int) -> dict:
+    """linlm's attn_options for Qwen3-Next's full-attention layers (refusing what does not convert)."""
+    if c["attention_bias"]:
+        raise CheckpointError("attention_bias: Qwen3-Next attention with biases is not supported")
+    if int(c["num_attention_heads"]) != n_heads:
+        raise CheckpointError(f"num_attention_heads: {c['num_attention_heads']} attention heads against "
+                              f"linear_num_key_heads={n_heads}; linlm's hybrid uses one head count for both")
+    rope = {"rope_type": "default", "rope_theta": c["rope_theta"], "partial_rotary_factor": c["partial_rotary_factor"],
+            **(c["rope_parameters"] or {})}
+    if rope.get("rope_type", "default") != "default":
+        raise CheckpointError(f"rope_parameters: rope_type {rope['rope_type']!r} rescales RoPE, which linlm's "
+                              "Qwen3-Next conversion does not; only 'default' converts")
+    head_dim = int(c["head_dim"])
+    rotary = int(head_dim * float(rope.get("partial_rotary_factor") or 1.0))  # transformers rounds down
+    return dict(n_kv_heads=int(c["num_key_value_heads"]), head_dim=head_dim, qk_norm=True, output_gate=True,
+                rope_fraction=rotary / head_dim, rope_theta=float(rope["rope_theta"]))
+
+
 def qwen3_next_values(config: dict) -> dict:
     """linlm's gated_deltanet config values of a Qwen3-Next config.json (refusing what does not convert)."""
     c = _resolved(config)
@@ -74,11 +100,14 @@ def qwen3_next_values(config: dict) -> dict:
     k, v = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
     if hv % hk:
         raise CheckpointError(f"linear_num_value_heads: {hv} is not a multiple of linear_num_key_heads={hk}")
-    return dict(arch="gated_deltanet", vocab_size=int(c["vocab_size"]), d_model=int(c["hidden_size"]),
-                n_layers=int(c["num_hidden_layers"]), n_heads=hk, glu_dim=int(c["intermediate_size"]),
-                norm_eps=float(c["rms_norm_eps"]), norm_type="rms", tie_embeddings=bool(c["tie_word_embeddings"]),
-                options=dict(head_k_dim=k, expand_v=v / k, short_conv=int(c["linear_conv_kernel_dim"]),
-                             neg_eigval=False, v_heads=hv))
+    values = dict(arch="gated_deltanet", vocab_size=int(c["vocab_size"]), d_model=int(c["hidden_size"]),
+                  n_layers=int(c["num_hidden_layers"]), n_heads=hk, glu_dim=int(c["intermediate_size"]),
+                  norm_eps=float(c["rms_norm_eps"]), norm_type="rms", tie_embeddings=bool(c["tie_word_embeddings"]),
+                  max_seq_len=int(c["max_position_embeddings"]), options=dict(head_k_dim=k, expand_v=v / k, short_conv=int(c["linear_conv_kernel_dim"]),
+                               neg_eigval=False, v_heads=hv))
+    if c["attention_layers"]:
+        values.update(attn_layers=c["attention_layers"], attn_options=_attention_options(c, hk))
+    return values
 
 
 def _mixer(sd: Tensors, p: str, hk: int, r: int, k: int, v: int) -> torch.Tensor:
@@ -102,18 +131,28 @@ def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
         ours["head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.n_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
+        ours.update({o + "norm1.weight": sd[p + "input_layernorm.weight"] + ones,
+                     o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + ones, **glu_from_hf(sd, p, o)})
+        if i in cfg.attention_layers:
+            a = p + "self_attn."
+            heads, dh = cfg.n_heads, cfg.attn_options.head_dim
+            q, gate = sd[a + "q_proj.weight"].view(heads, 2 * dh, -1).split([dh, dh], dim=1)
+            ours.update({
+                o + "mixer.qkv.weight": torch.cat([q.reshape(heads * dh, -1), gate.reshape(heads * dh, -1),
+                                                   sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]], dim=0),
+                o + "mixer.q_norm.weight": sd[a + "q_norm.weight"] + ones,
+                o + "mixer.k_norm.weight": sd[a + "k_norm.weight"] + ones,
+                o + "mixer.out.weight": sd[a + "o_proj.weight"]})
+            continue
         a = p + "linear_attn."
         ours.update({
-            o + "norm1.weight": sd[p + "input_layernorm.weight"] + ones,
-            o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + ones,
             o + "mixer.proj.weight": _mixer(sd, a, hk, hv // hk, k, v),
             o + "mixer.conv.weight": conv_weight(sd[a + "conv1d.weight"]),
             o + "mixer.A_log": sd[a + "A_log"], o + "mixer.dt_bias": sd[a + "dt_bias"],
-            o + "mixer.norm.weight": sd[a + "norm.weight"], o + "mixer.out.weight": sd[a + "out_proj.weight"],
-            **glu_from_hf(sd, p, o)})
+            o + "mixer.norm.weight": sd[a + "norm.weight"], o + "mixer.out.weight": sd[a + "out_proj.weight"]})
     sd.check_used({"lm_head.weight"})
     return fill(cfg, ours, sd.where)
 
 
-LAYOUT = Layout("hf-qwen3-next", "transformers' Qwen3NextForCausalLM (all layers linear attention, dense MLPs)",
+LAYOUT = Layout("hf-qwen3-next", "transformers' Qwen3NextForCausalLM (dense MLPs)",
                 "gated_deltanet", matches=lambda c: c.get("model_type") == "qwen3_next", to_linlm=_to_linlm)

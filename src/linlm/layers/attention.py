@@ -6,6 +6,13 @@ rope_theta, n_kv_heads, the RoPE scaling): an architecture with attention layers
 Grouped-query attention (``options.n_kv_heads`` < ``cfg.n_heads``): the KV projection and the cache have n_kv_heads
 heads, and query head h reads key/value head h // (n_heads / n_kv_heads), transformers' grouping. The fused
 projection's rows are [W_q (n_heads * Dh); W_k (n_kv_heads * Dh); W_v (n_kv_heads * Dh)].
+
+The later variants, each off by default (Qwen3-Next's attention layers use all four): ``options.head_dim`` sets Dh
+apart from d_model / n_heads (the output projection then maps n_heads * Dh back to d_model); ``qk_norm`` applies an
+RMSNorm with a weight (``q_norm``, ``k_norm``) over each head of q and k before RoPE; ``output_gate`` multiplies
+each head's output by sigmoid(x W_gate), W_gate's rows sitting after W_q's in the fused projection; and
+``rope_fraction`` < 1 turns only the first Dh * rope_fraction channels of each head (their frequencies
+theta^(-2i / that width)), leaving the rest as they are.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from torch import nn
 
 from linlm.errors import ShapeError
 from linlm.layers.mixer import TokenMixer, meta
+from linlm.layers.norm import RMSNorm
 from linlm.ops.fused import rope_angles, rope_qkv, rope_reference
 
 
@@ -33,7 +41,12 @@ def document_mask(reset: torch.Tensor) -> torch.Tensor:
 ROPE_SCALINGS = ("none", "llama3")
 
 
-def rope_inv_freq(cfg) -> torch.Tensor | None:
+def rotary_dims(head_dim: int, fraction: float) -> int:
+    """The channels of a head that RoPE turns: the first ``fraction`` of ``head_dim``."""
+    return int(round(head_dim * fraction))
+
+
+def rope_inv_freq(cfg, D: int) -> torch.Tensor | None:
     """RoPE's inverse frequencies [head_dim / 2] when cfg rescales them (Llama 3.1's "llama3" scaling); None for plain
     RoPE (then ops.fused.rope_angles computes theta^(-2i/D) itself).
 
@@ -43,7 +56,6 @@ def rope_inv_freq(cfg) -> torch.Tensor | None:
     o = cfg.options
     if o.rope_scaling == "none":
         return None
-    D = cfg.head_dim
     inv = 1.0 / (o.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device="cpu") / D))
     L, lo, hi, factor = o.rope_original_max_len, o.rope_low_freq_factor, o.rope_high_freq_factor, o.rope_factor
     wavelen = 2 * math.pi / inv
@@ -105,28 +117,53 @@ def append_kv(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 class Attention(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
         super().__init__(cfg, layer_idx)
+        o = cfg.options
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
-        self.head_dim = cfg.head_dim
-        self.rope_theta = cfg.options.rope_theta
-        d = cfg.d_model
-        self.qkv = nn.Linear(d, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
-        self.out = nn.Linear(d, d, bias=False)
+        self.head_dim = o.head_dim or cfg.head_dim
+        self.rotary = rotary_dims(self.head_dim, o.rope_fraction)
+        self.rope_theta = o.rope_theta
+        self.gated = o.output_gate
+        d, H = cfg.d_model, self.n_heads
+        self.q_rows = (2 if self.gated else 1) * H * self.head_dim
+        self.qkv = nn.Linear(d, self.q_rows + 2 * self.n_kv_heads * self.head_dim, bias=False)
+        self.out = nn.Linear(H * self.head_dim, d, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps, weight=True) if o.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps, weight=True) if o.qk_norm else None
+        self.plain = not (self.gated or o.qk_norm or self.rotary < self.head_dim)
         # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
-        self.inv_freq = rope_inv_freq(cfg)
+        self.inv_freq = rope_inv_freq(cfg, self.rotary)
         self._rope_table = None  # (device, dtype, cos, sin) of positions 0 .. n - 1: see _angles
 
     def _project(self, x, offset):
-        """q [B, H, T, Dh], k and v [B, Hkv, T, Dh], with RoPE applied to q and k."""
+        """q [B, H, T, Dh], k and v [B, Hkv, T, Dh], with RoPE applied to q and k, and the output gate's
+        pre-activation [B, T, H * Dh] (None without one)."""
         B, T, _ = x.shape
         H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv(x)
         cos, sin = self._angles(offset, T, x.device, qkv.dtype)
-        if Hkv == H:
-            return rope_qkv(qkv.view(B, T, 3, H, Dh), cos, sin).unbind(0)
-        q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
-        q = rope_reference(q.view(B, T, H, Dh).transpose(1, 2), cos, sin)
-        k = rope_reference(k.view(B, T, Hkv, Dh).transpose(1, 2), cos, sin)
-        return q, k, v.view(B, T, Hkv, Dh).transpose(1, 2)
+        if Hkv == H and self.plain:
+            return (*rope_qkv(qkv.view(B, T, 3, H, Dh), cos, sin).unbind(0), None)
+        q, k, v = qkv.split([self.q_rows, Hkv * Dh, Hkv * Dh], dim=-1)
+        gate = None
+        if self.gated:
+            q, gate = q.split([H * Dh, H * Dh], dim=-1)
+        q, k = q.view(B, T, H, Dh), k.view(B, T, Hkv, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self._rope(q.transpose(1, 2), cos, sin), self._rope(k.transpose(1, 2), cos, sin)
+        return q, k, v.view(B, T, Hkv, Dh).transpose(1, 2), gate
+
+    def _rope(self, x, cos, sin):
+        """RoPE on the first ``rotary`` channels of each head of x [B, heads, T, Dh]."""
+        if self.rotary == self.head_dim:
+            return rope_reference(x, cos, sin)
+        return torch.cat([rope_reference(x[..., :self.rotary], cos, sin), x[..., self.rotary:]], dim=-1)
+
+    def _output(self, o, gate):
+        """The output projection of o [B, H, T, Dh], each head's output gated first where the layer has a gate."""
+        B, _, T, _ = o.shape
+        o = o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.out(o if gate is None else o * torch.sigmoid(gate))
 
     def _angles(self, offset, T: int, device, dtype):
         """cos and sin of positions offset .. offset + T - 1. Outside tracing, slices of a table of positions from 0
@@ -135,7 +172,7 @@ class Attention(TokenMixer):
         rope_angles computes for each position, bit for bit (the same element-wise float32 operations)."""
         def angles(positions):
             inv_freq = None if self.inv_freq is None else self.inv_freq.to(device)
-            return rope_angles(positions, self.head_dim, self.rope_theta, dtype, inv_freq=inv_freq)
+            return rope_angles(positions, self.rotary, self.rope_theta, dtype, inv_freq=inv_freq)
 
         if (not isinstance(offset, int) or torch.compiler.is_compiling() or torch.compiler.is_exporting()
                 or torch.jit.is_tracing()):
@@ -152,7 +189,7 @@ class Attention(TokenMixer):
         continues each row's last document, as the linear models' states do)."""
         B, T, d = x.shape
         groups = self.n_heads // self.n_kv_heads
-        q, k, v = self._project(x, offset)
+        q, k, v, gate = self._project(x, offset)
         key_valid = None
         if state is not None:
             k = append_kv(state[0], k)
@@ -176,7 +213,7 @@ class Attention(TokenMixer):
             if key_valid is not None:
                 mask = mask & key_valid[:, None, None, :]
             o = sdpa(q, k, v, groups, attn_mask=mask)
-        y = self.out(o.transpose(1, 2).reshape(B, T, d))
+        y = self._output(o, gate)
         if not return_state:
             return y, None
         return y, ((k, v) if key_valid is None else (k, v, key_valid))

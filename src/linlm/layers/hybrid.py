@@ -40,7 +40,7 @@ class HybridAttention(Attention):
         if self.window is None:
             return super().forward(x, state=state, reset=reset, offset=offset, return_state=return_state)
         B, T, d = x.shape
-        q, k, v = self._project(x, offset)
+        q, k, v, gate = self._project(x, offset)
         cached, key_valid = 0, None
         if state is not None:
             cached = state[0].shape[2]
@@ -62,7 +62,7 @@ class HybridAttention(Attention):
         elif key_valid is not None:
             mask = mask & key_valid[:, None, None, :]
         o = sdpa(q, k, v, self.n_heads // self.n_kv_heads, attn_mask=mask)
-        y = self.out(o.transpose(1, 2).reshape(B, T, d))
+        y = self._output(o, gate)
         if not return_state:
             return y, None
         keep = min(S, self.window - 1)

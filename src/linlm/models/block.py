@@ -15,9 +15,9 @@ from linlm.layers.norm import make_norm
 
 
 def attention_config(cfg):
-    """The config a hybrid's attention layer is built from: cfg's shape with LLaMA's attention options at their
-    defaults (RoPE base 10000, as many KV heads as heads)."""
-    return dataclasses.replace(cfg, arch="llama", options=None)
+    """The config a hybrid's attention layer is built from: cfg's shape with ``cfg.attn_options`` as LLaMA's
+    options (None: their defaults, RoPE base 10000 and as many KV heads as heads)."""
+    return dataclasses.replace(cfg, arch="llama", options=cfg.attn_options)
 
 
 class Block(nn.Module):

@@ -61,6 +61,9 @@ class ModelConfig:
     # Sliding window of those attention layers: each token attends to itself and the window - 1 tokens before it,
     # and the decoding cache holds window - 1 positions. None: full causal attention.
     attn_window: Optional[int] = None
+    # The options of those attention layers: LLaMA's (models/archs/llama.py, LlamaOptions: KV heads, RoPE, head
+    # width, q/k norms, output gate, partial RoPE), a mapping of some of them; None: LLaMA's defaults.
+    attn_options: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.arch, str) and self.arch in ARCHITECTURES:
@@ -168,6 +171,11 @@ class ModelConfig:
         if self.attn_window is not None and not self.attention_layers:
             raise config_error("attn_window", "is set but the model has no attention layers (attn_layers or "
                                               "attn_every); set them or drop the window")
+        if self.attn_options is not None:
+            if not self.attention_layers:
+                raise config_error("attn_options", "is set but the model has no attention layers (attn_layers or "
+                                                   "attn_every); set them or drop the options")
+            self.attn_options = _attention_options(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -194,6 +202,24 @@ class ModelConfig:
         elif isinstance(overrides["options"], Mapping) and data.get("arch") == self.arch:
             data["options"] = {**self.to_dict()["options"], **overrides["options"]}
         return ModelConfig.from_dict(data)
+
+
+def _attention_options(cfg: ModelConfig) -> Any:
+    """``cfg.attn_options`` read as LLaMA's options and checked as an attention layer of cfg's shape would be; an
+    error names ``attn_options.KEY``."""
+    value = cfg.attn_options
+    if isinstance(value, Mapping) or value is None:
+        value = from_dict(ARCHITECTURES["llama"].options, value or {}, prefix="attn_options.")
+    shape = dataclasses.replace(cfg, arch="llama", options=value, attn_options=None, attn_layers=[], attn_every=0,
+                                attn_window=None)
+    try:
+        shape.validate()
+    except ConfigError as e:
+        key = getattr(e, "key", None) or ""
+        if not key.startswith("options."):
+            raise
+        raise config_error("attn_" + key, e.detail) from None
+    return shape.options
 
 
 def read_options(arch: str, value: Any) -> Any:

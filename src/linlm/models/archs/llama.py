@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from linlm.errors import ConfigError, choices_text
-from linlm.layers.attention import ROPE_SCALINGS, Attention
+from linlm.layers.attention import ROPE_SCALINGS, Attention, rotary_dims
 from linlm.models.archs.base import BASELINE, ArchSpec, own_names, paper_base_flops, swiglu
 from linlm.schema import config_error
 
@@ -33,10 +33,23 @@ class LlamaOptions:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_len: int = 8192
+    # Variants of the attention layer that later checkpoints use (Qwen3-Next's attention uses all four; each is
+    # off by default, LLaMA's own layer): the width of each head (0: d_model / n_heads), an RMSNorm with a weight
+    # over each head of q and k before RoPE, a sigmoid gate on each head's output computed from x (the q
+    # projection's second half), and RoPE on the first rope_fraction of each head's channels only.
+    head_dim: int = 0
+    qk_norm: bool = False
+    output_gate: bool = False
+    rope_fraction: float = 1.0
 
     def validate(self) -> None:
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise config_error("options.rope_theta", f"must be a positive finite number, got {self.rope_theta}")
+        if self.head_dim < 0:
+            raise config_error("options.head_dim", f"must be >= 0 (0: d_model / n_heads), got {self.head_dim}")
+        if not (math.isfinite(self.rope_fraction) and 0 < self.rope_fraction <= 1):
+            raise config_error("options.rope_fraction", f"must be in (0, 1] (the share of each head's channels "
+                                                        f"RoPE turns), got {self.rope_fraction}")
         if self.rope_scaling not in ROPE_SCALINGS:
             raise config_error("options.rope_scaling", f"unknown scaling {self.rope_scaling!r}; valid choices are "
                                                        f"{choices_text(ROPE_SCALINGS)}")
@@ -54,10 +67,16 @@ class LlamaOptions:
 
 
 def validate(cfg) -> None:
-    if cfg.head_dim % 2:
+    o = cfg.options
+    if o.head_dim == 0 and cfg.head_dim % 2:
         raise ConfigError(
             f"d_model / n_heads = {cfg.head_dim} must be even for rotary embeddings; change d_model or n_heads"
         )
+    rot = rotary_dims(o.head_dim or cfg.head_dim, o.rope_fraction)
+    if rot < 2 or rot % 2:
+        raise config_error("options.rope_fraction", f"turns {rot} of each head's {o.head_dim or cfg.head_dim} "
+                                                    "channels; RoPE needs an even number of at least 2",
+                           related=("options.head_dim",))
     n_kv = cfg.options.n_kv_heads
     if n_kv < 0 or cfg.n_heads % cfg.kv_heads:
         raise config_error("options.n_kv_heads", f"{n_kv} must divide n_heads={cfg.n_heads} (0 means n_heads); "
@@ -65,8 +84,13 @@ def validate(cfg) -> None:
                            related=("n_heads",))
 
 
+# The earlier flat spellings (n_kv_heads=2, ...); the later options are read under ``options`` only (a flat
+# ``head_dim`` would be taken for Mamba-2's option of that name).
+FLAT = {k: v for k, v in own_names(LlamaOptions).items()
+        if k not in ("head_dim", "qk_norm", "output_gate", "rope_fraction")}
+
 SPEC = ArchSpec("llama", Attention, swiglu, "rms", "LLaMA: softmax attention with RoPE, SwiGLU, RMSNorm",
                 family=BASELINE, paper="arXiv 2302.13971", color="tab:blue", scaling_study=True,
                 paper_flops=paper_flops, constant_state=False, position_limit=True, extra_validate=validate,
-                options=LlamaOptions, flat_options=own_names(LlamaOptions),
+                options=LlamaOptions, flat_options=FLAT,
                 only_here={"n_kv_heads": "grouped-query attention"})
