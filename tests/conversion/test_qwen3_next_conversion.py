@@ -74,3 +74,53 @@ def test_hf_qwen3_next_converts_with_equal_logits(tmp_path, name):
 def test_settings_linlm_cannot_compute_are_refused_naming_the_field(tmp_path, capsys, field, value, needle):
     random_hf_qwen3_next(**LAYOUTS["hybrid"]).save_pretrained(tmp_path / "hf")
     assert_refused(tmp_path / "hf", tmp_path, capsys, field, value, needle)
+
+
+# Qwen3.5: the same layers with separate linear-layer projections, a multimodal RoPE (plain for text), and its
+# language model also inside Qwen3_5ForConditionalGeneration.
+QWEN35_TEXT = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=8, linear_value_head_dim=12,
+                   layer_types=["linear_attention", "full_attention", "linear_attention"],
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5,
+                                    "mrope_section": [2, 2, 2], "mrope_interleaved": True})
+needs_qwen35 = pytest.mark.skipif(not hasattr(transformers, "Qwen3_5ForConditionalGeneration"),
+                                  reason="this transformers has no Qwen3.5")
+
+
+def _converted(hf, tmp_path):
+    hf.save_pretrained(tmp_path / "hf")
+    linlm.convert(tmp_path / "hf", tmp_path / "ours")
+    return linlm.load(tmp_path / "ours").eval()
+
+
+@needs_qwen35
+def test_hf_qwen35_text_model_converts_with_equal_logits(tmp_path):
+    torch.manual_seed(0)
+    hf = perturbed(transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**QWEN35_TEXT)))
+    ours = _converted(hf, tmp_path)
+    assert list(ours.config.attention_layers) == [1] and ours.config.options.v_heads == 4
+    ids = _ids()
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-5)
+        logits, state = ours.prefill(ids[:, :20])
+        for t in range(20, 28):
+            logits, state = ours.step(ids[:, t], state)
+        torch.testing.assert_close(logits, want[:, 27], rtol=0, atol=1e-5)
+
+
+@needs_qwen35
+def test_the_language_model_of_qwen35_for_conditional_generation_converts(tmp_path):
+    """The multimodal checkpoint: its text_config and model.language_model.* tensors convert, its vision tower is
+    left out, and on text the converted model computes what the whole model does."""
+    torch.manual_seed(1)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=2,
+                  temporal_patch_size=1, spatial_merge_size=1)
+    hf = perturbed(transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=QWEN35_TEXT, vision_config=vision)))
+    assert any(n.startswith("model.visual.") for n in hf.state_dict())
+    ours = _converted(hf, tmp_path)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(input_ids=ids).logits, rtol=0, atol=1e-5)

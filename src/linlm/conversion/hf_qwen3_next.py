@@ -1,6 +1,14 @@
-"""The hf-qwen3-next layout: transformers' ``Qwen3NextForCausalLM`` (config.json model_type "qwen3_next") into
-linlm's gated_deltanet, with its full-attention layers as a hybrid stack's attention layers, where every MLP is
-dense.
+"""The hf-qwen3-next and hf-qwen3.5 layouts: transformers' ``Qwen3NextForCausalLM`` (config.json model_type
+"qwen3_next") and Qwen3.5's language model (``Qwen3_5ForCausalLM``, "qwen3_5_text", or the text half of
+``Qwen3_5ForConditionalGeneration``, "qwen3_5") into linlm's gated_deltanet, with their full-attention layers as a
+hybrid stack's attention layers, where every MLP is dense.
+
+Qwen3.5's layers are Qwen3-Next's but for the linear layers' projections, which are separate
+(``in_proj_qkv`` [q; k; v], ``in_proj_z``, ``in_proj_b``, ``in_proj_a``), and its RoPE, which is multimodal (three
+position grids); for text the three positions are equal and it is the plain partial RoPE below. From a
+``Qwen3_5ForConditionalGeneration`` checkpoint the language model converts (``text_config``; tensors under
+``model.language_model.``): the vision tower (``model.visual.``) and the multi-token-prediction head (``mtp.``) are
+left out.
 
 Qwen3-Next's linear layers are Gated DeltaNet with grouped values (arXiv 2412.06464; linlm's
 layers/gated_deltanet.py with ``v_heads``): Hk = linear_num_key_heads heads of q and k of width
@@ -40,7 +48,7 @@ from linlm.conversion.source import Tensors
 from linlm.errors import CheckpointError
 from linlm.models.lm import CausalLM
 
-# transformers' Qwen3NextConfig defaults, for keys a config.json leaves out.
+# transformers' Qwen3NextConfig defaults, for keys a config.json leaves out (Qwen3.5's differ where QWEN35 says).
 DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
                 hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, linear_conv_kernel_dim=4,
                 linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
@@ -48,10 +56,12 @@ DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num
                 full_attention_interval=4, layer_types=None, num_attention_heads=16, num_key_value_heads=2,
                 head_dim=256, attention_bias=False, rope_theta=10000.0, partial_rotary_factor=0.25,
                 rope_parameters=None, max_position_embeddings=32768)
+QWEN35 = dict(DEFAULTS, vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+              num_key_value_heads=4, num_experts=0)
 
 
-def _resolved(config: dict) -> dict:
-    c = {**DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+def _resolved(config: dict, defaults: dict = DEFAULTS) -> dict:
+    c = {**defaults, **{k: v for k, v in config.items() if v is not None}}
     n = int(c["num_hidden_layers"])
     types = c["layer_types"]
     if types is None:  # transformers' default pattern: full attention every full_attention_interval-th layer
@@ -93,9 +103,10 @@ def _attention_options(c: dict, n_heads: int) -> dict:
                 rope_fraction=rotary / head_dim, rope_theta=float(rope["rope_theta"]))
 
 
-def qwen3_next_values(config: dict) -> dict:
-    """linlm's gated_deltanet config values of a Qwen3-Next config.json (refusing what does not convert)."""
-    c = _resolved(config)
+def qwen3_next_values(config: dict, defaults: dict = DEFAULTS) -> dict:
+    """linlm's gated_deltanet config values of a Qwen3-Next (or, with QWEN35, a Qwen3.5 text) config.json,
+    refusing what does not convert."""
+    c = _resolved(config, defaults)
     hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
     k, v = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
     if hv % hk:
@@ -119,18 +130,36 @@ def _mixer(sd: Tensors, p: str, hk: int, r: int, k: int, v: int) -> torch.Tensor
     return torch.cat([t.reshape(-1, d) for t in (q, kk, vv, z, a, b)], dim=0)
 
 
-def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
-    refuse_model_type(config, "qwen3_next", LAYOUT.name)
-    cfg = build(qwen3_next_values(config), "config.json")
+def _qwen35_mixer(sd: Tensors, p: str, hk: int, r: int, k: int, v: int) -> torch.Tensor:
+    """linlm's fused projection [q; k; v; z; a; b] from Qwen3.5's separate projections."""
+    return torch.cat([sd[p + f"in_proj_{n}.weight"] for n in ("qkv", "z", "a", "b")], dim=0)
+
+
+def _to_linlm(config: dict, sd: Tensors, qwen35: bool = False) -> CausalLM:
+    """A linlm model of a Qwen3-Next checkpoint, or of Qwen3.5's language model (``qwen35``)."""
+    model, mixer = "model.", _mixer
+    if qwen35:
+        if config.get("model_type") == "qwen3_5":  # the multimodal model: its language model converts
+            text = dict(config.get("text_config") or {})
+            if text.get("tie_word_embeddings") is None and config.get("tie_word_embeddings") is not None:
+                text["tie_word_embeddings"] = config["tie_word_embeddings"]  # set on the whole model
+            config, model = text, "model.language_model."
+        else:
+            refuse_model_type(config, "qwen3_5_text", LAYOUT_35.name)
+        values, mixer = qwen3_next_values(config, QWEN35), _qwen35_mixer
+    else:
+        refuse_model_type(config, "qwen3_next", LAYOUT.name)
+        values = qwen3_next_values(config)
+    cfg = build(values, "config.json")
     hk, k = cfg.n_heads, cfg.options.head_k_dim
     hv = cfg.options.v_heads
     v = int(round(k * cfg.options.expand_v))
-    ones = 1.0  # Qwen3-Next's RMSNorm scales by (1 + w)
-    ours = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"] + ones}
+    ones = 1.0  # their RMSNorms scale by (1 + w)
+    ours = {"embed.weight": sd[model + "embed_tokens.weight"], "norm.weight": sd[model + "norm.weight"] + ones}
     if not cfg.tie_embeddings:
         ours["head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.n_layers):
-        p, o = f"model.layers.{i}.", f"layers.{i}."
+        p, o = f"{model}layers.{i}.", f"layers.{i}."
         ours.update({o + "norm1.weight": sd[p + "input_layernorm.weight"] + ones,
                      o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + ones, **glu_from_hf(sd, p, o)})
         if i in cfg.attention_layers:
@@ -146,13 +175,18 @@ def _to_linlm(config: dict, sd: Tensors) -> CausalLM:
             continue
         a = p + "linear_attn."
         ours.update({
-            o + "mixer.proj.weight": _mixer(sd, a, hk, hv // hk, k, v),
+            o + "mixer.proj.weight": mixer(sd, a, hk, hv // hk, k, v),
             o + "mixer.conv.weight": conv_weight(sd[a + "conv1d.weight"]),
             o + "mixer.A_log": sd[a + "A_log"], o + "mixer.dt_bias": sd[a + "dt_bias"],
             o + "mixer.norm.weight": sd[a + "norm.weight"], o + "mixer.out.weight": sd[a + "out_proj.weight"]})
-    sd.check_used({"lm_head.weight"})
+    left_out = {n for n in sd if n.startswith(("model.visual.", "mtp."))} if qwen35 else set()
+    sd.check_used({"lm_head.weight"} | left_out)
     return fill(cfg, ours, sd.where)
 
 
 LAYOUT = Layout("hf-qwen3-next", "transformers' Qwen3NextForCausalLM (dense MLPs)",
                 "gated_deltanet", matches=lambda c: c.get("model_type") == "qwen3_next", to_linlm=_to_linlm)
+LAYOUT_35 = Layout("hf-qwen3.5", "Qwen3.5's language model: transformers' Qwen3_5ForCausalLM, or the text half of "
+                   "Qwen3_5ForConditionalGeneration", "gated_deltanet",
+                   matches=lambda c: c.get("model_type") in ("qwen3_5_text", "qwen3_5"),
+                   to_linlm=lambda c, sd: _to_linlm(c, sd, qwen35=True))

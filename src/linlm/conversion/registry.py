@@ -21,6 +21,7 @@ for _layout in fla_delta.LAYOUTS.values():
 register(hf_mamba2.LAYOUT)
 register(fla_gla.LAYOUT)
 register(hf_qwen3_next.LAYOUT)
+register(hf_qwen3_next.LAYOUT_35)
 
 
 def layout_names() -> list[str]:
