@@ -94,7 +94,10 @@ def test_mossnet_variants_export_to_onnx(tmp_path, kw):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["pt2", "onnx"])
-@pytest.mark.parametrize("kw", [dict(attn_layers=[1]), dict(attn_layers=[0], attn_window=6)], ids=["full", "window"])
+@pytest.mark.parametrize("kw", [dict(attn_layers=[1]), dict(attn_layers=[0], attn_window=6),
+                                dict(attn_layers=[1], attn_options=dict(head_dim=24, n_kv_heads=1, qk_norm=True,
+                                                                        output_gate=True, rope_fraction=0.5))],
+                         ids=["full", "window", "qwen3_next_attention"])
 def test_hybrid_stacks_export_equal_to_eager(tmp_path, fmt, kw):
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")

@@ -97,15 +97,18 @@ def test_counts_follow_the_pattern():
     assert h["flops_per_step_source"] == "counted from layer shapes"  # HGRN2's paper formula has no attention
 
 
-def test_save_load_and_transformers_classes_keep_the_pattern(tmp_path):
+@pytest.mark.parametrize("attn_options", [None, dict(head_dim=24, n_kv_heads=1, qk_norm=True, output_gate=True,
+                                                   rope_fraction=0.5, rope_theta=1e6)])
+def test_save_load_and_transformers_classes_keep_the_pattern(tmp_path, attn_options):
     pytest.importorskip("transformers")
     from linlm.hf.modeling import from_hf, to_hf
 
-    model = _model("gla", n_layers=3, attn_layers=[2], attn_window=6)
+    model = _model("gla", n_layers=3, attn_layers=[2], attn_window=6, attn_options=attn_options)
     ids = torch.randint(0, 512, (1, 15))
     model.save(tmp_path / "m")
     back = load(tmp_path / "m")
     assert back.config.attention_layers == (2,) and back.config.attn_window == 6
+    assert back.config.attn_options == model.config.attn_options
     to_hf(model).save_pretrained(tmp_path / "hf")
     import transformers
 
