@@ -130,8 +130,9 @@ def _mixer(sd: Tensors, p: str, hk: int, r: int, k: int, v: int) -> torch.Tensor
     return torch.cat([t.reshape(-1, d) for t in (q, kk, vv, z, a, b)], dim=0)
 
 
-def _qwen35_mixer(sd: Tensors, p: str, hk: int, r: int, k: int, v: int) -> torch.Tensor:
-    """linlm's fused projection [q; k; v; z; a; b] from Qwen3.5's separate projections."""
+def _qwen35_mixer(sd: Tensors, p: str, *_) -> torch.Tensor:
+    """linlm's fused projection [q; k; v; z; a; b] from Qwen3.5's separate projections, already in that order
+    within each (the widths ``_mixer`` takes are not needed)."""
     return torch.cat([sd[p + f"in_proj_{n}.weight"] for n in ("qkv", "z", "a", "b")], dim=0)
 
 
@@ -154,14 +155,14 @@ def _to_linlm(config: dict, sd: Tensors, qwen35: bool = False) -> CausalLM:
     hk, k = cfg.n_heads, cfg.options.head_k_dim
     hv = cfg.options.v_heads
     v = int(round(k * cfg.options.expand_v))
-    ones = 1.0  # their RMSNorms scale by (1 + w)
-    ours = {"embed.weight": sd[model + "embed_tokens.weight"], "norm.weight": sd[model + "norm.weight"] + ones}
+    shift = 1.0  # their RMSNorms scale by (1 + w), linlm's by w
+    ours = {"embed.weight": sd[model + "embed_tokens.weight"], "norm.weight": sd[model + "norm.weight"] + shift}
     if not cfg.tie_embeddings:
         ours["head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.n_layers):
         p, o = f"{model}layers.{i}.", f"layers.{i}."
-        ours.update({o + "norm1.weight": sd[p + "input_layernorm.weight"] + ones,
-                     o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + ones, **glu_from_hf(sd, p, o)})
+        ours.update({o + "norm1.weight": sd[p + "input_layernorm.weight"] + shift,
+                     o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + shift, **glu_from_hf(sd, p, o)})
         if i in cfg.attention_layers:
             a = p + "self_attn."
             heads, dh = cfg.n_heads, cfg.attn_options.head_dim
@@ -169,8 +170,8 @@ def _to_linlm(config: dict, sd: Tensors, qwen35: bool = False) -> CausalLM:
             ours.update({
                 o + "mixer.qkv.weight": torch.cat([q.reshape(heads * dh, -1), gate.reshape(heads * dh, -1),
                                                    sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]], dim=0),
-                o + "mixer.q_norm.weight": sd[a + "q_norm.weight"] + ones,
-                o + "mixer.k_norm.weight": sd[a + "k_norm.weight"] + ones,
+                o + "mixer.q_norm.weight": sd[a + "q_norm.weight"] + shift,
+                o + "mixer.k_norm.weight": sd[a + "k_norm.weight"] + shift,
                 o + "mixer.out.weight": sd[a + "o_proj.weight"]})
             continue
         a = p + "linear_attn."

@@ -1,7 +1,8 @@
 """GPU kernels from other libraries behind linlm's own op signatures: flash-linear-attention (``fla``) for gated
 linear attention, mamba_ssm for the selective scan and Mamba-2's SSD.
 
-Which op goes where (``choose_gla`` and ``choose_scan`` decide; both are pure functions of plain values):
+Which op goes where (``choose_gla``, ``choose_scan`` and ``choose_ssd`` decide; all are pure functions of plain
+values):
 
 - ``linlm.ops.gla.gla`` (TNL, HGRN2, cosFormer2, TPE and MossNet's "ssd" experts, through
   ``layers.linear_attention.run_gla``) runs on fla when its inputs are CUDA tensors and fla imports:
@@ -44,10 +45,10 @@ Everything else falls back, silently, to linlm's own path (the same maths):
   chunk_simple_gla's gate g where fla cannot run it (``fla_gated_backward_ok``: Hopper with an affected Triton);
 - scan: an initial state, resets (mamba_ssm's selective_scan_fn takes neither), A [Bt, Din, N] or D [Bt, Din]
   (MossNet's batched experts), N over 256, and a final state that needs a gradient (selective_scan_fn returns the
-  last state but does not backpropagate through it);
+  last state but does not backpropagate through it). Per-row ``lengths`` are run, as in the chunked form, as
+  dt = 0 and C = 0 on the padding;
 - ssd: N or P over 256, or mamba_ssm's Triton kernels not importable (then Mamba-2 runs on fla through ``gla``,
-  or on linlm's path). Per-row ``lengths`` are run, as in the chunked form, as
-  dt = 0 and C = 0 on the padding.
+  or on linlm's path).
 
 Inputs of mixed floating dtypes are computed in their promoted dtype (a bfloat16 u with a float32 dt runs in
 float32), and outputs are returned in linlm's dtypes: o in v's dtype, y in u's, states in float32.

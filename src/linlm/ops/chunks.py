@@ -94,12 +94,38 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def scalar_gate_grad(pairs: Tensor, g_start: Tensor, g_end: Tensor, batch: int) -> Tensor:
+    """d la [N, ``batch``, ..., C] of a chunk's scalar log-gates, from the three ways they enter it; each term is a
+    sum of non-negative decays times gradients (no cancellation), summed over the batch where it has more rows
+    than la (la broadcast over the batch):
+
+    - ``pairs`` [N, B, ..., C(t), C(s)]: dA * (q k^T) * D for each score, which every u with s < u <= t enters
+      (taken through cumulative sums over C x C; overwritten);
+    - ``g_start`` [..., C]: the gradient reaching exp(B_t), times exp(B_t): every u <= t;
+    - ``g_end`` [..., C]: the gradient reaching exp(B_end - B_s), times it: every u > s.
+    """
+    m = pairs.cumsum(-1)  # [t, v] = sum_{s <= v} pairs[t, s]
+    C = m.shape[-1]
+    below = torch.ones(C, C, dtype=torch.bool, device=m.device).tril(-1)  # t > v
+    cols = m.masked_fill_(~below, 0.0).sum(-2)  # [v] = sum_{t > v, s <= v} pairs[t, s], i.e. u = v + 1
+
+    def shifted(x):  # x[u - 1] at u, 0 at u = 0
+        return torch.cat([torch.zeros_like(x[..., :1]), x[..., :-1]], -1)
+
+    def per_la(x):
+        return x.sum(1, keepdim=True) if x.shape[1] != batch else x
+
+    return (per_la(shifted(cols)) + per_la(g_start.flip(-1).cumsum(-1).flip(-1))
+            + per_la(shifted(g_end.cumsum(-1))))
+
+
 class StateScan(torch.autograd.Function):
     """The pass over chunks: S_{n+1} = decay_n * S_n + local_n from S_0 = s0 (decay None means 1).
 
     local: [N, B, ...] (gla's [N, B, H, K, V]), chunk-major so each step touches one contiguous block; decay:
     None or broadcastable to local (gla's [N, Bg, H, 1, 1] or [N, B, H, K, 1]); s0: local's shape without N.
-    Returns (prev [N, B, ...], the state entering each chunk; final [B, ...]). One fused op per chunk each way instead of a chain of autograd nodes.
+    Returns (prev [N, B, ...], the state entering each chunk; final [B, ...]). One fused op per chunk each way
+    instead of a chain of autograd nodes.
     """
 
     @staticmethod

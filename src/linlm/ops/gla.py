@@ -58,8 +58,8 @@ from torch import Tensor
 
 from linlm.errors import ShapeError
 from linlm.ops import backends
-from linlm.ops.chunks import (StateScan, check_chunk_size, check_float, clamped_exp, pow2_at_least, score_block,
-                              segsum, shape_of, to_chunks, work_dtype)
+from linlm.ops.chunks import (StateScan, check_chunk_size, check_float, clamped_exp, pow2_at_least,
+                              scalar_gate_grad, score_block, segsum, shape_of, to_chunks, work_dtype)
 from linlm.ops.ssd import chunk_grouped
 
 __all__ = ["gla", "gla_chunk", "gla_reference", "gla_step", "reset_from_cu_seqlens"]
@@ -425,21 +425,9 @@ class _ScalarGateChunk(torch.autograd.Function):
         dk = torch.matmul(d_s.transpose(-1, -2), q).add_(dk_end)
         if not ctx.needs_input_grad[2]:
             return dq, dk, None, None
-        # d la_u, term by term, each a sum of non-negative decays times gradients (no cancellation):
-        # scores: sum over pairs s < u <= t of m[t, s] = dA * (q k^T) * D, through cumulative sums over C x C
-        m = d_s.mul_(qk).cumsum(-1)  # [t, v] = sum_{s <= v} m[t, s]
-        C = m.shape[-1]
-        below = torch.ones(C, C, dtype=torch.bool, device=m.device).tril(-1)  # t > v
-        cols = m.masked_fill_(~below, 0.0).sum(-2)  # [v] = sum_{t > v, s <= v} m[t, s], i.e. u = v + 1
-        d_la = torch.cat([torch.zeros_like(cols[..., :1]), cols[..., :-1]], -1)
-        # q_start: every u <= t; k_end: every u > s
-        g_q = (q * d_q_start).sum(-1) * e_b
-        d_la += g_q.flip(-1).cumsum(-1).flip(-1)
-        g_k = (k * dk_end).sum(-1)
-        d_la += torch.cat([torch.zeros_like(g_k[..., :1]), g_k[..., :-1].cumsum(-1)], -1)
-        if d_la.shape[1] != e_b.shape[1]:  # la (and so decay) broadcast over the batch
-            d_la = d_la.sum(1, keepdim=True)
-        d_la += (d_decay * e_b[..., -1]).unsqueeze(-1)  # decay: every u
+        # the scores, q_start = q exp(B_t) and k_end = k exp(B_end - B_s), then the decay exp(B_end): every u
+        d_la = scalar_gate_grad(d_s.mul_(qk), (q * d_q_start).sum(-1) * e_b, (k * dk_end).sum(-1), e_b.shape[1])
+        d_la += (d_decay * e_b[..., -1]).unsqueeze(-1)
         return dq, dk, d_la, None
 
 
@@ -500,39 +488,38 @@ def gla_chunk(
     N = math.ceil(T / C)
     la = _gate_chunks(log_a, kind, reset, B, T, H, dt, N, C, q.device)
     neg_inf = reset is not None
-    G = q.shape[2]
-    if G < H and la is not None and la.dim() == 4:  # grouped q and k, a scalar gate: Mamba-2's SSD
-        return _grouped(q, k, v, la, s0, neg_inf, dt, N, C, output_final_state)
-    q, k = ungroup(q, H, 2), ungroup(k, H, 2)
-    qc, kc, vc = (to_chunks(x, dt, N, C) for x in (q, k, v))  # [N, B, H, C, D]
-    if la is None:
+    if q.shape[2] < H and la is not None and la.dim() == 4:  # grouped q and k, a scalar gate: Mamba-2's SSD
+        o, final = _grouped(q, k, v, la, s0, neg_inf, dt, N, C)
+    elif la is None:
+        qc, kc, vc = _per_head_chunks(q, k, v, H, dt, N, C)
         o, final = _chunk_nogate(qc, kc, vc, s0)
     elif la.dim() == 4:
-        o, final = _chunk_scalar(qc, kc, vc, la, s0, neg_inf)
+        o, final = _chunk_scalar(*_per_head_chunks(q, k, v, H, dt, N, C), la, s0, neg_inf)
     else:
-        o, final = _chunk_vector(qc, kc, vc, la, s0, neg_inf)
+        o, final = _chunk_vector(*_per_head_chunks(q, k, v, H, dt, N, C), la, s0, neg_inf)
 
-    # [N, B, H, C, V] -> [B, N, C, H, V] -> [B, T, H, V]
-    o = o.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
+    # [N, B, H, C, V] (or [N, B, G, C, R, V]: the same order of heads) -> [B, N, C, H, V] -> [B, T, H, V]
+    o = o.permute(1, 0, 3, 2, *range(4, o.dim())).reshape(B, N * C, H, V)[:, :T]
     o = o.to(dtype=v.dtype, memory_format=torch.contiguous_format)
     return o, (final if output_final_state else None)
 
 
-def _grouped(q, k, v, la, s0, neg_inf, dt, N, C, output_final_state):
-    """gla_chunk for q, k with G < H heads and la [N, Bg, H, C]: ``linlm.ops.ssd``, in its layouts."""
+def _per_head_chunks(q, k, v, H, dt, N, C):
+    """q, k (copied out per head where they are grouped) and v in the chunk-major layout [N, B, H, C, D]."""
+    return tuple(to_chunks(x, dt, N, C) for x in (ungroup(q, H, 2), ungroup(k, H, 2), v))
+
+
+def _grouped(q, k, v, la, s0, neg_inf, dt, N, C):
+    """gla_chunk for q, k with G < H heads and la [N, Bg, H, C], by ``linlm.ops.ssd``: (o [N, B, G, C, R, V], the
+    final state [B, H, K, V])."""
     B, T, H, V = v.shape
     G, K = q.shape[2], q.shape[3]
     R = H // G
     qc, kc = to_chunks(q, dt, N, C), to_chunks(k, dt, N, C)  # [N, B, G, C, K]
-    vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, N * C - T)) if N * C > T else v
-    vc = vp.view(B, N, C, G, R, V).permute(1, 0, 3, 2, 4, 5).to(dtype=dt, memory_format=torch.contiguous_format)
+    vc = to_chunks(v.reshape(B, T, G, R * V), dt, N, C)  # [N, B, G, C, R V]: a group's heads side by side
     s0 = s0.view(B, G, R, K, V).transpose(2, 3).contiguous()  # [B, G, K, R, V]
-    o, final = chunk_grouped(qc, kc, vc, la.view(N, la.shape[1], G, R, C), s0, neg_inf)
-    # [N, B, G, C, R, V] -> [B, N, C, G, R, V] -> [B, T, H, V]
-    o = o.permute(1, 0, 3, 2, 4, 5).reshape(B, N * C, H, V)[:, :T]
-    o = o.to(dtype=v.dtype, memory_format=torch.contiguous_format)
-    final = final.transpose(2, 3).reshape(B, H, K, V) if output_final_state else None
-    return o, final
+    o, final = chunk_grouped(qc, kc, vc.view(N, B, G, C, R, V), la.view(N, la.shape[1], G, R, C), s0, neg_inf)
+    return o, final.transpose(2, 3).reshape(B, H, K, V)
 
 
 def _chunk_nogate(qc, kc, vc, s0):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linlm.ops.chunks import StateScan, clamped_exp, segsum
+from linlm.ops.chunks import StateScan, clamped_exp, scalar_gate_grad, segsum
 
 
 class _GroupedScalarGate(torch.autograd.Function):
@@ -57,20 +57,8 @@ class _GroupedScalarGate(torch.autograd.Function):
         dk = torch.matmul(d_group.transpose(-1, -2), q)
         if not ctx.needs_input_grad[2]:
             return dq, dk, None, None
-        # d la_u, term by term (as gla's scalar-gate chunks):
-        # scores: sum over pairs s < u <= t of m[t, s] = dA * (q k^T) * D, through cumulative sums over C x C
-        m = d_s.mul_(qk.unsqueeze(3)).cumsum(-1)  # [t, v] = sum_{s <= v} m[t, s]
-        C = m.shape[-1]
-        below = torch.ones(C, C, dtype=torch.bool, device=m.device).tril(-1)  # t > v
-        cols = m.masked_fill_(~below, 0.0).sum(-2)  # [v] = sum_{t > v, s <= v} m[t, s], i.e. u = v + 1
-        d_la = torch.cat([torch.zeros_like(cols[..., :1]), cols[..., :-1]], -1)
-        if d_la.shape[1] != e_b.shape[1]:  # la broadcast over the batch
-            d_la = d_la.sum(1, keepdim=True)
-        # exp(B_t): every u <= t; exp(B_end - B_s): every u > s
-        g_q = d_e_b * e_b
-        d_la += g_q.flip(-1).cumsum(-1).flip(-1)
-        g_k = d_f_end * d[..., -1, :]
-        d_la += torch.cat([torch.zeros_like(g_k[..., :1]), g_k[..., :-1].cumsum(-1)], -1)
+        # the scores, exp(B_t) and exp(B_end - B_s) (the decay exp(B_end) is e_b's last entry)
+        d_la = scalar_gate_grad(d_s.mul_(qk.unsqueeze(3)), d_e_b * e_b, d_f_end * d[..., -1, :], e_b.shape[1])
         return dq, dk, d_la, None
 
 
