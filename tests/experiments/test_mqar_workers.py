@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from linlm.eval.mqar import MQARConfig
 from linlm.experiments.mqar import RECORD_FILE, MQARRun, Plateau, run_experiment
@@ -19,13 +18,6 @@ from linlm.experiments.mqar import RECORD_FILE, MQARRun, Plateau, run_experiment
 REPO = Path(__file__).resolve().parents[2]
 CFG = MQARConfig(vocab_size=32, num_kv=3)
 RUNS = [MQARRun("llama", 16, lr=5e-3), MQARRun("tnl", 16, lr=5e-3), MQARRun("hgrn2", 16, lr=5e-3)]
-
-
-@pytest.fixture
-def torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def same(row: dict) -> dict:
