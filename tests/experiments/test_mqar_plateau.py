@@ -11,7 +11,7 @@ import pytest
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig
 from linlm.experiments.mqar import RECORD_FILE, MQARRun, run_experiment, sweep_learning_rates
-from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, learning_loss, recent_loss
+from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, copying, learning_loss, recent_loss
 
 
 def records(losses: list[float], every: int = 10) -> list[dict]:
@@ -63,13 +63,27 @@ def test_a_loss_flat_at_chance_is_not_a_plateau_and_a_run_may_stop_there():
             Plateau(**{"block": 100, "min_steps": 200, "max_steps": 600, **bad}).validate()
 
 
+def test_a_loss_flat_at_copying_a_context_value_is_not_a_plateau():
+    """After chance the loss sits near the level of copying a value of the context in proportion to its count: flat
+    there is not a plateau (the run trains on, and never gives up there); flat 0.1 nats or more below it is."""
+    chance, copy_loss = 1 / 64, MQARConfig(vocab_size=128, num_kv=16).copy_loss
+    rule = Plateau(block=100, min_steps=200, max_steps=600, chance_margin=0.1, chance_steps=400).validate()
+    flat = records([copy_loss] * 40)
+    assert rule.plateaued(flat, chance) is True  # without the copy level: the rule that stopped such runs
+    assert rule.plateaued(flat, chance, copy_loss) is False and rule.gives_up(flat, chance) is False
+    assert rule.plateaued(records([copy_loss - 0.05] * 40), chance, copy_loss) is False
+    assert rule.plateaued(records([copy_loss - 0.2] * 40), chance, copy_loss) is True
+    assert copying(copy_loss, copy_loss) and not copying(copy_loss - 0.2, copy_loss) and copying(None, copy_loss)
+    assert "copying" in rule.text()
+
+
 def test_a_run_still_at_chance_stops_at_chance_steps_and_says_so(tmp_path):
     cfg = MQARConfig(vocab_size=32, num_kv=3)  # 16 values: chance's loss ln 16; 8 steps of llama stay above it
     rule = Plateau(block=4, min_steps=8, max_steps=16, chance_steps=8)
     [row] = run_experiment([MQARRun("llama", 16, lr=1e-4)], cfg, tmp_path, batch_size=4, head_dim=8,
                            test_sequences=32, plateau=rule)
     assert row["loss_last_window"] > math.log(16) - 0.1
-    assert row["steps"] == 8 and row["plateaued"] is False and row["at_chance"] is True
+    assert row["steps"] == 8 and row["plateaued"] is False and row["at_chance"] is True and row["copying"] is False
 
 
 def test_the_lowest_last_window_loss_chooses_the_learning_rate_and_a_diverged_run_loses():
@@ -90,7 +104,7 @@ def test_a_run_trains_to_its_plateau_in_blocks_and_a_stopped_one_resumes_to_the_
 
     metrics = read_metrics(tmp_path / "a" / run.dir_name() / "metrics.jsonl")
     assert row["steps"] in (8, 12, 16) and row["lr"] == 5e-3 and [r["step"] for r in metrics][-1] == row["steps"]
-    assert row["plateaued"] is rule.plateaued(metrics, cfg.chance) and (row["plateaued"] or row["steps"] == 16)
+    assert row["plateaued"] is rule.plateaued(metrics, cfg.chance, cfg.copy_loss) and (row["plateaued"] or row["steps"] == 16)
     record = json.loads((tmp_path / "a" / run.dir_name() / RECORD_FILE).read_text())
     assert record["settings"]["plateau"]["max_steps"] == 16 and record["settings"]["train"]["schedule"]["kind"] == \
         "constant"
@@ -100,11 +114,11 @@ def test_a_run_trains_to_its_plateau_in_blocks_and_a_stopped_one_resumes_to_the_
     real = mp.Plateau.plateaued
     calls = []
 
-    def stop_once(self, recs, chance=None):
+    def stop_once(self, recs, chance=None, copy_loss=None):
         calls.append(recs[-1]["step"])
         if len(calls) == 1:
             raise KeyboardInterrupt
-        return real(self, recs, chance)
+        return real(self, recs, chance, copy_loss)
 
     monkeypatch.setattr(mp.Plateau, "plateaued", stop_once)
     with pytest.raises(KeyboardInterrupt):

@@ -104,6 +104,10 @@ def test_retrieval_claims_follow_mqar_accuracy_paired_by_seed():
     stopped = mqar({"hgrn2": [0.6, 0.62, 0.61], "tnl": [0.2, 0.22, 0.21]}, plateaued={"tnl": [True, False, True]})
     v = verdict("decay", stopped)
     assert v.verdict == "cannot tell" and "not plateaued: tnl seed 1" in v.why
+    # A run whose loss never fell below copying a value of its context: it has not started to retrieve.
+    stopped["runs"][0]["copying"] = True  # hgrn2 seed 0, recorded as plateaued
+    v = verdict("decay", stopped)
+    assert v.verdict == "cannot tell" and "hgrn2 seed 0 (copying a context value)" in v.why
 
 
 def test_shape_claims_are_judged_on_the_spread_of_retrieval_across_shapes():

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -64,6 +65,16 @@ class MQARConfig:
     def chance(self) -> float:
         """The accuracy of guessing a value uniformly among the tokens that are not keys (nor the filler)."""
         return 1.0 / max(1, self.vocab_size - 1 - self.num_keys)
+
+    @property
+    def copy_loss(self) -> float:
+        """The expected loss, on the test's sequences, of a model that has learned which tokens answer but not which
+        answers which key: it predicts a value of the context in proportion to how often it occurs there. The
+        queried pair's value occurs 1 + B times, B ~ Binomial(num_kv - 1, chance) (values are drawn independently),
+        so the loss is E[ln(num_kv / (1 + B))]. MQAR's loss sits near this level before a model starts to retrieve,
+        the second flat stretch after chance's."""
+        n, p = self.num_kv, self.chance
+        return sum(math.comb(n - 1, b) * p ** b * (1 - p) ** (n - 1 - b) * math.log(n / (1 + b)) for b in range(n))
 
     @property
     def seq_len(self) -> int:

@@ -25,7 +25,7 @@ from linlm import outputs
 from linlm.errors import ConfigError
 from linlm.eval.mqar import MQARConfig, mqar_accuracy, mqar_data, mqar_test_set, state_floats
 from linlm.experiments.mqar_grid import MQARRun, default_archs, default_runs, model_overrides
-from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, learning_loss
+from linlm.experiments.mqar_plateau import Plateau, at_chance, choose_lr, copying, learning_loss
 from linlm.experiments.mqar_summary import loss_trend
 from linlm.locking import DirLock
 
@@ -306,7 +306,7 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
         if plateau is None or result is None:
             break
         records = read_metrics(plan.dir / METRICS_FILE)
-        flat = plateau.plateaued(records, cfg.chance)
+        flat = plateau.plateaued(records, cfg.chance, cfg.copy_loss)
         if flat or result.step >= plateau.max_steps or plateau.gives_up(records, cfg.chance):
             flat = bool(flat)
             break
@@ -328,7 +328,9 @@ def _train_and_measure(plan: _Planned, cfg: MQARConfig, test: list, what: str, p
            "final_loss": result.loss if result else (metrics or [{}])[-1].get("loss"), "diverged": diverged,
            **loss_trend([r.get("loss") for r in metrics]), "seconds": seconds, "lr": plan.train_cfg.optim.lr,
            "plateaued": flat, "study": plan.run.study or {}, **measured}
-    row["at_chance"] = at_chance(learning_loss(metrics), cfg.chance, (plateau or Plateau()).chance_margin)
+    margin, loss = (plateau or Plateau()).chance_margin, learning_loss(metrics)
+    row["at_chance"] = at_chance(loss, cfg.chance, margin)
+    row["copying"] = not row["at_chance"] and copying(loss, cfg.copy_loss, margin)
     outputs.write_json(plan.dir / RECORD_FILE, plan.record(row, replace=False), what)
     if diverged:
         log.warning("%s %s: diverged (%s); recorded without an accuracy", prefix, name, diverged)

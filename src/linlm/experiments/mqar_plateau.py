@@ -17,6 +17,14 @@ mixes in fewer pairs (``MQARConfig.mix``) can fall below chance on those alone. 
 stops at ``chance_steps`` when the rule gives one, and says it did not plateau: it has not started learning, so its
 accuracy says how slowly it starts, not what it can hold. The claims read the same test from the published rows.
 
+**Copying is not a plateau either.** Next the loss sits near the level of a model that knows which tokens answer
+but not which answers which key, and predicts a value of its context in proportion to how often it occurs there
+(``MQARConfig.copy_loss``, about ln(num_kv)); a run can stay there for hundreds of steps and then fall, and the
+rule above stopped such runs (a 2-layer LLaMA at 0.1 on 16 pairs, with its head tied to its embeddings). So a run
+whose learning loss is not ``chance_margin`` nats below that level has not plateaued either (:func:`copying`): it
+trains on to ``max_steps``, and its row says ``copying``. A state that holds nothing of the pairs would keep it
+there to the end: the run then cannot tell a model that cannot recall from one that has not started, and says so.
+
 **The learning rate** (:func:`choose_lr`): each configuration trains ``sweep_steps`` on seed 0 at each of a few
 learning rates; the one with the lowest mean training loss over the last tenth of the steps is chosen (a diverged
 run loses), and the table is recorded.
@@ -59,6 +67,12 @@ def at_chance(loss: Optional[float], chance: float, margin: float = CHANCE_MARGI
     return loss is None or not math.isfinite(loss) or loss > chance_loss(chance) - margin
 
 
+def copying(loss: Optional[float], copy_loss: float, margin: float = CHANCE_MARGIN) -> bool:
+    """Whether a run whose learning loss is ``loss`` does no better than copying a value of its context: its loss is
+    not ``margin`` nats below ``copy_loss`` (an unknown loss counts as copying)."""
+    return loss is None or not math.isfinite(loss) or loss > copy_loss - margin
+
+
 @dataclass(frozen=True)
 class Plateau:
     block: int = 200
@@ -90,23 +104,27 @@ class Plateau:
         return (f"trained in blocks of {self.block} steps from {self.min_steps} to at most {self.max_steps}; "
                 f"plateaued when the last block's mean training loss is within {self.tolerance:.0%} (or "
                 f"{self.floor:g} nats) of the block before's, and its held-out loss is {self.chance_margin:g} "
-                f"nats or more below chance's" + ("" if self.chance_steps is None else
+                f"nats or more below chance's and below copying a value of the context" + ("" if self.chance_steps is None else
                                             f"; a run still at chance at {self.chance_steps} steps stops there"))
 
     def next_steps(self, step: int) -> int:
         """The step to train to next from ``step``: the next block boundary, at most max_steps."""
         return min(self.max_steps, max(self.min_steps, (step // self.block + 1) * self.block))
 
-    def plateaued(self, records: Sequence[dict], chance: Optional[float] = None) -> Optional[bool]:
+    def plateaued(self, records: Sequence[dict], chance: Optional[float] = None,
+                  copy_loss: Optional[float] = None) -> Optional[bool]:
         """Whether the run whose metrics are ``records`` (step, loss) has plateaued at its last step: None when its
         last step is not a block boundary past min_steps (not decided there). With the task's ``chance`` accuracy,
-        a run still at chance has not plateaued."""
+        a run still at chance has not plateaued; with its ``copy_loss``, nor has a run still copying."""
         if not records:
             return None
         step = int(records[-1]["step"])
         if step < self.min_steps or step % self.block:
             return None
-        if chance is not None and at_chance(learning_loss(records), chance, self.chance_margin):
+        loss = learning_loss(records)
+        if chance is not None and at_chance(loss, chance, self.chance_margin):
+            return False
+        if copy_loss is not None and copying(loss, copy_loss, self.chance_margin):
             return False
         last = [r["loss"] for r in records if step - self.block < r["step"] <= step and r.get("loss") is not None]
         prev = [r["loss"] for r in records

@@ -120,12 +120,13 @@ class Run:
     study: dict = field(default_factory=dict)  # a study's tags: {"shape": "d64-l4"} or {"context": 256}
     state_per_layer: Optional[float] = None  # decoding-state floats per layer (linlm.eval.mqar.state_floats)
     at_chance: bool = False  # its recent training loss never left chance's (so it has not plateaued)
+    copying: bool = False  # past chance, but no better than copying a value of its context (recorded since then)
 
     @property
     def stopped(self) -> str:
         """Why this run does not count as trained to a plateau ("" when it does)."""
-        return "at chance" if self.at_chance else "" if self.plateaued else \
-            "not plateaued" if self.plateaued is False else "plateau not recorded"
+        return "at chance" if self.at_chance else "copying a context value" if self.copying else \
+            "" if self.plateaued else "not plateaued" if self.plateaued is False else "plateau not recorded"
 
 
 @dataclass
@@ -153,7 +154,8 @@ class Retrieval:
             return "loss_last_window" in r and chance > 0 and at_chance(r["loss_last_window"], chance)
 
         runs = [Run(r["name"].rsplit("-d", 1)[0], r["arch"], r["d_model"], r.get("seed", 0) or 0, r.get("accuracy"),
-                    r.get("plateaued"), r.get("steps", 0), r.get("study") or {}, r.get("state_per_layer"), stuck(r))
+                    r.get("plateaued"), r.get("steps", 0), r.get("study") or {}, r.get("state_per_layer"), stuck(r),
+                    bool(r.get("copying")))
                 for r in result.get("runs") or result.get("rows") or []]
         return cls(runs, chance, int((result.get("task") or {}).get("num_kv", 0)))
 
@@ -196,7 +198,7 @@ class Retrieval:
 
 # ---- what a published results file keeps ------------------------------------------------------------------------
 
-_RUN_FIELDS = ("name", "arch", "d_model", "n_layers", "seed", "accuracy", "plateaued", "at_chance",
+_RUN_FIELDS = ("name", "arch", "d_model", "n_layers", "seed", "accuracy", "plateaued", "at_chance", "copying",
                "loss_last_window", "steps", "lr", "study", "active_params", "state_per_layer")
 
 

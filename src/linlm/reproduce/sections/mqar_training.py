@@ -139,7 +139,9 @@ def runs_blocks(result: dict) -> list[tuple]:
     chance = result.get("chance") or 0.0
 
     def plateaued(r: dict) -> str:
-        return "no (at chance)" if r.get("at_chance") else {True: "yes", False: "no"}.get(r.get("plateaued"), "-")
+        if r.get("at_chance") or r.get("copying"):
+            return "no (at chance)" if r.get("at_chance") else "no (copying)"
+        return {True: "yes", False: "no"}.get(r.get("plateaued"), "-")
 
     rows = [[r["name"], str(r["seed"]), f"{r.get('lr', 0):g}", str(r["steps"]), plateaued(r),
              "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"] for r in result.get("runs") or []]
