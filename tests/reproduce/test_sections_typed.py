@@ -138,7 +138,7 @@ def test_the_dry_run_says_which_claims_the_settings_cannot_decide(tmp_path, caps
                      "trains no mossnet ladder",
                      "  A few attention layers give a linear model back its recall: cannot tell with these settings: "
                      "the recipe runs no hybrid study"]
-    assert "(at most 9 min here" in text  # the MQAR section's time (9 configurations, 60 s each here) is counted
+    assert "(at most 10 min here" in text  # the MQAR section's time (10 configurations, 60 s each here) is counted
     assert main(["reproduce", "--recipe", "cpu-long", "--out", str(tmp_path / "l"), "--dry-run"]) == 0
     assert "A few attention layers give a linear model back its recall: can be decided" in capsys.readouterr().out
 
