@@ -1,5 +1,6 @@
-"""transformers' Qwen3NextForCausalLM (dense MLPs) -> linlm's gated_deltanet, its full-attention layers a hybrid's
-attention layers: the converted model's logits equal the source's (float32, 1e-5), decoding from linlm's state
+"""transformers' Qwen3NextForCausalLM (dense or sparse MLPs) -> linlm's gated_deltanet, its full-attention layers a
+hybrid's attention layers: the converted model's logits equal the source's (1e-5, both in float64: in float32 the two
+chunked delta-rule algorithms round apart by up to 1.3e-5 on an AVX2 CPU), decoding from linlm's state
 continues them, and settings linlm cannot compute are refused naming the field."""
 
 import pytest
@@ -25,6 +26,11 @@ LAYOUTS = {
     "hybrid": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
                    num_experts=0, head_dim=24, layer_types=["linear_attention", "full_attention", "linear_attention"],
                    rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+    # the released models' MLPs: a router over 6 experts, top 2 renormalised, and a gated shared expert of its own
+    # width, in every layer (the attention layer's too)
+    "sparse": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                   num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                   layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=24),
 }
 
 
@@ -51,6 +57,8 @@ def test_hf_qwen3_next_converts_with_equal_logits(tmp_path, name):
     assert ours.config.n_heads == c.linear_num_key_heads and ours.config.options.v_heads == c.linear_num_value_heads
     assert list(ours.config.attention_layers) == [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
     ids = _ids()
+    hf.config._experts_implementation = "eager"  # its grouped-matmul experts take no float64
+    hf, ours = hf.double(), ours.double()
     with torch.no_grad():
         want = hf(ids, use_cache=False).logits  # (its cache needs an attention layer to build a mask)
         torch.testing.assert_close(ours(ids), want, rtol=0, atol=1e-5)
@@ -67,13 +75,56 @@ def test_hf_qwen3_next_converts_with_equal_logits(tmp_path, name):
     ("num_attention_heads", 4, "num_attention_heads: 4 attention heads against linear_num_key_heads=2"),
     ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
      "rope_parameters: rope_type 'yarn' rescales RoPE"),
-    ("num_experts", 4, "num_experts: 4 makes layers [0, 1, 2] sparse mixtures of experts"),
     ("hidden_act", "gelu", "hidden_act: 'gelu' is not supported"),
     ("linear_num_value_heads", 3, "linear_num_value_heads: 3 is not a multiple of linear_num_key_heads=2"),
 ])
 def test_settings_linlm_cannot_compute_are_refused_naming_the_field(tmp_path, capsys, field, value, needle):
     random_hf_qwen3_next(**LAYOUTS["hybrid"]).save_pretrained(tmp_path / "hf")
     assert_refused(tmp_path / "hf", tmp_path, capsys, field, value, needle)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("mlp_only_layers", [1], "num_experts: 6 makes layers [0, 2] sparse mixtures of experts and layers [1] dense"),
+    ("decoder_sparse_step", 2, "makes layers [1] sparse mixtures of experts and layers [0, 2] dense"),
+    ("norm_topk_prob", False, "norm_topk_prob: false weights the chosen experts by their raw softmax"),
+])
+def test_sparse_settings_linlm_cannot_compute_are_refused_naming_the_field(tmp_path, capsys, field, value, needle):
+    random_hf_qwen3_next(**LAYOUTS["sparse"]).save_pretrained(tmp_path / "hf")
+    assert_refused(tmp_path / "hf", tmp_path, capsys, field, value, needle)
+
+
+def test_experts_fused_as_transformers_holds_them_convert_as_the_released_files(tmp_path):
+    """save_pretrained writes the released files' layout, one experts.{e}.gate_proj / up_proj / down_proj per
+    expert; transformers' modules (and a state_dict saved from them) hold them fused, experts.gate_up_proj
+    [E, 2h, d] and experts.down_proj [E, d, h]. Both give the same linlm model, and its routed MLP is a mixture:
+    its active parameters are below its total."""
+    from safetensors.torch import load_file, save_file
+
+    hf = random_hf_qwen3_next(**LAYOUTS["sparse"])
+    hf.save_pretrained(tmp_path / "hf")
+    linlm.convert(tmp_path / "hf", tmp_path / "a")
+    [path] = (tmp_path / "hf").glob("*.safetensors")
+    tensors, fused = load_file(path), {}
+    for name, t in tensors.items():
+        base, _, rest = name.partition(".experts.")
+        if not rest:
+            fused[name] = t
+        elif rest.startswith("0."):
+            e = [f"{base}.experts.{i}." for i in range(6)]
+            fused[base + ".experts.gate_up_proj"] = torch.stack(
+                [torch.cat([tensors[x + "gate_proj.weight"], tensors[x + "up_proj.weight"]]) for x in e])
+            fused[base + ".experts.down_proj"] = torch.stack([tensors[x + "down_proj.weight"] for x in e])
+    assert len(fused) < len(tensors) and any(k.endswith("experts.gate_up_proj") for k in fused)
+    path.unlink()
+    save_file({k: v.contiguous() for k, v in fused.items()}, str(path), metadata={"format": "pt"})
+    linlm.convert(tmp_path / "hf", tmp_path / "b")
+    a, b = linlm.load(tmp_path / "a"), linlm.load(tmp_path / "b")
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+    from linlm.models.counting import count
+
+    counts = count(a.config, batch=1, seq_len=16)
+    assert counts["active_non_embedding_params"] < counts["non_embedding_params"]
 
 
 # Qwen3.5: the same layers with separate linear-layer projections, a multimodal RoPE (plain for text), and its

@@ -1,7 +1,7 @@
 """The hf-qwen3-next and hf-qwen3.5 layouts: transformers' ``Qwen3NextForCausalLM`` (config.json model_type
 "qwen3_next") and Qwen3.5's language model (``Qwen3_5ForCausalLM``, "qwen3_5_text", or the text half of
 ``Qwen3_5ForConditionalGeneration``, "qwen3_5") into linlm's gated_deltanet, with their full-attention layers as a
-hybrid stack's attention layers, where every MLP is dense.
+hybrid stack's attention layers, with dense or sparse (mixture-of-experts) MLPs.
 
 Qwen3.5's layers are Qwen3-Next's but for the linear layers' projections, which are separate
 (``in_proj_qkv`` [q; k; v], ``in_proj_z``, ``in_proj_b``, ``in_proj_a``), and its RoPE, which is multimodal (three
@@ -28,13 +28,20 @@ KV heads (num_key_value_heads), head_dim, an RMSNorm over each head of q and k b
 head's output, and RoPE (rope_theta) on the first partial_rotary_factor of each head's channels. ``q_proj``'s rows
 hold each head's query and gate in turn; linlm's fused projection wants all queries, then all gates, then k and v.
 
-The blocks are x + mixer(RMSNorm(x)), x + MLP(RMSNorm(x)) with a SwiGLU MLP of intermediate_size. Qwen3-Next's
+The blocks are x + mixer(RMSNorm(x)), x + MLP(RMSNorm(x)). Qwen3-Next's
 RMSNorms (the blocks', the final one, and the attention's q and k norms) scale by (1 + w): conversion adds 1 to
 their weights. The gated output norm of the linear layers scales by w, as linlm's does.
 
-What does not convert, named in a CheckpointError: a layer type other than linear and full attention, a sparse
-MoE block at any layer (num_experts > 0 where mlp_only_layers and decoder_sparse_step leave a layer sparse), an
-activation other than SiLU, attention biases, RoPE scaling (a rope_type other than "default"), and a number of
+The MLPs are dense SwiGLUs of intermediate_size, or, where num_experts > 0 makes every layer sparse (the released
+Qwen3-Next models), Qwen3-Next's sparse block: a router softmax over num_experts, the top num_experts_per_tok
+renormalised (norm_topk_prob), SwiGLU experts of moe_intermediate_size, and a shared SwiGLU expert of
+shared_expert_intermediate_size scaled per token by sigmoid(shared_expert_gate x): gated_deltanet's
+``options.mlp_experts`` and the options beside it. The experts are read from transformers' fused tensors or from
+the released files' one tensor per expert.
+
+What does not convert, named in a CheckpointError: a layer type other than linear and full attention, a stack of
+sparse and dense MLPs together (mlp_only_layers, decoder_sparse_step > 1), norm_topk_prob false, an activation
+other than SiLU, attention biases, RoPE scaling (a rope_type other than "default"), and a number of
 attention heads other than linear_num_key_heads (linlm's n_heads is both). One way only: linlm writes no
 Qwen3-Next checkpoints.
 """
@@ -53,6 +60,8 @@ DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num
                 hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, linear_conv_kernel_dim=4,
                 linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
                 linear_num_value_heads=32, decoder_sparse_step=1, num_experts=512, mlp_only_layers=[],
+                num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                norm_topk_prob=True,
                 full_attention_interval=4, layer_types=None, num_attention_heads=16, num_key_value_heads=2,
                 head_dim=256, attention_bias=False, rope_theta=10000.0, partial_rotary_factor=0.25,
                 rope_parameters=None, max_position_embeddings=32768)
@@ -75,11 +84,17 @@ def _resolved(config: dict, defaults: dict = DEFAULTS) -> dict:
     dense = set(c["mlp_only_layers"] or [])
     sparse = [i for i in range(n) if i not in dense and int(c["num_experts"]) > 0
               and (i + 1) % int(c["decoder_sparse_step"]) == 0]
-    if sparse:
+    if sparse and len(sparse) < n:
+        mixed = [i for i in range(n) if i not in sparse]
         raise CheckpointError(f"num_experts: {c['num_experts']} makes layers {sparse[:8]}"
-                              f"{' ...' if len(sparse) > 8 else ''} sparse mixtures of experts, which linlm's "
-                              "gated_deltanet does not compute; only dense MLPs convert (num_experts 0, or every "
-                              "layer in mlp_only_layers)")
+                              f"{' ...' if len(sparse) > 8 else ''} sparse mixtures of experts and layers "
+                              f"{mixed[:8]}{' ...' if len(mixed) > 8 else ''} dense (mlp_only_layers, "
+                              "decoder_sparse_step); linlm's gated_deltanet has one kind of MLP in every layer, so "
+                              "only all-sparse or all-dense stacks convert")
+    if sparse and not c["norm_topk_prob"]:
+        raise CheckpointError("norm_topk_prob: false weights the chosen experts by their raw softmax "
+                              "probabilities; linlm's router renormalises them over the top k (true)")
+    c["sparse"] = bool(sparse)
     if c["hidden_act"] not in ("silu", "swish"):
         raise CheckpointError(f"hidden_act: {c['hidden_act']!r} is not supported; Qwen3-Next's MLP uses silu")
     return c
@@ -116,6 +131,10 @@ def qwen3_next_values(config: dict, defaults: dict = DEFAULTS) -> dict:
                   norm_eps=float(c["rms_norm_eps"]), norm_type="rms", tie_embeddings=bool(c["tie_word_embeddings"]),
                   max_seq_len=int(c["max_position_embeddings"]), options=dict(head_k_dim=k, expand_v=v / k, short_conv=int(c["linear_conv_kernel_dim"]),
                                neg_eigval=False, v_heads=hv))
+    if c["sparse"]:
+        values["options"].update(mlp_experts=int(c["num_experts"]), mlp_top_k=int(c["num_experts_per_tok"]),
+                                 mlp_expert_dim=int(c["moe_intermediate_size"]),
+                                 shared_expert_dim=int(c["shared_expert_intermediate_size"]), shared_expert_gate=True)
     if c["attention_layers"]:
         values.update(attn_layers=c["attention_layers"], attn_options=_attention_options(c, hk))
     return values
@@ -134,6 +153,24 @@ def _qwen35_mixer(sd: Tensors, p: str, *_) -> torch.Tensor:
     """linlm's fused projection [q; k; v; z; a; b] from Qwen3.5's separate projections, already in that order
     within each (the widths ``_mixer`` takes are not needed)."""
     return torch.cat([sd[p + f"in_proj_{n}.weight"] for n in ("qkv", "z", "a", "b")], dim=0)
+
+
+def _moe(sd: Tensors, p: str, o: str, experts: int) -> dict[str, torch.Tensor]:
+    """linlm's MoEMLP weights of Qwen3-Next's sparse block at ``p``: the router, the experts (transformers' fused
+    ``experts.gate_up_proj`` [E, 2h, d] and ``experts.down_proj`` [E, d, h], or the released checkpoints' one
+    ``experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` per expert), the shared expert and its gate."""
+    m, ours = p + "mlp.", o + "mlp."
+    if dict.__contains__(sd, m + "experts.gate_up_proj"):
+        w_in, w_out = sd[m + "experts.gate_up_proj"], sd[m + "experts.down_proj"]
+    else:
+        e = [f"{m}experts.{i}." for i in range(experts)]
+        w_in = torch.stack([torch.cat([sd[x + "gate_proj.weight"], sd[x + "up_proj.weight"]]) for x in e])
+        w_out = torch.stack([sd[x + "down_proj.weight"] for x in e])
+    s = m + "shared_expert."
+    return {ours + "router.weight": sd[m + "gate.weight"], ours + "w_in": w_in, ours + "w_out": w_out,
+            ours + "shared.w_in.weight": torch.cat([sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"]]),
+            ours + "shared.w_out.weight": sd[s + "down_proj.weight"],
+            ours + "shared_gate.weight": sd[m + "shared_expert_gate.weight"]}
 
 
 def _to_linlm(config: dict, sd: Tensors, qwen35: bool = False) -> CausalLM:
@@ -161,8 +198,10 @@ def _to_linlm(config: dict, sd: Tensors, qwen35: bool = False) -> CausalLM:
         ours["head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.n_layers):
         p, o = f"{model}layers.{i}.", f"layers.{i}."
+        experts = cfg.options.mlp_experts
         ours.update({o + "norm1.weight": sd[p + "input_layernorm.weight"] + shift,
-                     o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + shift, **glu_from_hf(sd, p, o)})
+                     o + "norm2.weight": sd[p + "post_attention_layernorm.weight"] + shift,
+                     **(_moe(sd, p, o, experts) if experts else glu_from_hf(sd, p, o))})
         if i in cfg.attention_layers:
             a = p + "self_attn."
             heads, dh = cfg.n_heads, cfg.attn_options.head_dim
@@ -185,7 +224,7 @@ def _to_linlm(config: dict, sd: Tensors, qwen35: bool = False) -> CausalLM:
     return fill(cfg, ours, sd.where)
 
 
-LAYOUT = Layout("hf-qwen3-next", "transformers' Qwen3NextForCausalLM (dense MLPs)",
+LAYOUT = Layout("hf-qwen3-next", "transformers' Qwen3NextForCausalLM (dense or sparse MLPs)",
                 "gated_deltanet", matches=lambda c: c.get("model_type") == "qwen3_next", to_linlm=_to_linlm)
 LAYOUT_35 = Layout("hf-qwen3.5", "Qwen3.5's language model: transformers' Qwen3_5ForCausalLM, or the text half of "
                    "Qwen3_5ForConditionalGeneration", "gated_deltanet",

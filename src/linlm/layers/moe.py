@@ -19,7 +19,8 @@ ways to run the experts on their groups, same math:
   no grouping, so no shape depends on the routing. Few tokens (a decoding step): each token gathers its k experts' weights; more tokens: every expert runs
   on every token and the outputs are weighted by the (mostly zero) dense gates.
 ``shared`` always-on experts are fused into one SwiGLU of width shared * expert_dim (the sum of S SwiGLUs of
-width h is one SwiGLU of width S h).
+width h is one SwiGLU of width S h), or of its own width ``shared_dim``; with ``shared_gate`` its output is scaled
+per token by sigmoid(x w_s), w_s in R^d (Qwen3-Next's and Qwen2-MoE's shared expert).
 
 The module returns (y, aux) where aux = balance_coef * Switch load-balancing loss (1.0 at a uniform routing)
 + z_coef * router z-loss.
@@ -80,7 +81,8 @@ def router_aux_loss(logits, probs, indices, n_experts: int, balance_coef: float,
 
 class MoEMLP(nn.Module):
     def __init__(self, d_model: int, n_experts: int, top_k: int, expert_dim: int, shared_experts: int = 0,
-                 balance_coef: float = 0.01, z_coef: float = 0.0, init_std: float = 0.02):
+                 balance_coef: float = 0.01, z_coef: float = 0.0, init_std: float = 0.02, shared_dim: int = 0,
+                 shared_gate: bool = False):
         super().__init__()
         self.d_model, self.n_experts, self.top_k, self.expert_dim = d_model, n_experts, top_k, expert_dim
         self.balance_coef, self.z_coef = balance_coef, z_coef
@@ -93,7 +95,16 @@ class MoEMLP(nn.Module):
         with torch.no_grad():
             self.w_in.normal_(0.0, init_std)
             self.w_out.normal_(0.0, init_std)
-        self.shared = GLU(d_model, shared_experts * expert_dim, activation="silu") if shared_experts else None
+        width = shared_dim or shared_experts * expert_dim
+        self.shared = GLU(d_model, width, activation="silu") if width else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate and width else None
+
+    def _with_shared(self, y: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """y plus the shared expert's output on the tokens ``flat`` (gated per token where it has a gate)."""
+        if self.shared is None:
+            return y
+        s = self.shared(flat)
+        return y + (s if self.shared_gate is None else torch.sigmoid(self.shared_gate(flat)) * s)
 
     def forward(self, x: torch.Tensor):
         shape = x.shape
@@ -103,9 +114,7 @@ class MoEMLP(nn.Module):
         weights, indices, probs = top_k_route(logits, self.top_k)
         # No shape may follow the routing while torch.export traces, nor in a compiled decoding step (no gradient).
         if torch.compiler.is_exporting() or (torch.compiler.is_compiling() and not torch.is_grad_enabled()):
-            y = self._experts_static(flat, weights, indices)
-            if self.shared is not None:
-                y = y + self.shared(flat)
+            y = self._with_shared(self._experts_static(flat, weights, indices), flat)
             if torch.compiler.is_exporting():
                 return y.view(shape), logits.new_zeros(())
             return y.view(shape), router_aux_loss(logits, probs, indices, self.n_experts, self.balance_coef,
@@ -122,9 +131,7 @@ class MoEMLP(nn.Module):
             y_sorted = self._experts_batched(flat, indices, order, counts, capacity)
         else:
             y_sorted = self._experts_looped(flat, src, rows, counts)
-        y = combine(y_sorted, order, weights, n_tokens, rows=rows)
-        if self.shared is not None:
-            y = y + self.shared(flat)
+        y = self._with_shared(combine(y_sorted, order, weights, n_tokens, rows=rows), flat)
         aux = router_aux_loss(logits, probs, indices, self.n_experts, self.balance_coef, self.z_coef)
         return y.view(shape), aux
 
@@ -178,15 +185,18 @@ class MoEMLP(nn.Module):
     def active_params(self) -> int:
         """Parameters one token uses: the router, the shared experts and k of the E routed experts."""
         per_expert = (self.w_in.numel() + self.w_out.numel()) // self.n_experts
-        shared = sum(p.numel() for p in self.shared.parameters()) if self.shared is not None else 0
+        shared = sum(p.numel() for m in (self.shared, self.shared_gate) if m is not None for p in m.parameters())
         return self.router.weight.numel() + shared + self.top_k * per_expert
 
     def flops_per_token(self, seq_len: int) -> float:
         d, h = self.d_model, self.expert_dim
         shared = self.shared.hidden if self.shared is not None else 0
         routed = self.top_k * (2.0 * d * 2 * h + 2.0 * h * d + 2.0 * d)  # expert matmuls and the weighted sum
-        return 2.0 * d * self.n_experts + routed + 6.0 * d * shared
+        gate = 2.0 * d if self.shared_gate is not None else 0.0
+        return 2.0 * d * self.n_experts + routed + 6.0 * d * shared + gate
 
     def extra_repr(self) -> str:
+        shared = "" if self.shared is None else f", shared_dim={self.shared.hidden}" + (
+            ", shared_gate=True" if self.shared_gate is not None else "")
         return (f"d_model={self.d_model}, experts={self.n_experts}, top_k={self.top_k}, "
-                f"expert_dim={self.expert_dim}")
+                f"expert_dim={self.expert_dim}{shared}")
