@@ -27,11 +27,12 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
 
 # The numerics-sensitive tests again, with torch, MKL and oneDNN held to AVX2 (an AVX-512 CPU then rounds as an
-# AVX2 one does): a test that passes only with one CPU's rounding fails here.
+# AVX2 one does): a test that passes only with one CPU's rounding fails here. The converters' tests compare against
+# another library's float32 arithmetic, so they run here too.
 AVX2_MODE := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 test-avx2: $(STAMP)
 	$(AVX2_MODE) $(PY) -c "import torch; print('torch CPU capability:', torch.backends.cpu.get_cpu_capability())"
-	$(AVX2_MODE) $(PY) -m pytest -n 2 tests/train tests/ops tests/layers
+	$(AVX2_MODE) $(PY) -m pytest -n 2 tests/train tests/ops tests/layers tests/conversion
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

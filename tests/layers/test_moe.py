@@ -234,3 +234,23 @@ def test_active_params_and_flops():
     assert active_params(m) == d * E + S * per_expert + k * per_expert
     assert sum(p.numel() for p in m.parameters()) == d * E + (S + E) * per_expert
     assert forward_flops_per_token(m, 128) == 2 * d * E + k * (2 * per_expert + 2 * d) + S * 2 * per_expert
+
+
+def test_a_gated_shared_expert_of_its_own_width_is_scaled_per_token():
+    """shared_dim gives the shared SwiGLU its own width; shared_gate scales its output per token by sigmoid(x w)
+    (Qwen3-Next's shared expert); the gate counts in the active parameters and the FLOPs."""
+    d, E, k, h, hs = 16, 4, 2, 8, 12
+    m = make(E=E, k=k, h=h, shared_dim=hs, shared_gate=True)
+    routed = make(E=E, k=k, h=h)
+    routed.load_state_dict({n: v for n, v in m.state_dict().items() if not n.startswith("shared")})
+    assert m.shared.hidden == hs and m.shared_gate.weight.shape == (1, d)
+    x = torch.randn(2, 5, d, dtype=torch.float64)
+    with torch.no_grad():
+        m.shared_gate.weight.copy_(torch.randn(1, d))
+        scale = torch.sigmoid(x @ m.shared_gate.weight.T)
+        want = routed(x)[0] + scale * m.shared(x)
+        torch.testing.assert_close(m(x)[0], want)
+        assert scale.std() > 0.05  # the scale differs between tokens: a per-token gate, not a constant
+    ungated = make(E=E, k=k, h=h, shared_dim=hs)
+    assert active_params(m) == active_params(ungated) + d
+    assert forward_flops_per_token(m, 16) == forward_flops_per_token(ungated, 16) + 2 * d
