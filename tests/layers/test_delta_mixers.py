@@ -114,10 +114,11 @@ def test_presets_match_llama_within_2_percent(arch, preset):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("options", [dict(short_conv=0), dict(short_conv=2, neg_eigval=True), dict(v_heads=4)])
+@pytest.mark.parametrize("options", [dict(short_conv=0), dict(short_conv=2, neg_eigval=True), dict(v_heads=4),
+                                     dict(mlp_experts=4, mlp_top_k=2, shared_expert_dim=24, shared_expert_gate=True)])
 def test_option_variants_decode_as_the_full_pass(arch, options):
-    if arch == "deltanet" and "v_heads" in options:
-        pytest.skip("v_heads is Gated DeltaNet's")
+    if arch == "deltanet" and ("v_heads" in options or "mlp_experts" in options):
+        pytest.skip("v_heads and the sparse MLP are Gated DeltaNet's")
     torch.manual_seed(1)
     model = create_model(arch, preset="tiny", options=options).eval()
     ids = torch.randint(0, 512, (2, 30))
@@ -162,6 +163,12 @@ def test_gated_deltanet_widths():
     ("gated_deltanet", dict(head_k_dim=5, expand_v=1.5), r"^options.expand_v: head_k_dim x expand_v = 5 x 1.5 = 7.5"),
     ("gated_deltanet", dict(v_heads=-1), r"^options.v_heads: must be >= 0"),
     ("gated_deltanet", dict(v_heads=3), r"^options.v_heads: 3 value heads is not a multiple of n_heads=2"),
+    ("gated_deltanet", dict(mlp_experts=-1), r"^options.mlp_experts: must be 0 \(a dense MLP\) to 4096"),
+    ("gated_deltanet", dict(mlp_experts=5000), r"^options.mlp_experts: must be 0 \(a dense MLP\) to 4096"),
+    ("gated_deltanet", dict(mlp_experts=4, mlp_top_k=5),
+     r"^options.mlp_top_k: 5 is out of range; valid values are 1..4"),
+    ("gated_deltanet", dict(mlp_experts=4, mlp_top_k=0), r"^options.mlp_top_k: 0 is out of range"),
+    ("gated_deltanet", dict(mlp_experts=4, shared_expert_dim=-8), r"^options.shared_expert_dim: must be >= 0"),
 ])
 def test_bad_options_are_refused(arch, options, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -104,8 +104,9 @@ class Plateau:
         return (f"trained in blocks of {self.block} steps from {self.min_steps} to at most {self.max_steps}; "
                 f"plateaued when the last block's mean training loss is within {self.tolerance:.0%} (or "
                 f"{self.floor:g} nats) of the block before's, and its held-out loss is {self.chance_margin:g} "
-                f"nats or more below chance's and below copying a value of the context" + ("" if self.chance_steps is None else
-                                            f"; a run still at chance at {self.chance_steps} steps stops there"))
+                f"nats or more below chance's and below copying a value of the context"
+                + ("" if self.chance_steps is None else
+                   f"; a run still at chance at {self.chance_steps} steps stops there"))
 
     def next_steps(self, step: int) -> int:
         """The step to train to next from ``step``: the next block boundary, at most max_steps."""

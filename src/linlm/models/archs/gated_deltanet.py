@@ -56,7 +56,8 @@ class GatedDeltaNetOptions:
                                                       f"{self.mlp_experts}")
         if self.mlp_experts and not 1 <= self.mlp_top_k <= self.mlp_experts:
             raise config_error("options.mlp_top_k", f"{self.mlp_top_k} is out of range; valid values are "
-                                                    f"1..{self.mlp_experts} (mlp_experts)", related=["options.mlp_experts"])
+                                                    f"1..{self.mlp_experts} (mlp_experts)",
+                               related=["options.mlp_experts"])
         for key in ("mlp_expert_dim", "shared_expert_dim"):
             if getattr(self, key) < 0:
                 raise config_error(f"options.{key}", f"must be >= 0 (0: the default width), got {getattr(self, key)}")
