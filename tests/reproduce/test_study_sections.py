@@ -104,3 +104,24 @@ def test_a_study_that_cannot_be_run_is_refused_in_one_line_before_any_work(tmp_p
     err = capsys.readouterr().err.strip()
     assert named in err and f"recipe smoke: {key}" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_the_cpu_recipe_trains_the_delta_rule_and_its_peers_at_equal_state():
+    """The delta-rule claim compares only runs whose state per layer agrees within its tolerance: the cpu recipe's
+    per_arch options give DeltaNet, Gated DeltaNet, HGRN2 and Mamba-2 the same state (measured from their decoding
+    states, as the experiment records it), so no pair of the claim is left out for unequal states."""
+    from linlm import create_model
+    from linlm.eval.mqar import state_floats
+    from linlm.experiments.mqar_grid import model_overrides
+    from linlm.reproduce.claims.delta_rule import DELTA, PEERS, STATE_TOL
+
+    m = load_recipe("cpu").mqar
+    task = m.task
+    states = {}
+    for c in m.configs():
+        name = c.name().rsplit("-d", 1)[0]
+        if name in (*DELTA, *PEERS):
+            over = model_overrides(c, m.n_layers, m.head_dim, task.vocab_size, task.seq_len)
+            states[name] = state_floats(create_model(c.arch, preset=None, **over), task.seq_len) / over["n_layers"]
+    assert sorted(states) == sorted((*DELTA, *PEERS))
+    assert max(states.values()) / min(states.values()) - 1 <= STATE_TOL, states
