@@ -61,16 +61,21 @@ def learning_loss(records: Sequence[dict]) -> Optional[float]:
     return recent_loss([r.get("loss") for r in records])
 
 
+def _not_below(loss: Optional[float], level: float, margin: float) -> bool:
+    """Whether ``loss`` is not ``margin`` nats below ``level`` (an unknown or non-finite loss is not)."""
+    return loss is None or not math.isfinite(loss) or loss > level - margin
+
+
 def at_chance(loss: Optional[float], chance: float, margin: float = CHANCE_MARGIN) -> bool:
     """Whether a run whose recent loss is ``loss`` has not yet left chance: its loss is not ``margin`` nats below
     the loss of a uniform guess (an unknown loss counts as at chance)."""
-    return loss is None or not math.isfinite(loss) or loss > chance_loss(chance) - margin
+    return _not_below(loss, chance_loss(chance), margin)
 
 
 def copying(loss: Optional[float], copy_loss: float, margin: float = CHANCE_MARGIN) -> bool:
     """Whether a run whose learning loss is ``loss`` does no better than copying a value of its context: its loss is
     not ``margin`` nats below ``copy_loss`` (an unknown loss counts as copying)."""
-    return loss is None or not math.isfinite(loss) or loss > copy_loss - margin
+    return _not_below(loss, copy_loss, margin)
 
 
 @dataclass(frozen=True)

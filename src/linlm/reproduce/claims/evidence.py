@@ -125,8 +125,13 @@ class Run:
     @property
     def stopped(self) -> str:
         """Why this run does not count as trained to a plateau ("" when it does)."""
-        return "at chance" if self.at_chance else "copying a context value" if self.copying else \
-            "" if self.plateaued else "not plateaued" if self.plateaued is False else "plateau not recorded"
+        if self.at_chance:
+            return "at chance"
+        if self.copying:
+            return "copying a context value"
+        if self.plateaued:
+            return ""
+        return "not plateaued" if self.plateaued is False else "plateau not recorded"
 
 
 @dataclass
