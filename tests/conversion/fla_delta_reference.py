@@ -19,6 +19,7 @@ def resolved(config: dict) -> dict:
     c["gated"] = gated
     c["k_dim"] = c.get("head_dim", 256) if gated else d // H
     c["v_dim"] = int(c["k_dim"] * c.get("expand_v", 2.0)) if gated else d // H
+    c["v_heads"] = (c.get("num_v_heads") or H) if gated else H  # fla's grouped values: num_v_heads
     c["intermediate_size"] = mlp_width(c)
     return c
 
@@ -28,7 +29,7 @@ def random_state(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     c = resolved(config)
     g = torch.Generator().manual_seed(seed)
     d, V, I, K = c["hidden_size"], c["vocab_size"], c["intermediate_size"], c["conv_size"]
-    H, Dk, Dv = c["num_heads"], c["k_dim"], c["v_dim"]
+    H, Dk, Dv, Hv = c["num_heads"], c["k_dim"], c["v_dim"], c["v_heads"]
 
     def rnd(*shape, scale=0.2, base=0.0):
         return base + scale * torch.randn(*shape, generator=g)
@@ -41,17 +42,17 @@ def random_state(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
         a = p + "attn."
         sd.update({p + "attn_norm.weight": rnd(d, base=1.0), p + "mlp_norm.weight": rnd(d, base=1.0),
                    a + "q_proj.weight": rnd(H * Dk, d, scale=0.4), a + "k_proj.weight": rnd(H * Dk, d, scale=0.4),
-                   a + "v_proj.weight": rnd(H * Dv, d, scale=0.4), a + "b_proj.weight": rnd(H, d, scale=0.5),
-                   a + "o_norm.weight": rnd(Dv, base=1.0), a + "o_proj.weight": rnd(d, H * Dv),
+                   a + "v_proj.weight": rnd(Hv * Dv, d, scale=0.4), a + "b_proj.weight": rnd(Hv, d, scale=0.5),
+                   a + "o_norm.weight": rnd(Dv, base=1.0), a + "o_proj.weight": rnd(d, Hv * Dv),
                    p + "mlp.gate_proj.weight": rnd(I, d), p + "mlp.up_proj.weight": rnd(I, d),
                    p + "mlp.down_proj.weight": rnd(d, I)})
         if c["use_short_conv"]:
-            for n, width in (("q", H * Dk), ("k", H * Dk), ("v", H * Dv)):
+            for n, width in (("q", H * Dk), ("k", H * Dk), ("v", Hv * Dv)):
                 sd[a + f"{n}_conv1d.weight"] = rnd(width, 1, K, scale=0.5)
         if c["gated"]:
-            sd.update({a + "a_proj.weight": rnd(H, d, scale=0.5), a + "g_proj.weight": rnd(H * Dv, d, scale=0.4),
-                       a + "A_log": torch.empty(H).uniform_(0, 16, generator=g).log(),
-                       a + "dt_bias": rnd(H, scale=1.0, base=-3.0)})
+            sd.update({a + "a_proj.weight": rnd(Hv, d, scale=0.5), a + "g_proj.weight": rnd(Hv * Dv, d, scale=0.4),
+                       a + "A_log": torch.empty(Hv).uniform_(0, 16, generator=g).log(),
+                       a + "dt_bias": rnd(Hv, scale=1.0, base=-3.0)})
     return sd
 
 
@@ -61,10 +62,11 @@ def _l2(x):
 
 def forward(config: dict, sd: dict, ids: torch.Tensor) -> torch.Tensor:
     """Logits [B, T, V] (float64 throughout): per head S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T in
-    fla's key-by-value layout, o_t = S_t^T q_t with q and k L2-normalised and q times Dk^-1/2."""
+    fla's key-by-value layout, o_t = S_t^T q_t with q and k L2-normalised and q times Dk^-1/2. With num_v_heads =
+    g num_heads value heads, each q/k head serves g consecutive value heads (fla repeats them '(h g)')."""
     c = resolved(config)
     sd = {k: v.double() for k, v in sd.items()}
-    eps, H, Dk, Dv = c["norm_eps"], c["num_heads"], c["k_dim"], c["v_dim"]
+    eps, Hk, Dk, Dv, H = c["norm_eps"], c["num_heads"], c["k_dim"], c["v_dim"], c["v_heads"]
     B, T = ids.shape
     x = sd["model.embeddings.weight"][ids]
     for i in range(c["num_hidden_layers"]):
@@ -75,8 +77,8 @@ def forward(config: dict, sd: dict, ids: torch.Tensor) -> torch.Tensor:
         if c["use_short_conv"]:
             q, k, v = (_conv(t, sd[a + f"{n}_conv1d.weight"]) for t, n in zip((q, k, v), "qkv"))
         q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        q = _l2(q.view(B, T, H, Dk)) * Dk ** -0.5
-        k = _l2(k.view(B, T, H, Dk))
+        q = (_l2(q.view(B, T, Hk, Dk)) * Dk ** -0.5).repeat_interleave(H // Hk, dim=2)
+        k = _l2(k.view(B, T, Hk, Dk)).repeat_interleave(H // Hk, dim=2)
         v = v.view(B, T, H, Dv)
         beta = torch.sigmoid(h @ sd[a + "b_proj.weight"].T) * (2.0 if c["allow_neg_eigval"] else 1.0)
         if c["gated"]:

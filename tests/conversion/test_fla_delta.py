@@ -20,6 +20,7 @@ VARIANTS = {
                                              tie_word_embeddings=True, intermediate_size=40),
     "gated": GATED,
     "gated_conv3_expand1": dict(GATED, conv_size=3, expand_v=1.0, hidden_ratio=2, allow_neg_eigval=True),
+    "gated_grouped_values": dict(GATED, num_v_heads=6, expand_v=1.0),
 }
 
 
@@ -46,7 +47,8 @@ def test_converted_fla_delta_checkpoint_computes_what_fla_computes(tmp_path, nam
     (dict(DELTANET, qk_norm="sum"), "qk_norm"), (dict(DELTANET, qk_activation="relu"), "qk_activation"),
     (dict(DELTANET, expand_k=0.5), "expand_k"), (dict(DELTANET, conv_bias=True), "conv_bias"),
     (dict(DELTANET, attn={"layers": [1], "num_heads": 4}), "attn"), (dict(GATED, use_gate=False), "use_gate"),
-    (dict(GATED, num_v_heads=4), "num_v_heads"), (dict(GATED, hidden_act="gelu"), "hidden_act"),
+    (dict(GATED, num_v_heads=3), "num_v_heads"), (dict(GATED, num_v_heads=1), "num_v_heads"),
+    (dict(GATED, hidden_act="gelu"), "hidden_act"),
 ])
 def test_an_unsupported_fla_setting_is_refused_naming_the_field(tmp_path, config, field):
     sd = fla.random_state({k: v for k, v in config.items() if k not in ("num_v_heads", "expand_k")}, seed=0)

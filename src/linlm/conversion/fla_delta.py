@@ -11,10 +11,12 @@ o_norm's weight as the per-head norm, o_proj as the output; A_log and dt_bias as
 
 What linlm computes: DeltaNet with keys and values of width hidden_size / num_heads (expand_k = expand_v = 1),
 SiLU on q, k, v, L2-normalised q and k, beta = sigmoid(x W_b) (2 sigmoid with allow_neg_eigval), the per-head
-output norm without a gate; Gated DeltaNet with head_dim and expand_v as given, num_v_heads = num_heads, the output
-gate on. Any other setting (use_beta false, use_gate, qk_activation / qk_norm other than silu / l2, expand_k or
-expand_v other than 1 for DeltaNet, conv_bias, num_v_heads above num_heads, use_output_norm false, an ``attn``
-hybrid, an activation other than swish) is a CheckpointError naming the field.
+output norm without a gate; Gated DeltaNet with head_dim and expand_v as given, the output gate on, and num_v_heads
+value heads (grouped values: a multiple of num_heads, value head h reading q and k head h // (num_v_heads /
+num_heads), as fla repeats them) as linlm's options.v_heads. Any other setting (use_beta false, use_gate,
+qk_activation / qk_norm other than silu / l2, expand_k or expand_v other than 1 for DeltaNet, conv_bias, num_v_heads
+below num_heads or not a multiple of it, use_output_norm false, an ``attn`` hybrid, an activation other than swish)
+is a CheckpointError naming the field.
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ def deltanet_values(config: dict) -> dict:
 
 def gated_values(config: dict) -> dict:
     c = _resolved(config, GATED, GATED_FIXED)
-    if c["num_v_heads"] not in (None, c["num_heads"]):
-        raise CheckpointError(f"num_v_heads: {c['num_v_heads']} value heads over {c['num_heads']} key heads "
-                              f"(grouped values) is not supported; linlm's Gated DeltaNet has one value head a key head")
+    heads, v_heads = int(c["num_heads"]), int(c["num_v_heads"] or c["num_heads"])
+    if v_heads < heads or v_heads % heads:
+        raise CheckpointError(f"num_v_heads: {v_heads} value heads over num_heads={heads} query/key heads is not "
+                              f"supported; fla repeats each query/key head num_v_heads / num_heads times, so "
+                              f"num_v_heads must be a multiple of num_heads")
     return dict(_common_values(c, "gated_deltanet"), options=dict(
-        head_k_dim=int(c["head_dim"]), expand_v=float(c["expand_v"]),
+        head_k_dim=int(c["head_dim"]), expand_v=float(c["expand_v"]), v_heads=0 if v_heads == heads else v_heads,
         short_conv=int(c["conv_size"]) if c["use_short_conv"] else 0, neg_eigval=bool(c["allow_neg_eigval"])))
 
 
