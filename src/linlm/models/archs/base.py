@@ -31,6 +31,29 @@ FAMILIES = (BASELINE, LINEAR_ATTENTION, SSM, MIXTURE)
 
 
 @dataclass(frozen=True)
+class SizeKnob:
+    """The one setting an architecture's preset rule solves to match LLaMA's parameters at a paper row (a
+    ModelConfig field, or ``options.NAME``), in steps of ``multiple``. A block's (active) parameters grow linearly
+    with it, so a hybrid stack (ModelConfig.attn_layers / attn_every) at that row is matched again by solving the
+    same setting over the whole stack (models/presets.py). ``layers``: the rule picks the layer count too (Mamba's
+    blocks are about half a LLaMA block), so a hybrid may take another count."""
+
+    field: str
+    multiple: int
+    layers: bool = False
+
+    def get(self, values: dict) -> Any:
+        if self.field.startswith("options."):
+            return (values.get("options") or {}).get(self.field[len("options."):])
+        return values.get(self.field)
+
+    def set(self, values: dict, value: int) -> dict:
+        if self.field.startswith("options."):
+            return {**values, "options": {**(values.get("options") or {}), self.field[len("options."):]: value}}
+        return {**values, self.field: value}
+
+
+@dataclass(frozen=True)
 class NoOptions:
     """The options of an architecture that has none of its own."""
 
@@ -61,6 +84,8 @@ class ArchSpec:
     extra_validate: Optional[Callable[..., None]] = None
     # (preset name, row: full dict of ModelConfig fields, layer counter) -> the row this architecture uses.
     preset_rule: Optional[Callable[[str, dict, LayerCounter], dict]] = None
+    # The setting preset_rule solves, when it solves one (a hybrid stack at a preset solves it again).
+    size_knob: Optional[SizeKnob] = None
     # The options of this architecture alone: a frozen dataclass whose every field has a default (the authors'
     # choice); ModelConfig.options holds one. Its validate(), when defined, raises ConfigError for bad values.
     options: type = NoOptions
@@ -132,18 +157,26 @@ def layers_on(presets: dict[str, int]) -> Callable[[str, dict, Any], dict]:
 
 
 GLU_MULTIPLE = 8
+GLU_KNOB = SizeKnob("glu_dim", GLU_MULTIPLE)
 
 
-def glu_matched_to_llama(preset: str, row: dict, layer_params) -> dict:
+def glu_matched(multiple: int = GLU_MULTIPLE) -> Callable[[str, dict, Any], dict]:
     """A preset rule: on every paper-* row, keep d, n_layers and n_heads and solve glu_dim (to a multiple of
-    GLU_MULTIPLE) so that one block has the parameters of the row's LLaMA block (both stacks end with one norm of
+    ``multiple``) so that one block has the parameters of the row's LLaMA block (both stacks end with one norm of
     width d, so the non-embedding parameters then match). A block's parameters grow linearly with glu_dim; both
     counts come from blocks built on the meta device."""
-    if not preset.startswith("paper-"):
+
+    def rule(preset: str, row: dict, layer_params) -> dict:
+        if not preset.startswith("paper-"):
+            return row
+        target = layer_params({**row, "arch": "llama", "options": None})[0]
+        m = multiple
+        at_m = layer_params({**row, "glu_dim": m})[0]
+        per_unit = (layer_params({**row, "glu_dim": 2 * m})[0] - at_m) / m
+        row["glu_dim"] = max(m, m * round((m + (target - at_m) / per_unit) / m))
         return row
-    target = layer_params({**row, "arch": "llama", "options": None})[0]
-    m = GLU_MULTIPLE
-    at_m = layer_params({**row, "glu_dim": m})[0]
-    per_unit = (layer_params({**row, "glu_dim": 2 * m})[0] - at_m) / m
-    row["glu_dim"] = max(m, m * round((m + (target - at_m) / per_unit) / m))
-    return row
+
+    return rule
+
+
+glu_matched_to_llama = glu_matched()

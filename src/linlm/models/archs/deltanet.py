@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from linlm.layers.deltanet import DeltaNetMixer
-from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, glu_matched_to_llama, swiglu
+from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, GLU_KNOB, glu_matched_to_llama, swiglu
 from linlm.schema import config_error
 
 
@@ -33,4 +33,4 @@ class DeltaNetOptions:
 SPEC = ArchSpec("deltanet", DeltaNetMixer, swiglu, "rms",
                 "DeltaNet: linear attention with the delta rule (L2-normalised keys, short convolutions)",
                 family=LINEAR_ATTENTION, paper="arXiv 2406.06484", color="gold", scaling_study=True,
-                preset_rule=glu_matched_to_llama, options=DeltaNetOptions)
+                preset_rule=glu_matched_to_llama, size_knob=GLU_KNOB, options=DeltaNetOptions)

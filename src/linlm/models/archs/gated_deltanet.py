@@ -18,7 +18,7 @@ from torch import nn
 
 from linlm.layers.gated_deltanet import GatedDeltaNetMixer, head_k_dim
 from linlm.layers.moe import MoEMLP
-from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, glu_matched_to_llama, swiglu
+from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, GLU_KNOB, glu_matched_to_llama, swiglu
 from linlm.models.archs.deltanet import check_short_conv
 from linlm.schema import config_error
 
@@ -95,4 +95,5 @@ def mlp(cfg, layer_idx: int) -> nn.Module:
 SPEC = ArchSpec("gated_deltanet", GatedDeltaNetMixer, mlp, "rms",
                 "Gated DeltaNet: the delta rule with Mamba-2's decay and an output gate",
                 family=LINEAR_ATTENTION, paper="arXiv 2412.06464", color="tab:cyan", scaling_study=True,
-                extra_validate=validate, preset_rule=glu_matched_to_llama, options=GatedDeltaNetOptions)
+                extra_validate=validate, preset_rule=glu_matched_to_llama,
+                size_knob=GLU_KNOB, options=GatedDeltaNetOptions)

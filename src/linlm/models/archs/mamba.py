@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from linlm.layers.mamba import MambaMixer
-from linlm.models.archs.base import SSM, ArchSpec, own_names, positive_ints
+from linlm.models.archs.base import SSM, ArchSpec, SizeKnob, own_names, positive_ints
 from linlm.schema import config_error
 
 
@@ -49,4 +49,4 @@ def preset_rule(preset: str, row: dict, layer_params) -> dict:
 SPEC = ArchSpec("mamba", MambaMixer, None, "rms",
                 "Mamba: Mamba-1 selective-scan blocks (the SSM baseline), no separate MLP",
                 family=SSM, paper="arXiv 2312.00752", color="tab:purple",
-                preset_rule=preset_rule, options=MambaOptions, flat_options=own_names(MambaOptions))
+                preset_rule=preset_rule, size_knob=SizeKnob("options.dt_rank", 1, layers=True), options=MambaOptions, flat_options=own_names(MambaOptions))

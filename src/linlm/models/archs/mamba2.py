@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from linlm.layers.mamba2 import Mamba2Mixer, mamba2_dims
-from linlm.models.archs.base import SSM, ArchSpec, positive_ints
+from linlm.models.archs.base import SSM, ArchSpec, SizeKnob, positive_ints
 from linlm.schema import config_error
 
 STATE_MULTIPLE = 16
@@ -65,4 +65,5 @@ def preset_rule(preset: str, row: dict, layer_params) -> dict:
 SPEC = ArchSpec("mamba2", Mamba2Mixer, None, "rms",
                 "Mamba-2: SSD blocks (scalar data-dependent decay per head), no separate MLP",
                 family=SSM, paper="arXiv 2405.21060", color="tab:pink", scaling_study=True, extra_validate=validate,
-                preset_rule=preset_rule, options=Mamba2Options)
+                preset_rule=preset_rule, size_knob=SizeKnob("options.d_state", STATE_MULTIPLE, layers=True),
+                options=Mamba2Options)

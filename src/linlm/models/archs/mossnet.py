@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from linlm.errors import choices_text
 from linlm.layers.moe import MoEMLP
 from linlm.layers.mossnet import KERNELS, POLICIES, MossNetMixer
-from linlm.models.archs.base import MIXTURE, ArchSpec, own_names
+from linlm.models.archs.base import MIXTURE, ArchSpec, SizeKnob, own_names
 from linlm.models.archs.mamba import MambaOptions
 from linlm.schema import config_error
 
@@ -109,5 +109,6 @@ def preset_rule(preset: str, row: dict, layer_params) -> dict:
 SPEC = ArchSpec("mossnet", MossNetMixer, moe_mlp, "rms",
                 "MossNet: mixture of state-space experts (routed S6/SSD experts) and a mixture of SwiGLU experts",
                 family=MIXTURE, paper="arXiv 2510.26182", color="tab:brown",
-                extra_validate=validate, preset_rule=preset_rule, options=MossNetOptions,
+                extra_validate=validate, preset_rule=preset_rule,
+                size_knob=SizeKnob("options.mlp_expert_dim", EXPERT_DIM_MULTIPLE), options=MossNetOptions,
                 flat_options=own_names(MossNetOptions))

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from linlm.layers.retnet import RetNetMixer
-from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, swiglu
+from linlm.models.archs.base import LINEAR_ATTENTION, ArchSpec, SizeKnob, glu_matched, swiglu
 from linlm.schema import config_error
 
 GLU_MULTIPLE = 64
@@ -39,21 +39,7 @@ def validate(cfg) -> None:
                            "d_model or n_heads", related=("n_heads",))
 
 
-def preset_rule(preset: str, row: dict, layer_params) -> dict:
-    if not preset.startswith("paper-"):
-        return row
-    target = layer_params({**row, "arch": "llama", "options": None})[0]
-
-    def at_width(g: int) -> int:
-        return layer_params({**row, "arch": "retnet", "glu_dim": g})[0]
-
-    m = GLU_MULTIPLE
-    per_unit = (at_width(2 * m) - at_width(m)) / m
-    g = m + (target - at_width(m)) / per_unit
-    row["glu_dim"] = max(m, m * round(g / m))
-    return row
-
-
 SPEC = ArchSpec("retnet", RetNetMixer, swiglu, "rms", "RetNet: multi-scale retention, a fixed decay per head",
                 family=LINEAR_ATTENTION, paper="arXiv 2307.08621", color="teal", scaling_study=True, extra_validate=validate,
-                preset_rule=preset_rule, options=RetNetOptions)
+                preset_rule=glu_matched(GLU_MULTIPLE), size_knob=SizeKnob("glu_dim", GLU_MULTIPLE),
+                options=RetNetOptions)
