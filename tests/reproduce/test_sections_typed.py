@@ -35,12 +35,20 @@ def recipe_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def no_timing(monkeypatch):
     """The dry run's step timing (it trains a few steps of every run) left out: these tests read the plan's text."""
+    import importlib
+    import pkgutil
+
+    import linlm.reproduce.sections
     import linlm.scaling.estimate
-    from linlm.reproduce.sections import mqar, retrieval_studies
+    from linlm.reproduce.sections import mqar_training
 
     monkeypatch.setattr(linlm.scaling.estimate, "estimate", lambda rows, *a, **k: rows)
-    for module in (mqar, retrieval_studies):
-        monkeypatch.setattr(module, "seconds", lambda settings, task, configs: 60.0 * len(configs))
+    # Every section that times MQAR-style training (mqar, aspect, context, hybrid, and any added later).
+    timed = mqar_training.seconds
+    for info in pkgutil.iter_modules(linlm.reproduce.sections.__path__):
+        module = importlib.import_module(f"linlm.reproduce.sections.{info.name}")
+        if getattr(module, "seconds", None) is timed:
+            monkeypatch.setattr(module, "seconds", lambda settings, task, configs: 60.0 * len(configs))
 
 
 def test_a_key_no_section_reads_is_one_line_and_exit_2_before_any_work(recipe_dir, tmp_path, capsys):
