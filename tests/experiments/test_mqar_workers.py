@@ -79,6 +79,6 @@ def test_sigterm_stops_every_worker_records_nothing_and_the_command_resumes(tmp_
     for r in rows:  # each run's log reads as one run, step 1 to the end
         assert [x["step"] for x in read_metrics(out / r["run"] / "metrics.jsonl") if "loss" in x] == \
             list(range(1, steps + 1))
-    ref = run_experiment([MQARRun("tnl", 16)], CFG, tmp_path / "ref", steps=steps, batch_size=4, lr=1e-2,
+    ref = run_experiment([MQARRun("tnl", 16)], CFG, tmp_path / "ref", steps=steps, batch_size=4,
                          n_layers=1, head_dim=8, test_sequences=32, threads=1)
     assert same(rows[0]) == same(json.loads(json.dumps(ref[0])))
