@@ -54,5 +54,7 @@ def test_a_hybrid_preset_keeps_what_the_caller_sets():
     fixed_state = preset_config("mamba2", "paper-70m", attn_every=8, options={"d_state": 64})
     assert fixed_state.options.d_state == 64 and fixed_state.n_layers == pure.n_layers
     assert preset_config("gated_deltanet", "paper-70m", attn_every=4, glu_dim=1000).glu_dim == 1000
+    flat = preset_config("mamba", "paper-70m", attn_every=4, dt_rank=8)  # Mamba's flat spelling of options.dt_rank
+    assert flat.options.dt_rank == 8 and flat.n_layers == preset_config("mamba", "paper-70m").n_layers
     tiny = preset_config("mamba2", "tiny", attn_every=2)  # only the paper rows are matched
     assert tiny.n_layers == PRESETS["tiny"]["n_layers"]

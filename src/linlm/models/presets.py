@@ -121,6 +121,8 @@ def preset_config(arch: str, preset: Optional[str] = None, **overrides: Any) -> 
         overrides = {**overrides, "options": {**values["options"], **given}}
     values.update(overrides)
     if preset is not None and preset.startswith("paper-") and (values.get("attn_layers") or values.get("attn_every")):
-        given = set(overrides) | {f"options.{k}" for k in (given if isinstance(given, Mapping) else ())}
-        values = hybrid_row(preset, values, frozenset(given))
+        flat = get_arch(arch).flat_options  # an option given in its flat spelling is the caller's too
+        fixed = {*overrides, *(f"options.{flat[k]}" for k in overrides if k in flat),
+                 *(f"options.{k}" for k in (given if isinstance(given, Mapping) else ()))}
+        values = hybrid_row(preset, values, frozenset(fixed))
     return ModelConfig.from_dict(values)
