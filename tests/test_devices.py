@@ -58,3 +58,30 @@ def test_native_bf16_follows_the_device(monkeypatch):
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", missing)
     assert devices.native_bf16(CPU) is False
     assert devices.native_bf16(torch.device("meta")) is False
+
+
+def test_profile_in_bfloat16_warns_where_it_is_not_native_and_the_command_says_it_in_one_line(bf16_native, capsys):
+    """`linlm profile --dtype bfloat16` on an AVX2-only CPU timed the slow fallback without a word; now it warns,
+    as training does, and the command prints one line."""
+    from linlm.cli import _linlm_warnings_on_one_line
+    from linlm.infer.profile import profile
+
+    kw = dict(contexts=[8], decode_tokens=1, dtype="bfloat16")
+    bf16_native(False)
+    with pytest.warns(RuntimeWarning, match=r"--dtype bfloat16 on cpu: this device has no native bfloat16.*float32"):
+        profile(["hgrn2"], "tiny", **kw)
+    bf16_native(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile(["hgrn2"], "tiny", **kw)
+    bf16_native(False)
+    elsewhere = []
+    with warnings.catch_warnings():  # restores Python's showwarning afterwards
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, *a, **k: elsewhere.append(filename)
+        _linlm_warnings_on_one_line()
+        profile(["hgrn2"], "tiny", **kw)
+        warnings.warn_explicit("from elsewhere", UserWarning, "/not/linlm/module.py", 7)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("linlm: warning: --dtype bfloat16 on cpu: this device has no native")
+    assert elsewhere == ["/not/linlm/module.py"]  # other libraries' warnings go where they went before

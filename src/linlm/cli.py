@@ -107,9 +107,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from linlm.runtime import tune_allocator
 
     tune_allocator()
+    _linlm_warnings_on_one_line()
     from linlm.cli_args import exit_status
 
     return exit_status("linlm", lambda: _run(args))
+
+
+def _linlm_warnings_on_one_line() -> None:
+    """A warning raised from linlm's own code prints as one line, ``linlm: warning: ...``, like its errors;
+    other libraries' warnings keep Python's format (file, line and source)."""
+    import warnings
+    from pathlib import Path
+
+    shown = warnings.showwarning
+    if getattr(shown, "linlm", False):
+        return
+    package = str(Path(__file__).resolve().parent)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not str(Path(filename).resolve()).startswith(package):
+            return shown(message, category, filename, lineno, file, line)
+        print(f"linlm: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+
+    show.linlm = True
+    warnings.showwarning = show
 
 
 def _run(args) -> int:

@@ -62,12 +62,19 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         raise ConfigError(f"precision: {precision!r} is not a precision; use one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return precision
-    native = native_bf16(device)
     if precision == "auto":
-        return "bf16" if native else "fp32"
-    if not native:
-        warnings.warn(
-            f"precision bf16 on {device.type}: this device has no native bfloat16 matmul (on a CPU: no AVX-512 "
-            "or AMX), so bf16 matmuls take a slow fallback, tens of times slower than fp32; use precision fp32 "
-            "or auto (--precision auto: bf16 only where it is native)", RuntimeWarning, stacklevel=2)
+        return "bf16" if native_bf16(device) else "fp32"
+    warn_slow_bf16(device, "precision bf16", "use precision fp32 or auto (--precision auto: bf16 only where it is "
+                                             "native)")
     return precision
+
+
+def warn_slow_bf16(device: torch.device, what: str, fix: str) -> bool:
+    """Warn (once per call) that ``what`` computes in bfloat16 on a ``device`` without native bf16 matmuls, naming
+    ``fix``; True when it warned."""
+    if native_bf16(device):
+        return False
+    warnings.warn(f"{what} on {device.type}: this device has no native bfloat16 matmul (on a CPU: no AVX-512 or "
+                  f"AMX), so bf16 matmuls take a slow fallback, tens of times slower than fp32; {fix}",
+                  RuntimeWarning, stacklevel=2)  # where linlm asked for bf16
+    return True

@@ -240,7 +240,7 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
     A context that runs out of memory gives a row with ``error`` set, and the others still run.
     """
     from linlm.infer.export import FORMATS
-    from linlm.devices import resolve_device
+    from linlm.devices import resolve_device, warn_slow_bf16
     from linlm.models.registry import ARCHITECTURES
 
     dev = resolve_device(device)
@@ -264,6 +264,8 @@ def profile(archs: Sequence[str], preset: Optional[str], contexts: Sequence[int]
         raise ConfigError(f"exported: the exported steps are timed on the CPU only, not on {dev}; drop --exported "
                           f"or use --device cpu")
     check_profile_memory(archs, preset, contexts, dev, dtype, overrides, batches)
+    if dtype == "bfloat16":  # the rows would measure the fallback, not the model
+        warn_slow_bf16(dev, "--dtype bfloat16", "profile with --dtype float32 here, or on a CPU with AVX-512 or AMX")
     rows = []
     max_context = max(contexts) + decode_tokens + 3
     for arch in archs:
