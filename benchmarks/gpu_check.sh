@@ -2,7 +2,8 @@
 # One-shot check of linlm's GPU backend on a machine with a CUDA GPU (about 5-8 minutes):
 #   1. the libraries: fla-core (flash-linear-attention's ops) and mamba-ssm, installed if missing and possible;
 #   2. tests/ops/test_gpu_backends.py: the kernels against linlm's references (fp32, bf16, gradients, states), and
-#      tests/conversion/test_fla_gpu.py: fla's HGRN2ForCausalLM against its conversion into linlm;
+#      tests/conversion/test_fla_gpu.py: fla's HGRN2ForCausalLM against its conversion into linlm, and
+#      tests/conversion/test_fla_classes.py: checkpoints of fla's own classes against the equations' references;
 #   3. benchmarks/bench_gpu_kernels.py: kernels against linlm's torch path, fwd+bwd timings (JSON in results/);
 #   4. the commands with --device cuda: linlm train (a few steps), linlm profile.
 # Each step has its own time limit and a failure does not stop the later ones; the summary at the end says which
@@ -82,7 +83,8 @@ EOF
 step tests 300 "$PY" -m pytest tests/ops/test_gpu_backends.py -q -rs -p no:cacheprovider
 
 # fla's own HGRN2ForCausalLM against its conversion (linlm convert), logits to 1e-5
-step convert_fla 180 "$PY" -m pytest tests/conversion/test_fla_gpu.py -q -rs -p no:cacheprovider
+step convert_fla 180 "$PY" -m pytest tests/conversion/test_fla_gpu.py tests/conversion/test_fla_classes.py -q -rs \
+    -p no:cacheprovider
 
 # ---- 3. timings: kernels against linlm's torch path
 step bench 150 "$PY" benchmarks/bench_gpu_kernels.py --repeat 5
