@@ -104,7 +104,8 @@ def hybrid_row(preset: str, values: dict, fixed: frozenset = frozenset()) -> dic
         for value in {solved, was} if solved >= m else {was}:  # the rule's own value, where it is close enough
             at = knob.set(at, value)
             miss = abs(stack_params(at) - target) / target
-            rank = (miss > HYBRID_TOLERANCE, abs(value - was), miss)
+            out = miss > HYBRID_TOLERANCE  # outside: the closest stack; inside: the setting that moves least
+            rank = (out, miss if out else abs(value - was), miss)
             if best is None or rank < best[0]:
                 best = (rank, at)
     return values if best is None else best[1]
