@@ -12,7 +12,10 @@ from reproduce_helpers import MODEL, Fakes, fake_zeroshot_models
 def fakes(monkeypatch) -> Fakes:
     """Every section runner replaced: training writes a finished sweep, the evaluation sections return minimal
     results of their real shape; the zero-shot section is the real one, on stand-in models (task files whose
-    text is "bad" fail to score, any other text scores)."""
+    text is "bad" fail to score, any other text scores). The retrieval studies (aspect, context, hybrid) train
+    their tiny MQAR runs for real, without drawing each run's loss curve (half their time; no test here reads
+    those plots)."""
+    import linlm.train.report
     from linlm.reproduce import section
     from linlm.reproduce.sections import decode, fits, mqar, niah, quality, training
 
@@ -27,5 +30,6 @@ def fakes(monkeypatch) -> Fakes:
                                                             "rows": [], "plot": "mqar.png", "settings": {}}))
     monkeypatch.setattr(decode, "measure", f.section("decode", {"rows": [], "environment": {}, "plot": "decode.png",
                                                                 "settings": {}}))
+    monkeypatch.setattr(linlm.train.report, "plot_loss_curve", lambda records, path, title: None)
     fake_zeroshot_models(monkeypatch)
     return f
