@@ -20,6 +20,19 @@ def write_fla(directory, config: dict, sd: dict):
     return directory
 
 
+def save_like_pretrained(model, directory):
+    """What ``model.save_pretrained(directory)`` writes for an fla model (config.json from its config class, the
+    weights as model.safetensors without a tied head), written by hand: fla 0.5's list of tied-weight keys breaks
+    the save_pretrained of some transformers versions."""
+    directory.mkdir()
+    model.config.to_json_file(directory / "config.json")
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    save_file(sd, str(directory / "model.safetensors"))
+    return directory
+
+
 def mlp_width(c: dict) -> int:
     """fla GatedMLP's width: intermediate_size, or 2/3 of hidden_size * hidden_ratio rounded up to 256."""
     if c["intermediate_size"] is not None:

@@ -32,8 +32,6 @@ CASES = {
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_checkpoint_of_flas_own_classes_converts_to_what_its_equations_compute(tmp_path, name):
-    from safetensors.torch import save_file
-
     prefix, reference, options = CASES[name]
     torch.manual_seed(0)
     config = getattr(fla_models, f"{prefix}Config")(**TINY, **options)
@@ -41,13 +39,8 @@ def test_a_checkpoint_of_flas_own_classes_converts_to_what_its_equations_compute
     with torch.no_grad():  # random, asymmetric weights everywhere, norms included
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    source = tmp_path / "fla"
-    source.mkdir()
-    # save_pretrained would do the same; written by hand because fla 0.5's tied-weight keys break some
-    # transformers versions' save_pretrained.
-    config.to_json_file(source / "config.json")
-    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(sd, source / "model.safetensors")
+    source = fla_reference.save_like_pretrained(model, tmp_path / "fla")
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
     linlm.convert(source, tmp_path / "ours")
     ours = linlm.load(tmp_path / "ours").eval().double()
     written = json.loads((source / "config.json").read_text())
