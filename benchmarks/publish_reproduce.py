@@ -7,7 +7,8 @@
 Writes docs/results/reproduce_<recipe>.json (--out for another path): the environment the job's last run recorded
 (revision, CPU, torch), the command given, the recipe, each section's finishing time (from the times its result
 files were written: the sections run one after another, so the differences are their durations; a job stopped and
-continued counts the pause too), the claims, judged from the job's saved sections by this checkout's
+continued counts the pause too, unless --paused names it: then the pause is taken out of the section it fell in
+and recorded beside it), the claims, judged from the job's saved sections by this checkout's
 linlm/reproduce/claims/ (its revision is recorded as judged_at), and ``evidence``: the parts of the sections the
 claims read (per-seed values, seed replicates, fitted points), from which a test computes every verdict again.
 The recipe's description and trade-offs are read as the job's revision had them.
@@ -35,19 +36,37 @@ def _utc(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def section_times(job: Path, created: str) -> list[dict]:
+def _timestamp(utc: str) -> float:
+    return datetime.datetime.fromisoformat(utc.replace("Z", "+00:00")).timestamp()
+
+
+def parse_pause(text: str) -> tuple[float, float]:
+    """``FROM/TO``, two UTC times (ISO 8601) between which the job was not running."""
+    try:
+        start, end = (_timestamp(t.strip()) for t in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"publish_reproduce: --paused {text!r} is not FROM/TO in UTC, e.g. "
+                         "2026-12-07T09:20:00Z/2026-12-07T11:14:00Z") from None
+    if end <= start:
+        raise SystemExit(f"publish_reproduce: --paused {text!r} ends before it starts; give FROM/TO in that order")
+    return start, end
+
+
+def section_times(job: Path, created: str, paused: list[tuple[float, float]] = ()) -> list[dict]:
     """Each saved section in the order the job runs them, with when its result was written and the minutes since
-    the one before (the first: since the job was created)."""
+    the one before (the first: since the job was created), less any pause in ``paused`` (start, end in Unix
+    seconds: the job was not running), whose minutes are kept as ``paused_minutes``."""
     from linlm.reproduce.sections import SECTIONS
 
-    start = datetime.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
-    rows, before = [], start
+    rows, before = [], _timestamp(created)
     for section in SECTIONS:
         path = job / "sections" / f"{section.name}.json"
         if not path.is_file():
             continue
         done = path.stat().st_mtime
-        rows.append({"section": section.name, "finished_utc": _utc(done), "minutes": (done - before) / 60})
+        idle = sum(max(0.0, min(done, end) - max(before, start)) for start, end in paused)
+        row = {"section": section.name, "finished_utc": _utc(done), "minutes": (done - before - idle) / 60}
+        rows.append({**row, "paused_minutes": idle / 60} if idle else row)
         before = done
     return rows
 
@@ -78,7 +97,8 @@ def recipe_at(name: str, revision: str | None):
     return load_recipe(name)
 
 
-def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
+def publish(job: Path, command: str, data_dir_shown: str | None = None,
+            paused: list[tuple[float, float]] = ()) -> dict:
     from linlm.reproduce.claims import judge
     from linlm.reproduce.claims.evidence import published
 
@@ -94,7 +114,7 @@ def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
         raise SystemExit(f"publish_reproduce: {job} has not finished ({unfinished}); run its command again until "
                          "every section is done, then publish")
     recipe = recipe_at(marker["preset"], marker["environment"].get("git_revision"))
-    times = section_times(job, marker["created"])
+    times = section_times(job, marker["created"], paused)
     here = environment()
     return {
         "meta": {"benchmark": "linlm-reproduce", "command": command, **marker["environment"],
@@ -106,6 +126,7 @@ def publish(job: Path, command: str, data_dir_shown: str | None = None) -> dict:
                      **({"data_dir": data_dir_shown} if data_dir_shown is not None else {})},
         "sections": times,
         "total_minutes": sum(r["minutes"] for r in times),
+        **({"paused": [{"from_utc": _utc(a), "to_utc": _utc(b)} for a, b in paused]} if paused else {}),
         "claims": [c.to_dict() for c in judge(results["sections"])],
         "evidence": published(results["sections"]),
     }
@@ -117,10 +138,13 @@ def main(argv=None) -> int:
     ap.add_argument("--command", required=True, help="the reproduce command the job was run with, as typed")
     ap.add_argument("--data-dir-shown", default=None,
                     help="what the page says for the job's --data-dir instead of its path on this machine")
+    ap.add_argument("--paused", action="append", type=parse_pause, default=[], metavar="FROM/TO",
+                    help="two UTC times between which the job was stopped (its process gone) before it was "
+                         "continued; taken out of the sections' minutes and shown on the page (repeatable)")
     ap.add_argument("--out", type=Path, default=None,
                     help="the results file (default: docs/results/reproduce_<recipe>.json)")
     args = ap.parse_args(argv)
-    data = publish(args.job, args.command, args.data_dir_shown)
+    data = publish(args.job, args.command, args.data_dir_shown, args.paused)
     out = args.out or ROOT / "docs" / "results" / f"reproduce_{data['recipe']['name']}.json"
     atomic_write_bytes(out, dumps(data, indent=2).encode("utf-8"))
     print(f"wrote {out}: {len(data['claims'])} claims, {data['total_minutes']:.1f} minutes in all")

@@ -238,12 +238,21 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
         out += ["", "## What the recipe's size gives up", "",
                 "Each choice lowers the power of the claims that rest on that section (the recipe's `tradeoffs`).", ""]
         out += table(["section", "choice and its price"], [[k, v] for k, v in recipe["tradeoffs"].items()])
+    pauses = data.get("paused") or []
+    stopped = ("; the job was stopped and continued, and its time stopped is not counted: "
+               + ", ".join(f"{p['from_utc']} to {p['to_utc']}" for p in pauses)) if pauses else ""
     out += ["", "## Time", "",
             f"Minutes per section, from the times the job wrote each section's result (a section's minutes run from "
-            f"the end of the one before): {num(data.get('total_minutes'), 1)} minutes in all, "
+            f"the end of the one before{stopped}): {num(data.get('total_minutes'), 1)} minutes in all, "
             f"{plural(recipe.get('seeds'), 'seed')} in the comparison.", ""]
-    out += table(["section", "finished (UTC)", "minutes"],
-                 [[r["section"], r["finished_utc"], num(r["minutes"], 1)] for r in data.get("sections", [])])
+    sections = data.get("sections", [])
+    if pauses:
+        out += table(["section", "finished (UTC)", "minutes", "stopped (minutes, not counted)"],
+                     [[r["section"], r["finished_utc"], num(r["minutes"], 1), num(r.get("paused_minutes", 0), 1)]
+                      for r in sections])
+    else:
+        out += table(["section", "finished (UTC)", "minutes"],
+                     [[r["section"], r["finished_utc"], num(r["minutes"], 1)] for r in sections])
     out += ["", "## Settings", ""] + settings_table(data.get("settings", {}))
     return out
 

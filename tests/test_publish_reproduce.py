@@ -67,6 +67,25 @@ def test_a_finished_job_is_published_with_its_claims_and_times(tmp_path):
     assert "## What the recipe's size gives up" in page and "2 degrees of freedom" in page  # the cpu recipe's
 
 
+def test_a_stated_pause_is_taken_out_of_the_section_it_fell_in(tmp_path):
+    """The job stopped 20 to 25 minutes after it was created (inside the second section, which ended at 30) and
+    was continued: that section counts 13 minutes, not 18, and the page names the pause."""
+    job = fake_job(tmp_path / "job")
+    pause = publish_reproduce.parse_pause("2026-01-01T10:20:00Z/2026-01-01T10:25:00Z")
+    data = publish_reproduce.publish(job, "linlm reproduce", paused=[pause])
+    assert [(r["section"], round(r["minutes"], 3), round(r.get("paused_minutes", 0), 3)) for r in data["sections"]] \
+        == [("scaling", 12.0, 0), ("compare_quality", 13.0, 5.0)]
+    assert data["total_minutes"] == pytest.approx(25.0)
+    path = tmp_path / "reproduce_cpu.json"
+    path.write_text(json.dumps(data))
+    page = render_results.render(path)
+    assert "25.0 minutes in all" in page and "2026-01-01T10:20:00+00:00 to 2026-01-01T10:25:00+00:00" in page
+    assert "| compare_quality | 2026-01-01T10:30:00+00:00 | 13.0 | 5.0 |" in page
+    for bad in ("2026-01-01T10:25:00Z/2026-01-01T10:20:00Z", "yesterday"):
+        with pytest.raises(SystemExit, match="--paused"):
+            publish_reproduce.parse_pause(bad)
+
+
 @pytest.mark.parametrize("state", [{"pending": ["mqar"]}, {"failed": {"niah": "DataError: x"}}])
 def test_an_unfinished_job_is_refused(tmp_path, state):
     job = fake_job(tmp_path / "job", **state)
