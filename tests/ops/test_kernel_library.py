@@ -12,7 +12,7 @@ import torch
 from test_selective_scan import make_inputs
 
 from linlm.errors import ConfigError
-from linlm.ops import conv_kernel, gate_kernel, gather_sum_kernel, kernel_library, scan_kernel
+from linlm.ops import conv_kernel, gate_kernel, gather_sum_kernel, gemv_kernel, kernel_library, scan_kernel
 from linlm.ops.kernel_library import EntryPoint
 from linlm.ops.selective_scan import selective_scan, selective_scan_chunked, selective_scan_kernel
 
@@ -47,7 +47,7 @@ def _c_signatures() -> dict[str, list[tuple[str, bool]]]:
 
 
 def _entry_points() -> list[type[EntryPoint]]:
-    return [cls for module in (scan_kernel, conv_kernel, gate_kernel, gather_sum_kernel)
+    return [cls for module in (scan_kernel, conv_kernel, gate_kernel, gather_sum_kernel, gemv_kernel)
             for cls in vars(module).values()
             if isinstance(cls, type) and issubclass(cls, EntryPoint) and "c_name" in vars(cls)]
 
@@ -81,7 +81,7 @@ def test_entry_points_take_keywords_only():
 def test_python_constants_equal_the_c_defines():
     """Each kernel's work-item size in Python is its C file's #define (the C file beside the module)."""
     for module, name in ((scan_kernel, "TILE"), (conv_kernel, "CONV_TB"), (gate_kernel, "GATE_ROWS"),
-                         (gather_sum_kernel, "GATHER_ROWS")):
+                         (gather_sum_kernel, "GATHER_ROWS"), (gemv_kernel, "GEMV_ROWS")):
         c_file = kernel_library.KERNEL_DIR / f"_{module.__name__.rsplit('.', 1)[1]}.c"
         assert c_file in kernel_library.sources()
         defines = dict(re.findall(r"^#define (\w+) (\d+)\b", c_file.read_text(), flags=re.M))
@@ -95,7 +95,7 @@ def test_cache_key_changes_with_the_sources_flags_and_compiler(monkeypatch, tmp_
             (tmp_path / f.name).write_bytes(f.read_bytes())
     monkeypatch.setattr(kernel_library, "KERNEL_DIR", tmp_path)
     assert [p.name for p in kernel_library.sources()] == [
-        "_conv_kernel.c", "_gate_kernel.c", "_gather_sum_kernel.c", "_scan_kernel.c"]
+        "_conv_kernel.c", "_gate_kernel.c", "_gather_sum_kernel.c", "_gemv_kernel.c", "_scan_kernel.c"]
     flags = kernel_library.BASE_FLAGS + kernel_library.tuning_flags()[0]
     keys = {kernel_library.cache_key("cc", flags)}
     assert kernel_library.cache_key("cc", flags) in keys  # the same inputs, the same key

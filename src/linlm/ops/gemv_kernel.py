@@ -1,0 +1,59 @@
+"""The matrix-vector products of a decoding step on the compiled CPU kernel (``_gemv_kernel.c``, loaded by
+linlm.ops.kernel_library): y = x W^T (+ b) for inputs of at most ``GEMV_MAX_ROWS`` rows, without autograd.
+
+A batch-1 decoding step is bound by reading every weight once. torch computes a one-row ``F.linear`` as a general
+matrix product, which reads the weights below the machine's streaming rate; the kernel reads each weight row once
+for all the input's rows, eight rows at a time, with a vectorised reduction over the input features
+(benchmarks/bench_llamacpp.py times decoding with it and without it). Larger inputs (a prefill, training) and
+anything needing gradients keep ``F.linear``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from linlm.ops import kernel_library, kernel_threads
+from linlm.ops.kernel_library import EntryPoint, entry_point
+
+__all__ = ["GEMV_MAX_ROWS", "small_linear", "small_linear_takes"]
+
+GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in the C source
+GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
+
+
+@entry_point("gemv_rows")
+class GemvRows(EntryPoint):
+    """y [R, N] from x [R, K], w [N, K] and b [N] (None: no bias)."""
+
+    x: Tensor
+    w: Tensor
+    b: Optional[Tensor]
+    y: Tensor
+    R: int
+    N: int
+    K: int
+
+
+def small_linear_takes(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether the kernel computes F.linear(x, weight, bias): on the CPU, in float32, no gradient wanted, at most
+    GEMV_MAX_ROWS rows of x, a contiguous weight, and the kernel available (built)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and 0 < x.numel() <= GEMV_MAX_ROWS * weight.shape[1]
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None and bias.requires_grad)))
+            and kernel_library.available())
+
+
+def small_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """F.linear(x, weight, bias) for inputs that small_linear_takes, on the kernel."""
+    N, K = weight.shape
+    rows = x.reshape(-1, K).contiguous()
+    y = x.new_empty(rows.shape[0], N)
+    call = GemvRows(x=rows, w=weight, b=bias, y=y, R=rows.shape[0], N=N, K=K)
+    kernel_threads.run(call, x.dtype, -(-N // GEMV_ROWS))
+    return y.reshape(*x.shape[:-1], N)
