@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from linlm.errors import ConfigError, ShapeError
+from linlm.layers.linear import decode_linears, linear
 from linlm.layers.mixer import buffers_without_init, init_buffers
 from linlm.layers.norm import make_norm
 from linlm.layers.state import ModelState
@@ -77,6 +77,7 @@ class CausalLM(nn.Module):
         self.norm = make_norm(spec.norm_kind(config), d, config.norm_eps)
         # None when the head is tied to the embeddings (the default): see head_weight.
         self.head = None if config.tie_embeddings else nn.Linear(d, config.vocab_size, bias=False)
+        decode_linears(self)  # a decoding step's matrix-vector products on linlm's kernel (layers/linear.py)
         self.reset_parameters()
         unset = buffers_without_init(self)
         if unset:
@@ -110,7 +111,7 @@ class CausalLM(nn.Module):
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """Logits of hidden states h [..., d]: h @ head_weight^T, or the int8 head of a quantized model."""
         quantized = head_logits(self, h)
-        return F.linear(h, self.head_weight) if quantized is None else quantized
+        return linear(h, self.head_weight) if quantized is None else quantized
 
     @property
     def device(self) -> torch.device:

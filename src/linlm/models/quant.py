@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.errors import CheckpointError, ConfigError
+from linlm.layers.linear import DecodeLinear
 
 METHODS = ("int8",)
 SCALE = "_scale"
@@ -173,7 +174,7 @@ def is_quantized(model) -> bool:
 
 def _linears(model) -> list[tuple[nn.Module, str, nn.Linear]]:
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is nn.Linear]
+            if type(child) in (nn.Linear, DecodeLinear)]
 
 
 def _check_method(method: str) -> None:

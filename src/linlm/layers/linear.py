@@ -1,0 +1,37 @@
+"""nn.Linear for decoding: the same module and state dict, whose forward computes inputs of a few rows (a decoding
+step, batched or not) on linlm's matrix-vector kernel (linlm.ops.gemv_kernel) when no gradient is wanted, and
+everything else with F.linear. CausalLM turns each of its nn.Linear layers into one (:func:`decode_linears`);
+under torch.compile, torch.export and ONNX export, and where the kernel is not built, it is F.linear."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linlm.ops.gemv_kernel import small_linear, small_linear_takes
+
+
+def tracing() -> bool:
+    """True while torch.compile, torch.export or the ONNX exporter traces the model: the graph keeps F.linear."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """F.linear(x, weight, bias), on the kernel where it takes the call."""
+    if not tracing() and small_linear_takes(x, weight, bias):
+        return small_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class DecodeLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def decode_linears(module: nn.Module) -> None:
+    """Make every plain nn.Linear inside ``module`` a DecodeLinear, in place (the class only: parameters, hooks and
+    the state dict stay as they are)."""
+    for m in module.modules():
+        if type(m) is nn.Linear:
+            m.__class__ = DecodeLinear
