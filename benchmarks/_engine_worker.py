@@ -133,6 +133,7 @@ def profile_step(engine: LinlmEngine, cpu: bool) -> dict:
     import torch
     from torch import nn
 
+    from linlm.layers.linear import linear
     from linlm.models.lm import create_model
     from linlm.models.quant import QuantLinear
 
@@ -145,8 +146,8 @@ def profile_step(engine: LinlmEngine, cpu: bool) -> dict:
         _, state = model.step(token, state)
 
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, QuantLinear))]
-    if model.head is None:  # tied: the head is the embedding matrix
-        linears.append(lambda x: torch.nn.functional.linear(x, model.embed.weight))
+    if model.head is None:  # tied: the head is the embedding matrix, through the function the model's head calls
+        linears.append(lambda x: linear(x, model.embed.weight))
     rows = {}
 
     def matvecs():
@@ -188,7 +189,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true", help="linlm: decode through the compiled step")
     ap.add_argument("--profile-step", action="store_true", help="linlm: where a decoding step's time goes")
+    ap.add_argument("--no-gemv", action="store_true",
+                    help="linlm: every matrix-vector product on F.linear, none on linlm's kernel (for comparison)")
     args = ap.parse_args()
+    if args.no_gemv:
+        import linlm.layers.linear
+
+        linlm.layers.linear.small_linear_takes = lambda *a: False
     contexts = sorted(int(c) for c in args.contexts.split(","))
     clock = Clock()
     if args.engine == "linlm":

@@ -18,7 +18,9 @@
    its peak resident set. The table gives the medians over rounds.
 5. The memory bandwidth is measured in the same run (a read of a 1 GiB float32 tensor, at each thread count),
    with the floor it puts under a batch-1 step: every weight read once.
-6. ``--hgrn2``: linlm's HGRN2 at the same shape (random weights) through the same protocol, for the
+6. ``--flinear``: linlm's fp32 model once more with every matrix-vector product on ``F.linear`` instead of linlm's
+   kernel (linlm.ops.gemv_kernel), as the variant ``linlm-fp32-flinear``: what the kernel gains, in the same run.
+7. ``--hgrn2``: linlm's HGRN2 at the same shape (random weights) through the same protocol, for the
    constant-memory claim: decode latency and state size after each context.
 
 Targets (the ratios are linlm over llama.cpp): decode ms/token fp32/F32 <= 1.0 and int8/Q8_0 <= 1.0; peak RSS
@@ -179,6 +181,9 @@ def main() -> None:
                                                    "(a quick check of the script)")
     ap.add_argument("--no-compile", dest="compiled", action="store_false",
                     help="leave out linlm's compiled step (CausalLM.compile_step)")
+    ap.add_argument("--flinear", action="store_true",
+                    help="also run linlm's fp32 model with every matrix-vector product on F.linear instead of "
+                         "linlm's kernel (linlm-fp32-flinear): what the kernel gains, in the same run")
     ap.add_argument("--name", default="bench_llamacpp")
     args = ap.parse_args()
     apply_runtime_settings()
@@ -208,6 +213,9 @@ def main() -> None:
             v = group[0]
             variants[f"{v}-compiled"] = ("linlm", paths[v], ("--compile",))
             group.insert(1, f"{v}-compiled")
+    if args.flinear:
+        variants["linlm-fp32-flinear"] = ("linlm", paths["linlm-fp32"], ("--no-gemv",))
+        groups[0].insert(1, "linlm-fp32-flinear")
     if args.hgrn2:
         groups.append(["linlm-hgrn2"])
     pairs = [(lin, group[-1]) for group in groups[:2] for lin in group[:-1]]
