@@ -10,6 +10,8 @@ Nothing in linlm or its tests needs llama.cpp. The benchmark makes, once, a virt
   every thread count; without AMX, llama.cpp's Q8_0 runs its AVX-512 VNNI kernels, the instructions linlm's int8
   GEMM (fbgemm) uses too. On a CPU without AMX the flags change nothing. On two cores the build takes about ten
   minutes; later runs find it there.
+- llama-cpp-python's runtime dependencies (diskcache, jinja2, typing-extensions: it is installed without its
+  dependencies, so that its build pulls nothing else); a made environment must import ``llama_cpp``.
 - What llama.cpp's converter needs: torch (the CPU build linlm pins), numpy, sentencepiece, transformers (the
   version its requirements pin), and ``gguf`` from PyPI (the converter itself imports the copy of gguf-py that ships
   beside it, as it does in llama.cpp's tree).
@@ -32,7 +34,9 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"
 TORCH = "torch==2.13.0"
-# The converter's own packages; gguf-py ships beside it, gguf from PyPI brings the same dependencies.
+# llama-cpp-python's own dependencies (it is built with --no-deps: the build must not pull another numpy), then the
+# converter's packages; gguf-py ships beside it, gguf from PyPI brings the same dependencies.
+RUNTIME_PACKAGES = ("diskcache>=5.6.1", "jinja2>=2.11.3", "typing-extensions>=4.5.0")
 CONVERTER_PACKAGES = ("gguf", "sentencepiece", "numpy", "transformers==4.57.6", TORCH)
 # Appended to the native flags: an explicit -mno-* wins over -march=native in GCC and Clang.
 BUILD_CFLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
@@ -68,7 +72,7 @@ def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
     python = venv / "bin" / "python"
     stamp = venv / f".linlm-ready-{LLAMA_CPP_PYTHON}"
     env = LlamaCppEnv(python, tree / "convert_hf_to_gguf.py", LLAMA_CPP_PYTHON)
-    wanted = "\n".join([LLAMA_CPP_PYTHON, BUILD_CFLAGS, *CONVERTER_PACKAGES]) + "\n"
+    wanted = "\n".join([LLAMA_CPP_PYTHON, BUILD_CFLAGS, *RUNTIME_PACKAGES, *CONVERTER_PACKAGES]) + "\n"
     if stamp.is_file() and stamp.read_text() == wanted and env.converter.is_file():
         return env
     root.mkdir(parents=True, exist_ok=True)
@@ -85,12 +89,15 @@ def ensure(root: Path | None = None, log=print) -> LlamaCppEnv:
     if have != LLAMA_CPP_PYTHON or not built_flags.is_file() or built_flags.read_text() != BUILD_CFLAGS:
         log(f"building llama-cpp-python {LLAMA_CPP_PYTHON} from source for this CPU (minutes on two cores)")
         flags = f"-DCMAKE_C_FLAGS='{BUILD_CFLAGS}' -DCMAKE_CXX_FLAGS='{BUILD_CFLAGS}'"
-        env = {**os.environ, "CMAKE_ARGS": (os.environ.get("CMAKE_ARGS", "") + " " + flags).strip()}
-        log(f"  CMAKE_ARGS={env['CMAKE_ARGS']}")
+        build_env = {**os.environ, "CMAKE_ARGS": (os.environ.get("CMAKE_ARGS", "") + " " + flags).strip()}
+        log(f"  CMAKE_ARGS={build_env['CMAKE_ARGS']}")
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "--no-cache-dir",
-                        str(sdist)], check=True, env=env)
+                        str(sdist)], check=True, env=build_env)
         built_flags.write_text(BUILD_CFLAGS)
-    _run([python, "-m", "pip", "install", "-q", *CONVERTER_PACKAGES], log)
+    _run([python, "-m", "pip", "install", "-q", *RUNTIME_PACKAGES, *CONVERTER_PACKAGES], log)
+    check = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise RuntimeError(f"llama-cpp-python in {venv} does not import:\n{check.stderr[-2000:]}")
     tmp = root / "llama.cpp.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     with tarfile.open(sdist) as tar:

@@ -139,7 +139,9 @@ def run_worker(python: Path, engine: str, model: Path, threads: int, args, extra
     cmd = [str(python), str(WORKER), engine, str(model), "--threads", str(threads), "--contexts", args.contexts,
            "--decode-tokens", str(args.decode_tokens), *extra]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"the {engine} worker failed (exit status {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
