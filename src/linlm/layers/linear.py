@@ -1,7 +1,8 @@
 """nn.Linear for decoding: the same module and state dict, whose forward computes inputs of a few rows (a decoding
 step, batched or not) on linlm's matrix-vector kernel (linlm.ops.gemv_kernel) when no gradient is wanted, and
 everything else with F.linear. CausalLM turns each of its nn.Linear layers into one (:func:`decode_linears`);
-under torch.compile, torch.export and ONNX export, and where the kernel is not built, it is F.linear."""
+under torch.jit tracing, torch.compile and torch.export (the ONNX export traces through torch.export), and where the
+kernel is not built, it is F.linear."""
 
 from __future__ import annotations
 
@@ -12,14 +13,9 @@ from torch import nn
 from linlm.ops.gemv_kernel import small_linear, small_linear_takes
 
 
-def tracing() -> bool:
-    """True while torch.compile, torch.export or the ONNX exporter traces the model: the graph keeps F.linear."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """F.linear(x, weight, bias), on the kernel where it takes the call."""
-    if not tracing() and small_linear_takes(x, weight, bias):
+    """F.linear(x, weight, bias), on the kernel where it takes the call (never while a graph is traced)."""
+    if small_linear_takes(x, weight, bias):
         return small_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 

@@ -39,21 +39,28 @@ class GemvRows(EntryPoint):
 
 def small_linear_takes(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether the kernel computes F.linear(x, weight, bias): on the CPU, in float32, no gradient wanted, at most
-    GEMV_MAX_ROWS rows of x, a contiguous weight, and the kernel available (built)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and weight.dim() == 2 and weight.is_contiguous() and x.shape[-1] == weight.shape[1]
+    GEMV_MAX_ROWS rows of x, a contiguous weight, not under torch.jit tracing, torch.compile or torch.export, and the
+    kernel available (built). Called for every Linear of a decoding step: the cheap tests come first."""
+    return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.dim() == 2
+            and x.shape[-1] == weight.shape[1] and weight.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-            and 0 < x.numel() <= GEMV_MAX_ROWS * weight.shape[1]
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))
-            and kernel_library.available())
+            and not torch.jit.is_tracing() and kernel_library.available())
 
 
 def small_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """F.linear(x, weight, bias) for inputs that small_linear_takes, on the kernel."""
     N, K = weight.shape
-    rows = x.reshape(-1, K).contiguous()
-    y = x.new_empty(rows.shape[0], N)
-    call = GemvRows(x=rows, w=weight, b=bias, y=y, R=rows.shape[0], N=N, K=K)
-    kernel_threads.run(call, x.dtype, -(-N // GEMV_ROWS))
-    return y.reshape(*x.shape[:-1], N)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    R = x.numel() // K
+    y = torch.empty((*x.shape[:-1], N), dtype=x.dtype)  # [R, N] in memory
+    items = -(-N // GEMV_ROWS)
+    if kernel_threads.workers(items) == 1:  # a decoding step on one thread: the call without its dataclass
+        fn = kernel_library.function(GemvRows, x.dtype)
+        fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), R, N, K, 0, items)
+    else:
+        kernel_threads.run(GemvRows(x=x, w=weight, b=bias, y=y, R=R, N=N, K=K), x.dtype, items)
+    return y

@@ -201,6 +201,8 @@ def available() -> bool:
     torch.compile traces: the kernels are opaque to them, and the graph takes the pure-torch paths (same math)."""
     if torch.compiler.is_exporting() or torch.compiler.is_compiling():
         return False
+    if "LINLM_SCAN_BACKEND" not in os.environ:  # auto: the common case, on every kernel call, kept cheap
+        return library() is not None
     name = backend()
     if name == "torch":
         return False
