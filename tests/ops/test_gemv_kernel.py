@@ -85,6 +85,9 @@ def test_what_the_kernel_leaves_to_f_linear():
         assert not small_linear_takes(x, w.T.contiguous().T, b)  # a transposed view of a weight
         assert not small_linear_takes(torch.randn(1, 9), w, b)  # the wrong width: F.linear's error
         assert not small_linear_takes(x[:0], w, b)
+        assert not small_linear_takes(x, w, b[:-1])  # a bias of the wrong size: the kernel would read past it
+        assert not small_linear_takes(x, w.to("meta"), None)  # no storage to read
+        assert not small_linear_takes(x, w, b.to("meta"))
     assert not small_linear_takes(x, w.requires_grad_(), b)  # a gradient is wanted: autograd's F.linear
     with torch.no_grad():
         assert small_linear_takes(x, w, b)  # the same weight, no gradient wanted

@@ -38,13 +38,16 @@ class GemvRows(EntryPoint):
 
 
 def small_linear_takes(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
-    """Whether the kernel computes F.linear(x, weight, bias): on the CPU, in float32, no gradient wanted, at most
-    GEMV_MAX_ROWS rows of x, a contiguous weight, not under torch.jit tracing, torch.compile or torch.export, and the
-    kernel available (built). Called for every Linear of a decoding step: the cheap tests come first."""
+    """Whether the kernel computes F.linear(x, weight, bias): every tensor on the CPU (with storage: not meta) and
+    float32, shapes F.linear accepts, no gradient wanted, at most GEMV_MAX_ROWS rows of x, a contiguous weight and
+    bias, not under torch.jit tracing, torch.compile or torch.export, and the kernel available (built). Anything
+    else, malformed input included, goes to F.linear, which raises its own error. Called for every Linear of a
+    decoding step: the cheap tests come first."""
     return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.dim() == 2
+            and weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu and weight.dim() == 2
             and x.shape[-1] == weight.shape[1] and weight.is_contiguous()
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == weight.shape[:1]
+                                  and bias.is_contiguous()))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))
             and not torch.jit.is_tracing() and kernel_library.available())
