@@ -245,14 +245,10 @@ def render_reproduce(data: dict, path: Path) -> list[str]:
             f"Minutes per section, from the times the job wrote each section's result (a section's minutes run from "
             f"the end of the one before{stopped}): {num(data.get('total_minutes'), 1)} minutes in all, "
             f"{plural(recipe.get('seeds'), 'seed')} in the comparison.", ""]
-    sections = data.get("sections", [])
-    if pauses:
-        out += table(["section", "finished (UTC)", "minutes", "stopped (minutes, not counted)"],
-                     [[r["section"], r["finished_utc"], num(r["minutes"], 1), num(r.get("paused_minutes", 0), 1)]
-                      for r in sections])
-    else:
-        out += table(["section", "finished (UTC)", "minutes"],
-                     [[r["section"], r["finished_utc"], num(r["minutes"], 1)] for r in sections])
+    stopped_column = ["stopped (minutes, not counted)"] if pauses else []
+    out += table(["section", "finished (UTC)", "minutes", *stopped_column],
+                 [[r["section"], r["finished_utc"], num(r["minutes"], 1)]
+                  + ([num(r.get("paused_minutes", 0), 1)] if pauses else []) for r in data.get("sections", [])])
     out += ["", "## Settings", ""] + settings_table(data.get("settings", {}))
     return out
 
