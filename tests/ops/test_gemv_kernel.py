@@ -8,10 +8,16 @@ import pytest
 import torch
 from kernel_checks import needs_kernel
 
-from linlm.ops import kernel_threads
+from linlm.ops import gemv_kernel, kernel_threads
 from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, small_linear, small_linear_takes
 
 F32_EPS = 2.0**-24
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    """The kernel takes weights of any size (by default small ones stay on F.linear, for speed only)."""
+    monkeypatch.setattr(gemv_kernel, "GEMV_MIN_WEIGHTS", 0)
 
 
 def operands(rows, n, k, bias, seed=0):
@@ -36,7 +42,7 @@ def assert_within_summation_bound(got, x, w, b):
 @pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS])
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 5), (8, 64), (65, 129), (200, 33)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_products_against_float64(rows, n, k, bias):
+def test_products_against_float64(rows, n, k, bias, any_size):
     """Row counts up to the limit; output sizes below, at and past the 8-row group and the 64-row work item, with
     a remainder; input sizes that are not a multiple of any vector width."""
     x, w, b = operands(rows, n, k, bias)
@@ -76,7 +82,7 @@ def test_leading_dimensions_are_kept_and_threads_change_no_bit():
 
 
 @needs_kernel
-def test_what_the_kernel_leaves_to_f_linear():
+def test_what_the_kernel_leaves_to_f_linear(any_size):
     x, w, b = operands(1, 16, 8, True)
     with torch.no_grad():
         assert small_linear_takes(x, w, b)
@@ -91,3 +97,11 @@ def test_what_the_kernel_leaves_to_f_linear():
     assert not small_linear_takes(x, w.requires_grad_(), b)  # a gradient is wanted: autograd's F.linear
     with torch.no_grad():
         assert small_linear_takes(x, w, b)  # the same weight, no gradient wanted
+
+
+@needs_kernel
+def test_small_weights_stay_on_f_linear():
+    x = torch.randn(1, 256)
+    with torch.no_grad():
+        assert small_linear_takes(x, torch.randn(256, 256), None)
+        assert not small_linear_takes(x, torch.randn(255, 256), None)

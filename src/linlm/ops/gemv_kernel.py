@@ -22,6 +22,10 @@ __all__ = ["GEMV_MAX_ROWS", "small_linear", "small_linear_takes"]
 
 GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in the C source
 GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
+# Smaller weights stay on F.linear: a call through ctypes costs about 8 us more than F.linear's, which is more than
+# the kernel saves below about 256 x 256 weights (1 thread, AMD EPYC, AVX2: 128 x 128 took 18.9 us against
+# F.linear's 11.2, 256 x 256 16.5 against 19.3, 768 x 768 57.9 against 67.8).
+GEMV_MIN_WEIGHTS = 1 << 16
 
 
 @entry_point("gemv_rows")
@@ -39,11 +43,12 @@ class GemvRows(EntryPoint):
 
 def small_linear_takes(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether the kernel computes F.linear(x, weight, bias): every tensor on the CPU (with storage: not meta) and
-    float32, shapes F.linear accepts, no gradient wanted, at most GEMV_MAX_ROWS rows of x, a contiguous weight and
-    bias, not under torch.jit tracing, torch.compile or torch.export, and the kernel available (built). Anything
+    float32, shapes F.linear accepts, no gradient wanted, at most GEMV_MAX_ROWS rows of x, a contiguous weight of
+    at least GEMV_MIN_WEIGHTS values and a contiguous bias, not under torch.jit tracing, torch.compile or torch.export, and the kernel available (built). Anything
     else, malformed input included, goes to F.linear, which raises its own error. Called for every Linear of a
     decoding step: the cheap tests come first."""
-    return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.dtype == torch.float32
+    return (weight.numel() >= GEMV_MIN_WEIGHTS and 0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
+            and x.dtype == torch.float32
             and weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu and weight.dim() == 2
             and x.shape[-1] == weight.shape[1] and weight.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == weight.shape[:1]
