@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from ctypes import c_void_p
+from ctypes import c_double, c_int64, c_void_p
 
 import pytest
 import torch
 from test_selective_scan import make_inputs
 
 from linlm.errors import ConfigError
-from linlm.ops import conv_kernel, gate_kernel, gather_sum_kernel, gemv_kernel, kernel_library, scan_kernel
+from linlm.ops import (conv_kernel, gate_kernel, gather_sum_kernel, gemv_kernel, kernel_library, scan_kernel,
+                       step_kernel)
 from linlm.ops.kernel_library import EntryPoint
 from linlm.ops.selective_scan import selective_scan, selective_scan_chunked, selective_scan_kernel
 
@@ -39,15 +40,21 @@ def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
 
 def _c_signatures() -> dict[str, list[tuple[str, bool]]]:
     """Every exported function of the C sources: name -> [(parameter name, is a pointer)], from the source text."""
+    return {name: [(n, kind == "pointer") for n, kind in params] for name, params in _c_kinds().items()}
+
+
+def _c_kinds() -> dict[str, list[tuple[str, str]]]:
+    """name -> [(parameter name, "pointer", "int64_t" or "double")], from the source text."""
     text = "\n".join(p.read_text() for p in kernel_library.sources())
     out = {}
     for name, params in re.findall(r"^void SUF\((\w+)\)\((.*?)\)\s*\{", text, flags=re.M | re.S):
-        out[name] = [(re.findall(r"\w+", p)[-1], "*" in p) for p in params.split(",")]
+        out[name] = [(re.findall(r"\w+", p)[-1], "pointer" if "*" in p else re.findall(r"\w+", p)[-2])
+                     for p in params.split(",")]
     return out
 
 
 def _entry_points() -> list[type[EntryPoint]]:
-    return [cls for module in (scan_kernel, conv_kernel, gate_kernel, gather_sum_kernel, gemv_kernel)
+    return [cls for module in (scan_kernel, conv_kernel, gate_kernel, gather_sum_kernel, gemv_kernel, step_kernel)
             for cls in vars(module).values()
             if isinstance(cls, type) and issubclass(cls, EntryPoint) and "c_name" in vars(cls)]
 
@@ -69,6 +76,8 @@ def test_every_entry_point_names_the_c_parameters_in_their_order():
             par.insert(pos + 1, c[e.c_name + "_par"][pos + 1])
         assert c[e.c_name + "_par"] == par + [("nitems", False), ("nthreads", False)], e.__name__
         assert [p for _, p in c[e.c_name + "_par"]] == [t is c_void_p for t in e.par_argtypes], e.__name__
+        ctype = {"pointer": c_void_p, "int64_t": c_int64, "double": c_double}
+        assert [ctype[k] for _, k in _c_kinds()[e.c_name]] == e.argtypes, e.__name__
 
 
 def test_entry_points_take_keywords_only():
@@ -95,7 +104,8 @@ def test_cache_key_changes_with_the_sources_flags_and_compiler(monkeypatch, tmp_
             (tmp_path / f.name).write_bytes(f.read_bytes())
     monkeypatch.setattr(kernel_library, "KERNEL_DIR", tmp_path)
     assert [p.name for p in kernel_library.sources()] == [
-        "_conv_kernel.c", "_gate_kernel.c", "_gather_sum_kernel.c", "_gemv_kernel.c", "_scan_kernel.c"]
+        "_conv_kernel.c", "_gate_kernel.c", "_gather_sum_kernel.c", "_gemv_kernel.c", "_scan_kernel.c",
+        "_step_kernel.c"]
     flags = kernel_library.BASE_FLAGS + kernel_library.tuning_flags()[0]
     keys = {kernel_library.cache_key("cc", flags)}
     assert kernel_library.cache_key("cc", flags) in keys  # the same inputs, the same key

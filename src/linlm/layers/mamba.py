@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linlm.layers.mixer import TokenMixer, float32_at_least, meta
-from linlm.ops import conv_kernel, gate_kernel, kernel_library
+from linlm.ops import conv_kernel, gate_kernel, kernel_library, step_kernel
 from linlm.ops.grad import needs_grad
 from linlm.ops.selective_scan import scan_step_unchecked, selective_scan
 
@@ -113,8 +113,11 @@ class ShortConv(nn.Module):
         """One token per row, the decoding form of :meth:`forward`: x [B, C], state [B, K - 1, C] (the last K - 1
         inputs) -> (out [B, C], new_state [B, K - 1, C]). Four tensor ops where the general form takes about ten:
         the window [B, K, C] is the state followed by x, out = sum_j window[:, j] * weight[:, j] (+ bias), and the
-        new state is the window's last K - 1 rows (a view of it: no copy)."""
+        new state is the window's last K - 1 rows (a view of it: no copy). In float32 without a gradient: one call
+        of linlm.ops.step_kernel.conv_step, which returns a fresh window."""
         w, b = self.weight, self.bias
+        if step_kernel.conv_step_takes(x, state, w, b):  # the same values in one call (float32, no gradient)
+            return step_kernel.conv_step(x, state, w, b, silu)
         if not x.dtype == state.dtype == w.dtype:
             state, w, b = state.to(x.dtype), w.to(x.dtype), None if b is None else b.to(x.dtype)
         window = torch.cat([state, x.unsqueeze(1)], dim=1)
@@ -263,21 +266,26 @@ class MambaMixer(TokenMixer):
 
     def step(self, x: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
         """One decoding step for every row: x [B, d], state {"conv": [B, d_conv - 1, Din], "ssm": [B, Din, N]} ->
-        (out [B, d], the new state). The same arithmetic as :meth:`forward` on one token, in about 15 tensor ops
-        on 2-D rows (no [B, 1, .] reshapes, no argument checks, A = -exp(A_log) cached between steps): at batch 1
-        a decoding step reads every weight once, and below the matrix-vector products the rest is per-op
-        overhead."""
+        (out [B, d], the new state). The same arithmetic as :meth:`forward` on one token, on 2-D rows (no
+        [B, 1, .] reshapes, no argument checks, A = -exp(A_log) cached between steps): at batch 1 a decoding step
+        reads every weight once, and below the matrix-vector products the rest is per-op overhead. So in float32
+        without a gradient the conv's step and the scan's step (dt projection, softplus, update, read-out, skip and
+        gate) are one C call each (linlm.ops.step_kernel); otherwise about 15 tensor ops."""
         Din, N, R = self.d_inner, self.d_state, self.dt_rank
         xz = self.in_proj(x)  # modules, not their .weight: a quantized layer computes in int8
         u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
-        dt_low, Bm, Cm = self.x_proj(u).split([R, N, N], dim=-1)
+        xp, z, A = self.x_proj(u), xz[:, Din:], self._decay()
+        if step_kernel.mamba_step_takes(u, xp, z, self.dt_weight, self.dt_bias, A, self.D, state["ssm"]):
+            y, ssm = step_kernel.mamba_step(u, xp, z, self.dt_weight, self.dt_bias, A, self.D, state["ssm"])
+            return self.out_proj(y), {"conv": conv_state, "ssm": ssm}
+        dt_low, Bm, Cm = xp.split([R, N, N], dim=-1)
         if u.dtype == self.dt_weight.dtype == torch.float32 and not torch.is_autocast_enabled(u.device.type):
             dt = torch.addmm(self.dt_bias, dt_low, self.dt_weight.t())  # what dt_preactivation computes here
         else:
             dt = dt_preactivation(dt_low, self.dt_weight, self.dt_bias)
-        y, ssm = scan_step_unchecked(u, dt, self._decay(), Bm, Cm, self.D, state["ssm"], True)
+        y, ssm = scan_step_unchecked(u, dt, A, Bm, Cm, self.D, state["ssm"], True)
         # y * silu(z) in two ops: at one row the gate kernel's call costs more than its arithmetic.
-        gated = F.silu(xz[:, Din:]).mul_(y)
+        gated = F.silu(z).mul_(y)
         return self.out_proj(gated), {"conv": conv_state, "ssm": ssm}
 
     def _decay(self) -> torch.Tensor:

@@ -1,6 +1,6 @@
 /* What every compiled kernel of linlm.ops shares (the kernels are _scan_kernel.c, _conv_kernel.c, _gate_kernel.c,
-   _gather_sum_kernel.c and _gemv_kernel.c, built into one library by linlm.ops.kernel_library): the dtype
-   variants, the bfloat16 conversions, the vectorisable exp, sigmoid and softplus, and the OpenMP splitting of work
+   _gather_sum_kernel.c, _gemv_kernel.c and _step_kernel.c, built into one library by linlm.ops.kernel_library): the
+   dtype variants, the bfloat16 conversions, the vectorisable exp, sigmoid and softplus, and the OpenMP splitting of work
    items. Each kernel file includes this header at its top and _kernel_passes.h at its end.
 
    One compile gives three variants: each kernel file includes itself again at its end (through _kernel_passes.h),

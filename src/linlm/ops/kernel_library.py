@@ -30,7 +30,7 @@ weights, the read-back's weights, and every gradient of those.
 Named arguments: an entry point's arguments are a keyword-only dataclass whose fields are the C function's
 parameters, in the C order and with the C names (the order is written there, next to the C signature, and nowhere
 else; tests/ops/test_kernel_library.py checks each against the C sources). A Tensor field (None: NULL) is passed as a
-pointer to its data, an int field as an int64_t; the range of work items (item0, item1) that every entry point
+pointer to its data, an int field as an int64_t, a float field as a double; the range of work items (item0, item1) that every entry point
 takes last is added by the runner.
 """
 
@@ -48,7 +48,7 @@ import tempfile
 import logging
 import typing
 import warnings
-from ctypes import CDLL, c_int64, c_void_p
+from ctypes import CDLL, c_double, c_int64, c_void_p
 from pathlib import Path
 
 import torch
@@ -263,7 +263,7 @@ _T = typing.TypeVar("_T")
 
 def entry_point(c_name: str, *, scratch: str | None = None) -> typing.Callable[[type[_T]], type[_T]]:
     """Class decorator: the class's annotated fields are the parameters of C function ``c_name`` (each dtype's
-    variant, NAME_f32 and so on), in its order and with its names; ``int`` fields are int64_t, every other field a
+    variant, NAME_f32 and so on), in its order and with its names; ``int`` fields are int64_t, ``float`` fields double, every other field a
     pointer (a Tensor, or None for NULL). ``scratch`` names the field of per-thread scratch rows. The class becomes a
     keyword-only dataclass, so that every call site names each tensor and size."""
 
@@ -271,7 +271,8 @@ def entry_point(c_name: str, *, scratch: str | None = None) -> typing.Callable[[
         cls = dataclasses.dataclass(kw_only=True, slots=True)(cls)
         hints = typing.get_type_hints(cls)
         names = tuple(f.name for f in dataclasses.fields(cls))
-        types = [c_int64 if hints[name] in (int, bool) else c_void_p for name in names]
+        types = [c_int64 if hints[name] in (int, bool) else c_double if hints[name] is float else c_void_p
+                 for name in names]
         if scratch is not None and scratch not in names:
             raise TypeError(f"{cls.__name__}: the scratch field {scratch!r} is not one of its fields")
         cls.c_name, cls.scratch, cls._fields, cls._values = c_name, scratch, names, operator.attrgetter(*names)

@@ -1,0 +1,132 @@
+/* The element-wise part of a decoding step, for linlm.ops.step_kernel: one call where torch takes one op per line
+   below, at a few rows, where each op's dispatch costs more than its arithmetic.
+
+   conv_step, a depthwise causal conv's step (linlm.layers.mamba.ShortConv.step) for rows b of x [Bt, C] (row
+   stride xs) and the window st [Bt, K - 1, C] of the last K - 1 inputs (batch stride ss, contiguous [K - 1, C]
+   within a row), weights w [C, K], bias [C] or NULL:
+       out[b, c] = act(bias[c] + sum_{j < K-1} w[c, j] st[b, j, c] + w[c, K-1] x[b, c]),  act = silu or none,
+       new_st[b, j] = st[b, j + 1] for j < K - 2, new_st[b, K - 2] = x[b].
+   out is [Bt, C] and new_st [Bt, K - 1, C], both contiguous. Items: (b, a block of STEP_CH channels).
+
+   mamba_step, the selective scan's step of a Mamba mixer with its dt projection and output gate, for rows b of u
+   [Bt, Din] (contiguous), xp (the x_proj output: each row's R values of dt_low, then N of Bm and N of Cm, at row
+   stride xs), z (row stride zs, or NULL: no gate), dt_w [Din, R], dt_b [Din] or NULL, A [Din, N] (A <= 0), D [Din] or
+   NULL, and the state s [Bt, Din, N] in REAL:
+       dt = softplus(dt_b[d] + sum_r dt_low[b, r] dt_w[d, r]),
+       s'[b, d, n] = exp(dt A[d, n]) s[b, d, n] + dt u[b, d] Bm[b, n],
+       y[b, d] = (sum_n s'[b, d, n] Cm[b, n] + D[d] u[b, d]) silu(z[b, d]).
+   s' goes to s_out (the caller's fresh buffer: the given state is not changed), y to y [Bt, Din]. Items: (b, a block
+   of STEP_CH channels).
+
+   rms_rows, RMSNorm (linlm.ops.fused.rms_norm) of the rows r of x [M, F] (contiguous), weight w [F] or NULL:
+       y[r, c] = x[r, c] / sqrt(sum_c' x[r, c']^2 / F + eps) w[c],
+   into y [M, F]. Items: rows.
+
+   Sums accumulate in REAL. */
+
+#include "_kernel_common.h"
+
+#define STEP_CH 64
+
+void SUF(conv_step)(const IO *x, int64_t xs, const IO *st, int64_t ss, const IO *w, const IO *bias, IO *out, IO *new_st,
+                    int64_t Bt, int64_t C, int64_t K, int64_t silu, int64_t item0, int64_t item1) {
+    const int64_t nblk = (C + STEP_CH - 1) / STEP_CH;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, c0 = (item % nblk) * STEP_CH;
+        const int64_t c1 = c0 + STEP_CH < C ? c0 + STEP_CH : C;
+        const IO *restrict xb = x + b * xs;
+        const IO *restrict sb = st + b * ss;
+        IO *restrict ob = out + b * C;
+        IO *restrict nb = new_st + b * (K - 1) * C;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; c++) {
+            REAL a = bias ? LD(bias[c]) : (REAL)0;
+            for (int64_t j = 0; j < K - 1; j++) a += LD(w[c * K + j]) * LD(sb[j * C + c]);
+            a += LD(w[c * K + K - 1]) * LD(xb[c]);
+            ob[c] = ST(silu ? a * SUF(sigmoid)(a) : a);
+        }
+        for (int64_t j = 0; j + 1 < K - 1; j++) memcpy(nb + j * C + c0, sb + (j + 1) * C + c0, (c1 - c0) * sizeof(IO));
+        memcpy(nb + (K - 2) * C + c0, xb + c0, (c1 - c0) * sizeof(IO));
+    }
+}
+
+void SUF(mamba_step)(const IO *u, const IO *xp, int64_t xs, const IO *z,
+                     int64_t zs, const IO *dt_w, const IO *dt_b, const IO *A, const IO *D, const REAL *s,
+                     REAL *s_out, IO *y, int64_t Bt, int64_t Din, int64_t N, int64_t R, int64_t item0,
+                     int64_t item1) {
+    const int64_t nblk = (Din + STEP_CH - 1) / STEP_CH;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t b = item / nblk, d0 = (item % nblk) * STEP_CH;
+        const int64_t d1 = d0 + STEP_CH < Din ? d0 + STEP_CH : Din;
+        const IO *restrict lo = xp + b * xs, *restrict Bb = lo + R, *restrict Cb = Bb + N;
+        for (int64_t d = d0; d < d1; d++) {
+            const IO *restrict wd = dt_w + d * R;
+            REAL pre = 0;
+#pragma omp simd reduction(+ : pre)
+            for (int64_t r = 0; r < R; r++) pre += LD(lo[r]) * LD(wd[r]);
+            if (dt_b) pre += LD(dt_b[d]);
+            const REAL dt = SUF(softplus)(pre), uv = LD(u[b * Din + d]), du = dt * uv;
+            const IO *restrict Ad = A + d * N;
+            const REAL *restrict sd = s + (b * Din + d) * N;
+            REAL *restrict od = s_out + (b * Din + d) * N;
+            REAL acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t n = 0; n < N; n++) {
+                const REAL v = SUF(exp_neg)(dt * LD(Ad[n])) * sd[n] + du * LD(Bb[n]);
+                od[n] = v;
+                acc += v * LD(Cb[n]);
+            }
+            if (D) acc += LD(D[d]) * uv;
+            if (z) {
+                const REAL zv = LD(z[b * zs + d]);
+                acc *= zv * SUF(sigmoid)(zv);
+            }
+            y[b * Din + d] = ST(acc);
+        }
+    }
+}
+
+void SUF(rms_rows)(const IO *x, const IO *w, IO *y, int64_t F, double eps, int64_t item0, int64_t item1) {
+    for (int64_t r = item0; r < item1; r++) {
+        const IO *restrict xr = x + r * F;
+        IO *restrict yr = y + r * F;
+        REAL ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t c = 0; c < F; c++) ss += LD(xr[c]) * LD(xr[c]);
+#if REAL_IS_DOUBLE
+        const REAL rstd = 1.0 / __builtin_sqrt(ss / (REAL)F + eps);
+#else
+        const REAL rstd = 1.0f / __builtin_sqrtf(ss / (REAL)F + (REAL)eps);
+#endif
+        if (w) {
+#pragma omp simd
+            for (int64_t c = 0; c < F; c++) yr[c] = ST(LD(xr[c]) * rstd * LD(w[c]));
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < F; c++) yr[c] = ST(LD(xr[c]) * rstd);
+        }
+    }
+}
+
+/* NAME_par: the items split over an OpenMP team (PAR_ITEMS in _kernel_common.h) */
+#ifdef _OPENMP
+void SUF(conv_step_par)(const IO *x, int64_t xs, const IO *st, int64_t ss, const IO *w, const IO *bias, IO *out,
+                        IO *new_st, int64_t Bt, int64_t C, int64_t K, int64_t silu, int64_t nitems,
+                        int64_t nthreads) {
+    PAR_ITEMS(SUF(conv_step)(x, xs, st, ss, w, bias, out, new_st, Bt, C, K, silu, i0_, i1_))
+}
+
+void SUF(mamba_step_par)(const IO *u, const IO *xp, int64_t xs, const IO *z,
+                         int64_t zs, const IO *dt_w, const IO *dt_b, const IO *A, const IO *D, const REAL *s,
+                         REAL *s_out, IO *y, int64_t Bt, int64_t Din, int64_t N, int64_t R, int64_t nitems,
+                         int64_t nthreads) {
+    PAR_ITEMS(SUF(mamba_step)(u, xp, xs, z, zs, dt_w, dt_b, A, D, s, s_out, y, Bt, Din, N, R, i0_, i1_))
+}
+
+void SUF(rms_rows_par)(const IO *x, const IO *w, IO *y, int64_t F, double eps, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(rms_rows)(x, w, y, F, eps, i0_, i1_))
+}
+#endif
+
+#define KERNEL_SELF "_step_kernel.c"
+#include "_kernel_passes.h"

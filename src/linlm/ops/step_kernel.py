@@ -1,0 +1,187 @@
+"""The element-wise work of a decoding step on the compiled CPU kernel (``_step_kernel.c``, loaded by
+linlm.ops.kernel_library), without autograd: a short conv's step with its SiLU, and a Mamba mixer's scan step with
+its dt projection, softplus, skip term and output gate, each one call where torch takes five and about fifteen ops.
+
+At batch 1 each of those ops costs more in dispatch than in arithmetic (a 24-layer Mamba's step spent about a
+quarter of its time there), so a step runs each on the kernel when every tensor is a float32 CPU tensor with the
+layout the kernel reads, no gradient is wanted, and no graph is being traced (torch.jit, torch.compile,
+torch.export); anything else keeps the torch ops, which compute the same values (benchmarks/bench_llamacpp.py times
+decoding with the kernels and without them, ``LINLM_SCAN_BACKEND=torch``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from linlm.ops import kernel_library, kernel_threads
+from linlm.ops.kernel_library import EntryPoint, entry_point
+
+__all__ = ["STEP_CH", "RMS_MAX_ROWS", "conv_step", "conv_step_takes", "mamba_step", "mamba_step_takes", "rms_rows",
+           "rms_rows_takes"]
+
+STEP_CH = 64  # channels per work item; must equal STEP_CH in the C source
+RMS_MAX_ROWS = 8  # the norm of more rows than this (a prefill, training) keeps torch's ops
+
+
+@entry_point("conv_step")
+class ConvStep(EntryPoint):
+    """out [Bt, C] and new_st [Bt, K - 1, C] from x [Bt, C] (row stride xs), st [Bt, K - 1, C] (batch stride ss),
+    w [C, K], bias."""
+
+    x: Tensor
+    xs: int
+    st: Tensor
+    ss: int
+    w: Tensor
+    bias: Optional[Tensor]
+    out: Tensor
+    new_st: Tensor
+    Bt: int
+    C: int
+    K: int
+    silu: bool
+
+
+@entry_point("mamba_step")
+class MambaStep(EntryPoint):
+    """y [Bt, Din] and s_out [Bt, Din, N] from u, the x_proj output xp (rows of dt_low, B and C; row stride xs), z,
+    the dt projection, A, D and the state s."""
+
+    u: Tensor
+    xp: Tensor
+    xs: int
+    z: Optional[Tensor]
+    zs: int
+    dt_w: Tensor
+    dt_b: Optional[Tensor]
+    A: Tensor
+    D: Optional[Tensor]
+    s: Tensor
+    s_out: Tensor
+    y: Tensor
+    Bt: int
+    Din: int
+    N: int
+    R: int
+
+
+@entry_point("rms_rows")
+class RmsRows(EntryPoint):
+    """y [M, F] = RMSNorm of the rows of x [M, F] with weight w [F] (None: no weight)."""
+
+    x: Tensor
+    w: Optional[Tensor]
+    y: Tensor
+    F: int
+    eps: float
+
+
+def _plain(*tensors: Optional[Tensor]) -> bool:
+    """Every tensor given is a float32 CPU tensor with storage; none wants a gradient (while grad is enabled)."""
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or not t.is_cpu or (grad and t.requires_grad):
+            return False
+    return True
+
+
+def _rows(t: Tensor, width: int) -> bool:
+    """t is [Bt, width] with contiguous rows (any row stride)."""
+    return t.dim() == 2 and t.shape[1] == width and (t.stride(1) == 1 or width == 1)
+
+
+def _vector(t: Optional[Tensor], n: int) -> bool:
+    return t is None or (t.shape == (n,) and t.is_contiguous())
+
+
+def _window(state: Tensor) -> bool:
+    """Each batch row of state [Bt, K - 1, C] is contiguous (the view of a longer window that ShortConv's torch
+    forms return is, at any batch stride)."""
+    return (state.stride(2) == 1 or state.shape[2] == 1) and (state.stride(1) == state.shape[2] or state.shape[1] == 1)
+
+
+def _free() -> bool:
+    """No graph is traced and the kernel library is built (and not switched off)."""
+    return not torch.jit.is_tracing() and kernel_library.available()
+
+
+def conv_step_takes(x: Tensor, state: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether :func:`conv_step` computes ShortConv.step for these tensors."""
+    if x.dim() != 2 or weight.dim() != 2:
+        return False
+    (Bt, C), K = x.shape, weight.shape[1]
+    return (K >= 2 and _plain(x, state, weight, bias) and _rows(x, C) and weight.shape == (C, K)
+            and weight.is_contiguous() and state.shape == (Bt, K - 1, C) and _window(state)
+            and _vector(bias, C) and _free())
+
+
+def conv_step(x: Tensor, state: Tensor, weight: Tensor, bias: Optional[Tensor], silu: bool) -> tuple[Tensor, Tensor]:
+    """(out [Bt, C], new_state [Bt, K - 1, C]) of ShortConv.step, for tensors that conv_step_takes. The new state
+    is a fresh tensor; ``state`` is not changed."""
+    (Bt, C), K = x.shape, weight.shape[1]
+    out = torch.empty(Bt, C)
+    new_state = torch.empty(Bt, K - 1, C)
+    call = ConvStep(x=x, xs=x.stride(0), st=state, ss=state.stride(0), w=weight, bias=bias, out=out,
+                    new_st=new_state, Bt=Bt, C=C, K=K, silu=silu)
+    _run(call, Bt * -(-C // STEP_CH))
+    return out, new_state
+
+
+def mamba_step_takes(u: Tensor, xproj: Tensor, z: Optional[Tensor], dt_weight: Tensor, dt_bias: Optional[Tensor],
+                     A: Tensor, D: Optional[Tensor], state: Tensor) -> bool:
+    """Whether :func:`mamba_step` computes a Mamba mixer's scan step for these tensors: u [Bt, Din] contiguous,
+    xproj [Bt, R + 2N] with contiguous rows, z [Bt, Din] with contiguous rows (or None), dt_weight [Din, R],
+    A [Din, N], dt_bias and D [Din] (or None), state [Bt, Din, N], all float32 and contiguous."""
+    if u.dim() != 2 or A.dim() != 2 or dt_weight.dim() != 2:
+        return False
+    (Bt, Din), (_, N), R = u.shape, A.shape, dt_weight.shape[1]
+    return (_plain(u, xproj, z, dt_weight, dt_bias, A, D, state) and u.is_contiguous() and _rows(xproj, R + 2 * N)
+            and xproj.shape[0] == Bt and (z is None or (_rows(z, Din) and z.shape[0] == Bt))
+            and dt_weight.shape[0] == Din and dt_weight.is_contiguous() and A.shape[0] == Din and A.is_contiguous()
+            and _vector(dt_bias, Din) and _vector(D, Din) and state.shape == (Bt, Din, N) and state.is_contiguous()
+            and _free())
+
+
+def mamba_step(u: Tensor, xproj: Tensor, z: Optional[Tensor], dt_weight: Tensor, dt_bias: Optional[Tensor],
+               A: Tensor, D: Optional[Tensor], state: Tensor) -> tuple[Tensor, Tensor]:
+    """(y [Bt, Din], new_state [Bt, Din, N]) for tensors that mamba_step_takes, where xproj's rows are
+    [dt_low (R), B (N), C (N)]:
+
+        dt = softplus(dt_low dt_weight^T + dt_bias);  s' = exp(dt A) s + (dt u) B;  y = (s' C + D u) silu(z)
+
+    The new state is a fresh tensor; ``state`` is not changed."""
+    (Bt, Din), (_, N), R = u.shape, A.shape, dt_weight.shape[1]
+    y = torch.empty(Bt, Din)
+    new_state = torch.empty(Bt, Din, N)
+    call = MambaStep(u=u, xp=xproj, xs=xproj.stride(0), z=z,
+                     zs=0 if z is None else z.stride(0), dt_w=dt_weight, dt_b=dt_bias, A=A, D=D, s=state,
+                     s_out=new_state, y=y, Bt=Bt, Din=Din, N=N, R=R)
+    _run(call, Bt * -(-Din // STEP_CH))
+    return y, new_state
+
+
+def rms_rows_takes(x: Tensor, weight: Optional[Tensor]) -> bool:
+    """Whether :func:`rms_rows` computes rms_norm(x, weight, eps): x float32 and contiguous, of at most RMS_MAX_ROWS
+    rows of its last dimension, weight [F] or None, no gradient wanted, no graph traced."""
+    return (x.dim() >= 1 and 0 < x.numel() <= RMS_MAX_ROWS * x.shape[-1] and _plain(x, weight) and x.is_contiguous()
+            and _vector(weight, x.shape[-1]) and _free())
+
+
+def rms_rows(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    """x / sqrt(mean(x^2, -1) + eps) * weight for tensors that rms_rows_takes (a new tensor of x's shape)."""
+    F = x.shape[-1]
+    y = torch.empty_like(x)
+    _run(RmsRows(x=x, w=weight, y=y, F=F, eps=float(eps)), x.numel() // F)
+    return y
+
+
+def _run(call: EntryPoint, items: int) -> None:
+    if kernel_threads.workers(items) == 1:  # a decoding step on one thread: no pool
+        kernel_library.function(type(call), torch.float32)(*call.c_args(), 0, items)
+    else:
+        kernel_threads.run(call, torch.float32, items)
