@@ -11,7 +11,7 @@ from torch import nn
 from linlm.layers import linear as linear_module
 from linlm.layers.linear import DecodeLinear
 from linlm.models.lm import create_model
-from linlm.ops import gemv_kernel, kernel_library
+from linlm.ops import gemv_kernel, kernel_library, step_kernel
 
 needs_kernel = pytest.mark.skipif(not kernel_library.available(), reason="no C compiler: the kernel is not built")
 
@@ -35,6 +35,8 @@ def test_a_decoding_step_on_the_kernel_matches_f_linear(arch, monkeypatch):
     take it) and on F.linear: the logits agree to float32 summation; training's forward and backward never reach
     the kernel."""
     monkeypatch.setattr(gemv_kernel, "GEMV_MIN_WEIGHTS", 0)  # every layer of this small model
+    # Mamba's mixer would step in one fused call (tests/ops/test_step_kernel.py): here its Linear layers' own path
+    monkeypatch.setattr(step_kernel, "mamba_mixer_step_takes", lambda *a: False)
     torch.manual_seed(0)
     model = create_model(arch, d_model=64, n_heads=4, n_layers=2, vocab_size=96, tie_embeddings=False).eval()
     n_linears = sum(isinstance(m, nn.Linear) for m in model.modules())

@@ -47,7 +47,7 @@ def _c_kinds() -> dict[str, list[tuple[str, str]]]:
     """name -> [(parameter name, "pointer", "int64_t" or "double")], from the source text."""
     text = "\n".join(p.read_text() for p in kernel_library.sources())
     out = {}
-    for name, params in re.findall(r"^void SUF\((\w+)\)\((.*?)\)\s*\{", text, flags=re.M | re.S):
+    for name, params in re.findall(r"^void SUF\((\w+)\)\(([^;{]*?)\)\s*\{", text, flags=re.M | re.S):
         out[name] = [(re.findall(r"\w+", p)[-1], "pointer" if "*" in p else re.findall(r"\w+", p)[-2])
                      for p in params.split(",")]
     return out
@@ -88,12 +88,14 @@ def test_entry_points_take_keywords_only():
 
 
 def test_python_constants_equal_the_c_defines():
-    """Each kernel's work-item size in Python is its C file's #define (the C file beside the module)."""
+    """Each kernel's work-item size in Python is its C file's #define (the C file beside the module, or the header
+    all of them include)."""
+    common = (kernel_library.KERNEL_DIR / "_kernel_common.h").read_text()
     for module, name in ((scan_kernel, "TILE"), (conv_kernel, "CONV_TB"), (gate_kernel, "GATE_ROWS"),
-                         (gather_sum_kernel, "GATHER_ROWS"), (gemv_kernel, "GEMV_ROWS")):
+                         (gather_sum_kernel, "GATHER_ROWS"), (gemv_kernel, "GEMV_ROWS"), (step_kernel, "STEP_CH")):
         c_file = kernel_library.KERNEL_DIR / f"_{module.__name__.rsplit('.', 1)[1]}.c"
         assert c_file in kernel_library.sources()
-        defines = dict(re.findall(r"^#define (\w+) (\d+)\b", c_file.read_text(), flags=re.M))
+        defines = dict(re.findall(r"^#define (\w+) (\d+)\b", c_file.read_text() + "\n" + common, flags=re.M))
         assert int(defines[name]) == getattr(module, name), (c_file.name, name)
 
 

@@ -184,35 +184,103 @@ def test_rms_norm_of_a_step_takes_the_kernel(monkeypatch):
     torch.testing.assert_close(got, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
 
 
-@needs_kernel
-def test_a_mamba_model_decodes_through_the_kernels_as_through_torch(monkeypatch):
-    """Six steps of a Mamba: every layer's conv and scan step and every norm take the kernels, and the logits and
-    states follow the torch ops' within float32 rounding."""
-    torch.manual_seed(0)
-    model = linlm.create_model("mamba", None, n_layers=2, d_model=64, vocab_size=97).eval()
-    ids = torch.randint(0, 97, (2, 6))
-    calls = {"conv": 0, "mamba": 0}
-    for name, key in (("conv_step", "conv"), ("mamba_step", "mamba")):
-        real = getattr(step_kernel, name)
-        monkeypatch.setattr(step_kernel, name,
-                            lambda *a, _r=real, _k=key: calls.__setitem__(_k, calls[_k] + 1) or _r(*a))
+def spy(monkeypatch, calls, name):
+    """Count the calls of step_kernel.<name> in calls[name]."""
+    real = getattr(step_kernel, name)
+    calls[name] = 0
 
-    def decode():
-        with torch.no_grad():
-            state = model(ids[:, :1], return_state=True).state
-            out = []
-            for t in range(1, ids.shape[1]):
-                logits, state = model.step(ids[:, t], state)
-                out.append(logits)
-        return torch.stack(out), state
+    def counted(*a):
+        calls[name] += 1
+        return real(*a)
 
-    got, got_state = decode()
-    assert calls == {"conv": 2 * 5, "mamba": 2 * 5}
-    monkeypatch.setattr(step_kernel, "conv_step_takes", lambda *a: False)
-    monkeypatch.setattr(step_kernel, "mamba_step_takes", lambda *a: False)
-    monkeypatch.setattr(step_kernel, "rms_rows_takes", lambda *a: False)
-    ref, ref_state = decode()
+    monkeypatch.setattr(step_kernel, name, counted)
+
+
+def decode(model, ids):
+    """Logits of steps 1.. after a one-token prefill, and the final state."""
+    with torch.no_grad():
+        state = model(ids[:, :1], return_state=True).state
+        out = []
+        for t in range(1, ids.shape[1]):
+            logits, state = model.step(ids[:, t], state)
+            out.append(logits)
+    return torch.stack(out), state
+
+
+def assert_decodes_alike(got, ref):
+    (got, got_state), (ref, ref_state) = got, ref
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(got_state.layers, ref_state.layers):
         torch.testing.assert_close(a["ssm"], b["ssm"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(a["conv"], b["conv"], rtol=1e-5, atol=1e-6)
+
+
+def torch_ops_only(monkeypatch):
+    for name in ("conv_step_takes", "mamba_step_takes", "rms_rows_takes", "mamba_mixer_step_takes"):
+        monkeypatch.setattr(step_kernel, name, lambda *a: False)
+
+
+@needs_kernel
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_mamba_model_decodes_through_the_kernels_as_through_torch(monkeypatch, fused):
+    """Five steps of a 2-layer Mamba at batch 2: every layer's mixer takes the fused step (or, with it off, the conv
+    and scan steps), every norm the norm kernel, and the logits and states follow the torch ops' within float32
+    rounding."""
+    torch.manual_seed(0)
+    model = linlm.create_model("mamba", None, n_layers=2, d_model=64, vocab_size=97).eval()
+    ids = torch.randint(0, 97, (2, 6))
+    calls = {}
+    for name in ("conv_step", "mamba_step", "mamba_mixer_step", "rms_rows"):
+        spy(monkeypatch, calls, name)
+    if not fused:
+        monkeypatch.setattr(step_kernel, "mamba_mixer_step_takes", lambda *a: False)
+    got = decode(model, ids)
+    steps = 2 * 5
+    assert calls == ({"conv_step": 0, "mamba_step": 0, "mamba_mixer_step": steps, "rms_rows": 3 * 5 + 3} if fused
+                     else {"conv_step": steps, "mamba_step": steps, "mamba_mixer_step": 0, "rms_rows": 3 * 5 + 3})
+    torch_ops_only(monkeypatch)
+    assert_decodes_alike(got, decode(model, ids))
+
+
+@needs_kernel
+def test_the_fused_step_gives_the_same_bits_on_one_and_two_threads_and_with_a_bias():
+    """Projections with biases (HF's use_bias), a conv without one, and the OpenMP team's split of each stage."""
+    torch.manual_seed(1)
+    model = linlm.create_model("mamba", None, n_layers=2, d_model=64, vocab_size=97).eval()
+    mixer = model.layers[0].mixer
+    with torch.no_grad():
+        for lin in (mixer.in_proj, mixer.x_proj, mixer.out_proj):
+            lin.bias = torch.nn.Parameter(torch.randn(lin.out_features))
+    mixer.conv.bias = None
+    ids = torch.randint(0, 97, (3, 4))
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out[n] = decode(model, ids)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[1][0], out[2][0])
+    with pytest.MonkeyPatch.context() as mp:
+        torch_ops_only(mp)
+        assert_decodes_alike(out[1], decode(model, ids))
+
+
+@needs_kernel
+def test_what_the_fused_step_leaves_to_the_layers(monkeypatch):
+    """A forward hook on a projection is still called (the mixer then steps through its modules), and a batch of
+    more rows than a decoding step's keeps the modules too."""
+    torch.manual_seed(2)
+    model = linlm.create_model("mamba", None, n_layers=1, d_model=32, vocab_size=50).eval()
+    calls = {}
+    spy(monkeypatch, calls, "mamba_mixer_step")
+    seen = []
+    handle = model.layers[0].mixer.x_proj.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    decode(model, torch.randint(0, 50, (2, 3)))
+    assert calls["mamba_mixer_step"] == 0 and len(seen) == 1 + 2  # the prefill's call and two steps'
+    handle.remove()
+    decode(model, torch.randint(0, 50, (9, 3)))
+    assert calls["mamba_mixer_step"] == 0
+    decode(model, torch.randint(0, 50, (8, 3)))
+    assert calls["mamba_mixer_step"] == 2

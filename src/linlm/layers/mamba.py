@@ -272,6 +272,9 @@ class MambaMixer(TokenMixer):
         without a gradient the conv's step and the scan's step (dt projection, softplus, update, read-out, skip and
         gate) are one C call each (linlm.ops.step_kernel); otherwise about 15 tensor ops."""
         Din, N, R = self.d_inner, self.d_state, self.dt_rank
+        fused = self._fused_step(x, state)
+        if fused is not None:
+            return fused
         xz = self.in_proj(x)  # modules, not their .weight: a quantized layer computes in int8
         u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
         xp, z, A = self.x_proj(u), xz[:, Din:], self._decay()
@@ -287,6 +290,24 @@ class MambaMixer(TokenMixer):
         # y * silu(z) in two ops: at one row the gate kernel's call costs more than its arithmetic.
         gated = F.silu(z).mul_(y)
         return self.out_proj(gated), {"conv": conv_state, "ssm": ssm}
+
+    def _fused_step(self, x: torch.Tensor, state: dict):
+        """The whole step in one call of linlm.ops.step_kernel.mamba_mixer_step where it takes the tensors (float32,
+        no gradient, at most 8 rows) and the three projections are plain Linear layers without hooks (not
+        quantized); None otherwise."""
+        mods, params = self._modules, self._parameters  # dict lookups: a step reads 15 tensors here
+        w_in, w_x, w_out, conv = mods["in_proj"], mods["x_proj"], mods["out_proj"], mods["conv"]
+        for m in (w_in, w_x, w_out):
+            if not isinstance(m, nn.Linear) or m._forward_hooks or m._forward_pre_hooks:
+                return None
+        w_in, w_x, w_out, conv = w_in._parameters, w_x._parameters, w_out._parameters, conv._parameters
+        args = (x, w_in["weight"], w_in["bias"], state["conv"], conv["weight"], conv.get("bias"), w_x["weight"],
+                w_x["bias"], params["dt_weight"], params["dt_bias"], self._decay(), params["D"], w_out["weight"],
+                w_out["bias"], state["ssm"])
+        if not step_kernel.mamba_mixer_step_takes(*args):
+            return None
+        out, conv, ssm = step_kernel.mamba_mixer_step(*args)
+        return out, {"conv": conv, "ssm": ssm}
 
     def _decay(self) -> torch.Tensor:
         """decay_rate(A_log), recomputed only when A_log changed (its version counter or storage); while torch

@@ -2,11 +2,11 @@
    (+ b[n]) for a few rows r of x [R, K] against a row-major weight w [N, K] (nn.Linear's layout), with b NULL for
    no bias. A step is bound by reading w once: each group of GEMV_GROUP weight rows is read for every row of x while
    it is in the L1 cache, and accumulated in REAL over the K values by a vectorised reduction. Items: blocks of
-   GEMV_ROWS weight rows; distinct items write distinct outputs, so they may run on any threads. */
+   GEMV_ROWS weight rows (_kernel_common.h: the fused steps of _step_kernel.c split their products the same way);
+   distinct items write distinct outputs, so they may run on any threads. */
 
 #include "_kernel_common.h"
 
-#define GEMV_ROWS 64
 #define GEMV_GROUP 8
 
 void SUF(gemv_rows)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K, int64_t item0,

@@ -62,6 +62,8 @@ static inline uint16_t f32_to_bf16(float f) {
         if (i0_ < i1_) CALL;                                                                                        \
     }
 #endif
+
+#define GEMV_ROWS 64  /* weight rows per work item of gemv_rows (_gemv_kernel.c) */
 #endif /* KERNEL_COMMON_ONCE */
 
 /* exp(x) for x <= 0 (the decays; dt >= 0 and A <= 0 are checked by the caller), in plain arithmetic so that the

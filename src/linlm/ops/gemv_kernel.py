@@ -20,7 +20,7 @@ from linlm.ops.kernel_library import EntryPoint, entry_point
 
 __all__ = ["GEMV_MAX_ROWS", "small_linear", "small_linear_takes"]
 
-GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in the C source
+GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in _kernel_common.h
 GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
 # Smaller weights stay on F.linear: a call through ctypes costs about 8 us more than F.linear's, which is more than
 # the kernel saves below about 256 x 256 weights (1 thread, AMD EPYC, AVX2: 128 x 128 took 18.9 us against

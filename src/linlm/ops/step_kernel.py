@@ -17,10 +17,11 @@ import torch
 from torch import Tensor
 
 from linlm.ops import kernel_library, kernel_threads
+from linlm.ops.gemv_kernel import GEMV_MAX_ROWS
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
-__all__ = ["STEP_CH", "RMS_MAX_ROWS", "conv_step", "conv_step_takes", "mamba_step", "mamba_step_takes", "rms_rows",
-           "rms_rows_takes"]
+__all__ = ["STEP_CH", "RMS_MAX_ROWS", "conv_step", "conv_step_takes", "mamba_mixer_step", "mamba_mixer_step_takes",
+           "mamba_step", "mamba_step_takes", "rms_rows", "rms_rows_takes"]
 
 STEP_CH = 64  # channels per work item; must equal STEP_CH in the C source
 RMS_MAX_ROWS = 8  # the norm of more rows than this (a prefill, training) keeps torch's ops
@@ -66,6 +67,39 @@ class MambaStep(EntryPoint):
     Din: int
     N: int
     R: int
+
+
+@entry_point("mamba_mixer_step")
+class MambaMixerStep(EntryPoint):
+    """A Mamba mixer's whole step: out [Bt, d], new_st and s_out from x [Bt, d], the conv window st (batch stride
+    ss), the scan state s and the mixer's weights; work [Bt (4 Din + R + 2N)] is scratch."""
+
+    x: Tensor
+    w_in: Tensor
+    b_in: Optional[Tensor]
+    st: Tensor
+    ss: int
+    conv_w: Tensor
+    conv_b: Optional[Tensor]
+    w_x: Tensor
+    b_x: Optional[Tensor]
+    dt_w: Tensor
+    dt_b: Optional[Tensor]
+    A: Tensor
+    D: Optional[Tensor]
+    w_out: Tensor
+    b_out: Optional[Tensor]
+    s: Tensor
+    work: Tensor
+    new_st: Tensor
+    s_out: Tensor
+    out: Tensor
+    Bt: int
+    d: int
+    Din: int
+    N: int
+    R: int
+    K: int
 
 
 @entry_point("rms_rows")
@@ -178,6 +212,55 @@ def rms_rows(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     y = torch.empty_like(x)
     _run(RmsRows(x=x, w=weight, y=y, F=F, eps=float(eps)), x.numel() // F)
     return y
+
+
+def mamba_mixer_step_takes(x: Tensor, w_in: Tensor, b_in: Optional[Tensor], conv_state: Tensor, conv_w: Tensor,
+                           conv_b: Optional[Tensor], w_x: Tensor, b_x: Optional[Tensor], dt_w: Tensor,
+                           dt_b: Optional[Tensor], A: Tensor, D: Optional[Tensor], w_out: Tensor,
+                           b_out: Optional[Tensor], state: Tensor) -> bool:
+    """Whether :func:`mamba_mixer_step` computes a Mamba mixer's step for these tensors: x [Bt, d] of at most
+    GEMV_MAX_ROWS rows, w_in [2 Din, d], the conv's window [Bt, K - 1, Din] (K >= 2) and weights [Din, K],
+    w_x [R + 2N, Din], dt_w [Din, R], A [Din, N], w_out [d, Din], biases [rows] or None, D [Din] or None, the scan
+    state [Bt, Din, N]; all float32, contiguous (the window: each batch row), no gradient wanted."""
+    if x.dim() != 2 or A.dim() != 2 or dt_w.dim() != 2 or conv_w.dim() != 2 or w_in.dim() != 2:
+        return False
+    (Bt, d), (Din, N), R, K = x.shape, A.shape, dt_w.shape[1], conv_w.shape[1]
+    return (0 < Bt <= GEMV_MAX_ROWS and K >= 2
+            and _plain(x, w_in, b_in, conv_state, conv_w, conv_b, w_x, b_x, dt_w, dt_b, A, D, w_out, b_out, state)
+            and x.is_contiguous() and _matrix(w_in, 2 * Din, d) and _matrix(conv_w, Din, K)
+            and _matrix(w_x, R + 2 * N, Din) and _matrix(dt_w, Din, R) and A.is_contiguous()
+            and _matrix(w_out, d, Din) and _vector(b_in, 2 * Din) and _vector(conv_b, Din) and _vector(b_x, R + 2 * N)
+            and _vector(dt_b, Din) and _vector(D, Din) and _vector(b_out, d)
+            and conv_state.shape == (Bt, K - 1, Din) and _window(conv_state)
+            and state.shape == (Bt, Din, N) and state.is_contiguous() and _free())
+
+
+def mamba_mixer_step(x: Tensor, w_in: Tensor, b_in: Optional[Tensor], conv_state: Tensor, conv_w: Tensor,
+                     conv_b: Optional[Tensor], w_x: Tensor, b_x: Optional[Tensor], dt_w: Tensor,
+                     dt_b: Optional[Tensor], A: Tensor, D: Optional[Tensor], w_out: Tensor, b_out: Optional[Tensor],
+                     state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(out [Bt, d], new conv window [Bt, K - 1, Din], new scan state [Bt, Din, N]) of a Mamba mixer's step, for
+    tensors that mamba_mixer_step_takes: in_proj, the conv's step with SiLU, x_proj, :func:`mamba_step` with the
+    gate z (in_proj's second half) and out_proj, in one call. Fresh outputs; the given states are not changed."""
+    (Bt, d), (Din, N), R, K = x.shape, A.shape, dt_w.shape[1], conv_w.shape[1]
+    work = torch.empty(Bt * (4 * Din + R + 2 * N))
+    out, new_conv, new_state = torch.empty(Bt, d), torch.empty(Bt, K - 1, Din), torch.empty(Bt, Din, N)
+    call = MambaMixerStep(x=x, w_in=w_in, b_in=b_in, st=conv_state, ss=conv_state.stride(0), conv_w=conv_w,
+                          conv_b=conv_b, w_x=w_x, b_x=b_x, dt_w=dt_w, dt_b=dt_b, A=A, D=D, w_out=w_out, b_out=b_out,
+                          s=state, work=work, new_st=new_conv, s_out=new_state, out=out, Bt=Bt, d=d, Din=Din, N=N,
+                          R=R, K=K)
+    threads = torch.get_num_threads()
+    par = kernel_library.function(MambaMixerStep, torch.float32, parallel=True) \
+        if threads > 1 and kernel_threads.openmp_pool() else None
+    if par is not None:  # one item, its stages split over the team
+        par(*call.c_args(), 1, threads)
+    else:
+        kernel_library.function(MambaMixerStep, torch.float32)(*call.c_args(), 0, 1)
+    return out, new_conv, new_state
+
+
+def _matrix(w: Tensor, rows: int, cols: int) -> bool:
+    return w.shape == (rows, cols) and w.is_contiguous()
 
 
 def _run(call: EntryPoint, items: int) -> None:
