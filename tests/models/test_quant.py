@@ -11,9 +11,12 @@ import torch.nn.functional as F
 
 from linlm import create_model
 from linlm.cli import main
+from linlm.errors import CheckpointError
+from linlm.models import quant
 from linlm.models.io import load
 from linlm.models.quant import QuantEmbedding, QuantLinear, quantize_rows
 from linlm.models.registry import arch_names
+from linlm.ops import kernel_library
 
 pytestmark = pytest.mark.skipif(
     not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines), reason="no fbgemm int8 kernels")
@@ -49,6 +52,33 @@ def test_quant_linear_matches_dequantized_weight_at_every_row_count():
     emb = QuantEmbedding.from_float(w)
     ids = torch.tensor([[0, 39, 7]])
     assert torch.allclose(emb(ids), F.embedding(ids, lin.weight))
+
+
+@pytest.mark.skipif(not kernel_library.available(), reason="no C compiler: the int8 kernel is not built")
+def test_quant_linear_takes_the_int8_kernel_for_a_steps_rows_and_packs_fbgemm_only_when_needed(monkeypatch):
+    """Up to 8 rows: linlm's int8 kernel (counted); 9 to DYNAMIC_ROWS: fbgemm, whose packed weight is made on that
+    first call; the two agree within the rounding of the input (fbgemm quantises it in 7 bits)."""
+    torch.manual_seed(3)
+    lin = QuantLinear.from_float(torch.randn(300, 96))
+    calls = []
+    real = quant.q8_linear
+    monkeypatch.setattr(quant, "q8_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    with torch.no_grad():
+        x = torch.randn(12, 96)
+        small = lin(x[:8])
+        assert calls == [(8, 96)] and lin._packed is None
+        big = lin(x)
+        assert calls == [(8, 96)] and lin._packed is not None
+    ref = x @ lin.weight.T
+    for got in (small, big[:8]):
+        assert (got - ref[:8]).abs().max() <= 0.02 * ref.abs().max()
+
+
+def test_an_int8_weight_of_minus_128_is_refused():
+    lin = QuantLinear(4, 2)
+    q = torch.tensor([[1, 2, 3, -128], [0, 0, 0, 0]], dtype=torch.int8)
+    with pytest.raises(CheckpointError, match="-128"):
+        lin.set_int8(q, torch.ones(2))
 
 
 @pytest.mark.parametrize("arch", arch_names())

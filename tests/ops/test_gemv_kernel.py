@@ -9,7 +9,7 @@ import torch
 from kernel_checks import needs_kernel
 
 from linlm.ops import gemv_kernel, kernel_threads
-from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, small_linear, small_linear_takes
+from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, q8_linear, q8_linear_takes, small_linear, small_linear_takes
 
 F32_EPS = 2.0**-24
 
@@ -105,3 +105,83 @@ def test_small_weights_stay_on_f_linear():
     with torch.no_grad():
         assert small_linear_takes(x, torch.randn(256, 256), None)
         assert not small_linear_takes(x, torch.randn(255, 256), None)
+
+
+def q8_operands(rows, n, k, bias, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen) * torch.rand(rows, 1, generator=gen) * 4  # rows of different ranges
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    s = torch.rand(n, generator=gen) / 100
+    b = torch.randn(n, generator=gen) if bias else None
+    return x, q, s, b
+
+
+def quantise_rows_as_the_kernel(x):
+    """(xq, xs, near): each row's scale max |x| / 127 and x / scale rounded half away from zero, in float64; near
+    marks the values within 1e-5 of a rounding boundary, which float32 arithmetic may round either way."""
+    xs = x.double().abs().amax(-1, keepdim=True) / 127
+    v = torch.where(xs > 0, x.double() / xs, torch.zeros_like(xs))
+    near = ((v.abs() - v.abs().floor()) - 0.5).abs() < 1e-5
+    return torch.sign(v) * torch.floor(v.abs() + 0.5), xs, near
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 5), (8, 64), (65, 129), (200, 33)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_products_against_float64(rows, n, k, bias):
+    """The int32 sums are exact, so each output is the float64 value of s xs sum(q xq) (+ b) to a few float32
+    roundings (and one step of xq where a value lies on a rounding boundary); and the product is within the
+    rounding of x of x W^T."""
+    x, q, s, b = q8_operands(rows, n, k, bias)
+    with torch.no_grad():
+        assert q8_linear_takes(x, q, s, b)
+        got = q8_linear(x, q, s, b)
+    xq, xs, near = quantise_rows_as_the_kernel(x)
+    w = q.double() * s.double()[:, None]
+    exact = (xq @ q.double().T) * xs * s.double() + (0 if b is None else b.double())
+    scale = exact.abs() + (0 if b is None else b.double().abs())
+    boundary = xs * (near.double() @ w.abs().T)  # one step of xq at each value on a boundary
+    assert ((got.double() - exact).abs() <= 4 * F32_EPS * scale + boundary + 1e-30).all()
+    true = x.double() @ w.T + (0 if b is None else b.double())
+    bound = (xs / 2) * w.abs().sum(1)  # |x - xq xs| <= xs / 2 in each of the k terms
+    assert ((got.double() - true).abs() <= bound * 1.001 + 1e-6).all()
+
+
+@needs_kernel
+def test_int8_rows_of_zeros_and_threads():
+    """A row of zeros gives the bias; each row is quantised on its own, so a row's outputs do not depend on the
+    other rows, and two threads give one thread's bits."""
+    x, q, s, b = q8_operands(4, 300, 96, True, seed=7)
+    x[2] = 0
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = q8_linear(x, q, s, b)
+        alone = q8_linear(x[1:2], q, s, b)
+        torch.set_num_threads(2)
+        two = q8_linear(x, q, s, b)
+        with kernel_threads.own_threads():
+            own = q8_linear(x, q, s, b)
+    finally:
+        torch.set_num_threads(was)
+    assert torch.equal(one[2], b)
+    assert torch.equal(one[1:2], alone)
+    assert torch.equal(one, two) and torch.equal(one, own)
+
+
+@needs_kernel
+def test_what_the_int8_kernel_leaves_to_torch():
+    x, q, s, b = q8_operands(1, 16, 8, True)
+    with torch.no_grad():
+        assert q8_linear_takes(x, q, s, b)
+        assert not q8_linear_takes(torch.randn(GEMV_MAX_ROWS + 1, 8), q, s, b)
+        assert not q8_linear_takes(x.bfloat16(), q, s, b)
+        assert not q8_linear_takes(x, q.float(), s, b)
+        assert not q8_linear_takes(x, q, s.double(), b)
+        assert not q8_linear_takes(x, q.T.contiguous().T, s, b)
+        assert not q8_linear_takes(torch.randn(1, 9), q, s, b)
+        assert not q8_linear_takes(x, q, s[:-1], b)
+        assert not q8_linear_takes(x, q, s, b[:-1])
+        assert not q8_linear_takes(x, q.to("meta"), s, b)
+    assert not q8_linear_takes(x.requires_grad_(), q, s, b)

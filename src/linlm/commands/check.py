@@ -45,8 +45,9 @@ def cmd_check(args) -> int:
 
 
 def kernel_report() -> dict[str, str]:
-    """Which compiled kernels this process runs on: linlm's C kernels (scan, conv, gates, gather-sum), the int8
-    GEMM of quantized models, and the CPU capability torch dispatches to."""
+    """Which compiled kernels this process runs on: linlm's C kernels (scan, conv, gates, gather-sum, and a decoding
+    step's matrix-vector products, float32 and int8, and element-wise work), fbgemm's int8 GEMM of quantized models
+    (9 to 64 rows), and the CPU capability torch dispatches to."""
     from linlm.models.quant import kernels_available
     from linlm.ops import kernel_library
 

@@ -5,17 +5,17 @@ Storage (weight-only, no calibration): W [N, K] becomes q = round(W / s) in int8
 a symmetric scale per output row, so W ~ q * s[:, None]. A saved model stores q under the weight's own name and s
 under ``<name>_scale`` (float32 [N]); config.json says ``"quantization": {"method": "int8", ...}``.
 
-Compute, for inputs of at most ``DYNAMIC_ROWS`` rows (decoding steps, batched or not): torch's fbgemm int8 GEMM
-(``torch.ops.quantized.linear_dynamic``, the x86 kernels PyTorch ships). The weight is packed once when loaded; each
-call quantises its input to 8 bits on the fly (one scale for the whole input, so the rows of a batched step share
-it; ``reduce_range``, 7-bit inputs, as fbgemm needs on x86) and accumulates in int32. It reads the 8-bit weights at
-about the memory bandwidth: a batch-1 decoding step reads a quarter of the fp32 bytes. Longer inputs (a prefill, the
-perplexity scorer) are multiplied by the dequantised weight in float32: compute-bound, so no slower than the float
-model, and with no error in the activations. Measured at batch 1 (24 Mamba layers of mamba-130m's shape, 1 thread,
-AMD EPYC Zen 4): fp32 26 ms, this GEMM 6.7 ms, torch's weight-only ``_weight_int8pack_mm`` 12 ms (bfloat16
-inputs; float32 ones take a reference loop 10x slower), and at batch 8 and 32: 7.6 and 20 ms against 26 and 80.
-``_weight_int4pack_mm_for_cpu`` (bfloat16) was no faster than this int8 GEMM at batch 1 (compute-bound), so there is
-no int4.
+Compute, for inputs of at most ``GEMV_MAX_ROWS`` (8) rows (decoding steps, batched or not): linlm's int8
+matrix-vector kernel (linlm.ops.gemv_kernel.q8_linear), which quantises each input row to int8 with a scale of its
+own (max |x| / 127), sums exactly in int32 and reads the 8-bit weights at about the memory's rate. Up to
+``DYNAMIC_ROWS`` rows: torch's fbgemm int8 GEMM (``torch.ops.quantized.linear_dynamic``; one input scale for all
+rows, 7-bit inputs as fbgemm needs on x86), its packed weight made on the first such call. Longer inputs (a prefill,
+the perplexity scorer) are multiplied by the dequantised weight in float32: compute-bound, so no slower than the
+float model, and with no error in the activations. At batch 1 (24 Mamba layers of mamba-130m's shape, AMD EPYC
+family 25 model 1 with AVX2 only, medians of 11 alternating rounds) a step took 20.7 ms with the kernel against
+24.4 ms with fbgemm at 1 thread (CPU clock), 18.7 against 22.1 ms at 2 (wall clock). Earlier, on an AMD EPYC Zen 4,
+torch's weight-only ``_weight_int8pack_mm`` (bfloat16 inputs) and ``_weight_int4pack_mm_for_cpu`` were no faster
+than fbgemm's int8 GEMM at batch 1, so there is no int4.
 
 What is not an ``nn.Linear`` stays as it was: norms, convolutions, Mamba's dt projection, A and D, MoE expert stacks
 (``nn.Parameter`` tensors), the HGRN2 lower bounds. The embeddings are int8 rows with a scale per row; a tied head
@@ -35,6 +35,7 @@ from torch import nn
 
 from linlm.errors import CheckpointError, ConfigError
 from linlm.layers.linear import DecodeLinear
+from linlm.ops.gemv_kernel import q8_linear, q8_linear_takes
 
 METHODS = ("int8",)
 SCALE = "_scale"
@@ -64,29 +65,31 @@ def kernels_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines or "x86" in torch.backends.quantized.supported_engines
 
 
-# The packed weights of every QuantLinear, by id: the int8 GEMM as an op of linlm's own (``linlm::int8_linear``), whose
-# arguments are tensors and that id, so that torch.compile (CausalLM.compile_step) can call it inside a graph, where
-# fbgemm's packed-weight object cannot be an argument.
-_PACKED: dict[int, object] = {}
+# Every QuantLinear, by id (weakly): the int8 GEMM as an op of linlm's own (``linlm::int8_linear``), whose arguments
+# are tensors and that id, so that torch.compile (CausalLM.compile_step) can call it inside a graph, where the layer
+# and fbgemm's packed-weight object cannot be arguments.
+_LAYERS: dict[int, "weakref.ref[QuantLinear]"] = {}
 
 
 @torch.library.custom_op("linlm::int8_linear", mutates_args=())
-def _int8_linear(x: torch.Tensor, packed_id: int, out_features: int) -> torch.Tensor:
-    return torch.ops.quantized.linear_dynamic(x, _PACKED[packed_id], True)
+def _int8_linear(x: torch.Tensor, layer_id: int, out_features: int) -> torch.Tensor:
+    return _LAYERS[layer_id]()._product(x)
 
 
 @_int8_linear.register_fake
-def _(x, packed_id, out_features):
+def _(x, layer_id, out_features):
     return x.new_empty(x.shape[0], out_features)
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T with W ~ q * s (int8 per output row), computed by fbgemm's dynamic int8 GEMM; no bias."""
+    """y = x W^T with W ~ q * s (int8 per output row); no bias. Inputs of at most GEMV_MAX_ROWS rows go to linlm's
+    int8 matrix-vector kernel (each row quantised with a scale of its own), up to DYNAMIC_ROWS to fbgemm's dynamic
+    int8 GEMM (the weight packed for it on first use), longer ones to the dequantised weight."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self._packed = None
+        self._q = self._s = self._packed = None
         self._shape_only = True
 
     @classmethod
@@ -99,20 +102,35 @@ class QuantLinear(nn.Module):
         if tuple(q.shape) != (self.out_features, self.in_features) or q.dtype != torch.int8:
             raise CheckpointError(f"int8 weight of shape {tuple(q.shape)} and dtype {q.dtype}; this layer needs "
                                   f"[{self.out_features}, {self.in_features}] int8")
-        self._packed, self._shape_only = _pack(q.contiguous(), s.float().contiguous()), False
-        _PACKED[id(self)] = self._packed
-        weakref.finalize(self, _PACKED.pop, id(self), None)
+        if q.numel() and int(q.min()) < -127:  # quantize_rows never writes -128; the int8 kernel's sums need +-127
+            raise CheckpointError("int8 weight holds -128; linlm's int8 weights lie in [-127, 127] (quantize the "
+                                  "float model again with linlm quantize)")
+        self._q, self._s = q.detach().contiguous(), s.detach().float().contiguous()
+        self._packed, self._shape_only = None, False
+        if id(self) not in _LAYERS:
+            _LAYERS[id(self)] = weakref.ref(self)
+            weakref.finalize(self, _LAYERS.pop, id(self), None)
 
     def int8(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q, s) unpacked from the packed weight."""
-        qt, _ = torch.ops.quantized.linear_unpack(self._packed)
-        return qt.int_repr(), qt.q_per_channel_scales().float()
+        """(q int8 [N, K], s float32 [N]), the layer's own tensors."""
+        return self._q, self._s
 
     @property
     def weight(self) -> torch.Tensor:
         """The dequantised float32 weight [N, K] (a new tensor on each access)."""
-        q, s = self.int8()
-        return q.float() * s[:, None]
+        return self._q.float() * self._s[:, None]
+
+    def _fbgemm(self):
+        """fbgemm's packed form of the weight, made on first use."""
+        if self._packed is None:
+            self._packed = _pack(self._q, self._s)
+        return self._packed
+
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, K] float32 contiguous, M <= DYNAMIC_ROWS: on the int8 kernel where it takes x2, else fbgemm."""
+        if q8_linear_takes(x2, self._q, self._s, None):
+            return q8_linear(x2, self._q, self._s)
+        return torch.ops.quantized.linear_dynamic(x2, self._fbgemm(), True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -120,10 +138,10 @@ class QuantLinear(nn.Module):
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         if x2.shape[0] <= DYNAMIC_ROWS:
-            if torch.compiler.is_compiling():  # the same GEMM, through an op a graph can hold
+            if torch.compiler.is_compiling():  # the same products, through an op a graph can hold
                 y = _int8_linear(x2, id(self), self.out_features)
-            else:  # eagerly the op's own dispatch would cost about as much as a small layer's GEMM
-                y = torch.ops.quantized.linear_dynamic(x2, self._packed, True)
+            else:  # eagerly the op's own dispatch would cost about as much as a small layer's product
+                y = self._product(x2)
         else:
             y = F.linear(x2, self.weight)
         return y.reshape(*lead, self.out_features).to(x.dtype)
@@ -203,7 +221,8 @@ def quantize_model(model, method: str = "int8"):
         model.embed = QuantEmbedding.from_float(embed.weight)
         model.head = QuantLinear.from_float(embed.weight) if tied else model.head
     model.quantization = {"method": method, "weights": "int8, symmetric, one scale per output channel",
-                          "compute": "fbgemm dynamic int8 GEMM (input quantised per call)",
+                          "compute": "int8 products, the input quantised per call (linlm's kernel up to 8 rows, "
+                                     "fbgemm's GEMM up to 64, the dequantised weight beyond)",
                           "tied_head": tied}
     return model
 

@@ -7,6 +7,43 @@
 
 #include "_kernel_common.h"
 
+#define GEMV_MAX_ROWS 8  /* rows of x per call of gemv_q8 at most (its scales live on the stack) */
+
+#ifndef GEMV_Q8_ONCE
+#define GEMV_Q8_ONCE
+/* sum_k w[k] x[k] for int8 w and x in [-127, 127], exact in int32. With AVX2, 32 products at a time: |x| times
+   w with x's sign (vpmaddubsw: pairs summed to int16, at most 2 127^2 < 2^15), pairs of those summed to int32
+   (vpmaddwd); one weight row against one input row reads the weights at the memory's rate, where gcc's own
+   vectorisation of the plain loop (widening multiplies) is bound by arithmetic. */
+#ifdef __AVX2__
+#include <immintrin.h>
+static inline int32_t dot_q8(const int8_t *restrict w, const int8_t *restrict x, int64_t K) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + k));
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + k));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+    }
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    int32_t a = _mm_cvtsi128_si32(h);
+    for (; k < K; k++) a += (int16_t)w[k] * (int16_t)x[k];
+    return a;
+}
+#else
+static inline int32_t dot_q8(const int8_t *restrict w, const int8_t *restrict x, int64_t K) {
+    int32_t a = 0;
+#pragma omp simd reduction(+ : a)
+    for (int64_t k = 0; k < K; k++) a += (int16_t)w[k] * (int16_t)x[k];
+    return a;
+}
+#endif
+#endif /* GEMV_Q8_ONCE */
+
 #define GEMV_GROUP 8
 
 void SUF(gemv_rows)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K, int64_t item0,
@@ -50,11 +87,53 @@ void SUF(gemv_rows)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int
     }
 }
 
+/* The same products with int8 weights, for linlm.models.quant: y[r, n] = s[n] xs[r] sum_k q[n, k] xq[r, k] (+ b[n])
+   for q [N, K] int8 with a scale per weight row s [N] (W ~ q s), and the input's rows quantised on the fly,
+   symmetric with a scale each: xs[r] = max_k |x[r, k]| / 127, xq[r, k] = round(x[r, k] / xs[r]) (a row of zeros
+   gets xs = 0: its outputs are b). The sums are exact in int32 (|q xq| <= 127^2, so K up to 133,000). Each call
+   quantises x into its own scratch xq [R, K] (a few thousand values, cheaper than a second call), then computes
+   its items: blocks of GEMV_ROWS weight rows, each weight row against every input row (dot_q8). */
+void SUF(gemv_q8)(const IO *x, const int8_t *q, const float *s, const IO *b, IO *y, int8_t *xq, int64_t R,
+                  int64_t N, int64_t K, int64_t item0, int64_t item1) {
+    REAL xs[GEMV_MAX_ROWS];
+    for (int64_t r = 0; r < R; r++) {
+        const IO *restrict xr = x + r * K;
+        int8_t *restrict qr = xq + r * K;
+        REAL m = 0;
+        for (int64_t k = 0; k < K; k++) {
+            const REAL a = FABS(LD(xr[k]));
+            m = a > m ? a : m;
+        }
+        xs[r] = m / (REAL)127;
+        const REAL inv = m > 0 ? (REAL)127 / m : (REAL)0;
+#pragma omp simd
+        for (int64_t k = 0; k < K; k++) {
+            const REAL v = LD(xr[k]) * inv;  /* in [-127, 127]: rounded half away from zero */
+            qr[k] = (int8_t)(int32_t)(v + COPYSIGN((REAL)0.5, v));
+        }
+    }
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t n1 = (item + 1) * GEMV_ROWS < N ? (item + 1) * GEMV_ROWS : N;
+        for (int64_t n = item * GEMV_ROWS; n < n1; n++) {
+            const int8_t *restrict wn = q + n * K;
+            for (int64_t r = 0; r < R; r++) {
+                const REAL v = (REAL)dot_q8(wn, xq + r * K, K) * ((REAL)s[n] * xs[r]);
+                y[r * N + n] = ST(b ? v + LD(b[n]) : v);
+            }
+        }
+    }
+}
+
 /* NAME_par: the items split over an OpenMP team (PAR_ITEMS in _kernel_common.h) */
 #ifdef _OPENMP
 void SUF(gemv_rows_par)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K,
                         int64_t nitems, int64_t nthreads) {
     PAR_ITEMS(SUF(gemv_rows)(x, w, b, y, R, N, K, i0_, i1_))
+}
+
+void SUF(gemv_q8_par)(const IO *x, const int8_t *q, const float *s, const IO *b, IO *y, int8_t *xq, int64_t xq_stride,
+                      int64_t R, int64_t N, int64_t K, int64_t nitems, int64_t nthreads) {
+    PAR_ITEMS(SUF(gemv_q8)(x, q, s, b, y, xq + w_ * xq_stride, R, N, K, i0_, i1_))
 }
 #endif
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
-__all__ = ["GEMV_MAX_ROWS", "small_linear", "small_linear_takes"]
+__all__ = ["GEMV_MAX_ROWS", "q8_linear", "q8_linear_takes", "small_linear", "small_linear_takes"]
 
 GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in _kernel_common.h
 GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
@@ -36,6 +36,22 @@ class GemvRows(EntryPoint):
     w: Tensor
     b: Optional[Tensor]
     y: Tensor
+    R: int
+    N: int
+    K: int
+
+
+@entry_point("gemv_q8", scratch="xq")
+class GemvQ8(EntryPoint):
+    """y [R, N] from x [R, K], int8 weights q [N, K] with row scales s [N] (float32) and b [N] (None: no bias);
+    xq: per thread, R K int8 values (x quantised)."""
+
+    x: Tensor
+    q: Tensor
+    s: Tensor
+    b: Optional[Tensor]
+    y: Tensor
+    xq: Tensor
     R: int
     N: int
     K: int
@@ -71,4 +87,37 @@ def small_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Te
         fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), R, N, K, 0, items)
     else:
         kernel_threads.run(GemvRows(x=x, w=weight, b=bias, y=y, R=R, N=N, K=K), x.dtype, items)
+    return y
+
+
+def q8_linear_takes(x: Tensor, q: Tensor, s: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether :func:`q8_linear` computes x (q s)^T (+ bias): x float32 on the CPU with at most GEMV_MAX_ROWS rows
+    and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32 [N] or None, not under torch.jit
+    tracing, torch.compile or torch.export, the kernel available."""
+    return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.dtype == torch.float32 and q.dtype == torch.int8
+            and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu and q.dim() == 2
+            and x.shape[-1] == q.shape[1] and q.is_contiguous() and s.shape == q.shape[:1] and s.is_contiguous()
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == q.shape[:1]
+                                  and bias.is_contiguous()))
+            and not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
+            and not torch.jit.is_tracing() and kernel_library.available())
+
+
+def q8_linear(x: Tensor, q: Tensor, s: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """x W^T (+ bias) for W ~ q s[:, None] (int8 per row), for inputs that q8_linear_takes: each row of x quantised
+    to int8 with a scale of its own (max |x| / 127), sums exact in int32, one float32 multiply by both scales."""
+    N, K = q.shape
+    if not x.is_contiguous():
+        x = x.contiguous()
+    R = x.numel() // K
+    y = torch.empty((*x.shape[:-1], N), dtype=torch.float32)
+    items = -(-N // GEMV_ROWS)
+    threads = kernel_threads.workers(items)
+    xq = torch.empty(threads, R * K, dtype=torch.int8)
+    if threads == 1:
+        fn = kernel_library.function(GemvQ8, torch.float32)
+        fn(x.data_ptr(), q.data_ptr(), s.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+           xq.data_ptr(), R, N, K, 0, items)
+    else:
+        kernel_threads.run(GemvQ8(x=x, q=q, s=s, b=bias, y=y, xq=xq, R=R, N=N, K=K), torch.float32, items)
     return y

@@ -30,8 +30,8 @@ weights, the read-back's weights, and every gradient of those.
 Named arguments: an entry point's arguments are a keyword-only dataclass whose fields are the C function's
 parameters, in the C order and with the C names (the order is written there, next to the C signature, and nowhere
 else; tests/ops/test_kernel_library.py checks each against the C sources). A Tensor field (None: NULL) is passed as a
-pointer to its data, an int field as an int64_t, a float field as a double; the range of work items (item0, item1) that every entry point
-takes last is added by the runner.
+pointer to its data, an int field as an int64_t, a float field as a double; the range of work items (item0, item1)
+that every entry point takes last is added by the runner.
 """
 
 from __future__ import annotations
@@ -263,9 +263,9 @@ _T = typing.TypeVar("_T")
 
 def entry_point(c_name: str, *, scratch: str | None = None) -> typing.Callable[[type[_T]], type[_T]]:
     """Class decorator: the class's annotated fields are the parameters of C function ``c_name`` (each dtype's
-    variant, NAME_f32 and so on), in its order and with its names; ``int`` fields are int64_t, ``float`` fields double, every other field a
-    pointer (a Tensor, or None for NULL). ``scratch`` names the field of per-thread scratch rows. The class becomes a
-    keyword-only dataclass, so that every call site names each tensor and size."""
+    variant, NAME_f32 and so on), in its order and with its names; ``int`` fields are int64_t, ``float`` fields
+    double, every other field a pointer (a Tensor, or None for NULL). ``scratch`` names the field of per-thread
+    scratch rows. The class becomes a keyword-only dataclass, so that every call site names each tensor and size."""
 
     def wrap(cls):
         cls = dataclasses.dataclass(kw_only=True, slots=True)(cls)
