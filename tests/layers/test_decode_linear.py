@@ -65,3 +65,31 @@ def test_a_decoding_step_on_the_kernel_matches_f_linear(arch, monkeypatch):
     loss = F.cross_entropy(model(ids[:, :1]).flatten(0, 1), ids[0, :1])  # one token: within the row limit
     loss.backward()
     assert calls == [] and model.embed.weight.grad is not None
+
+
+def test_decode_weights_names_what_a_fused_kernel_may_read_in_a_layers_place():
+    """A plain Linear (or DecodeLinear) gives its weight and bias; int8 layers their q and scales; a subclass, whose
+    forward may compute something else, and a layer with a hook, which must run, give None."""
+    from linlm.layers.linear import decode_weights
+
+    lin = nn.Linear(8, 4)
+    w, s, b = decode_weights(lin)
+    assert w is lin.weight and s is None and b is lin.bias
+    lin.__class__ = DecodeLinear
+    assert decode_weights(lin)[0] is lin.weight
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    assert decode_weights(Scaled(8, 4)) is None
+    handle = lin.register_forward_pre_hook(lambda m, i: None)
+    assert decode_weights(lin) is None
+    handle.remove()
+    if {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+        from linlm.models.quant import QuantLinear
+
+        q = QuantLinear.from_float(torch.randn(4, 8))
+        w, s, b = decode_weights(q)
+        assert w.dtype == torch.int8 and s.shape == (4,) and b is None
+        assert decode_weights(QuantLinear(8, 4)) is None  # a shell without weights yet

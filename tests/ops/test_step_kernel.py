@@ -284,3 +284,33 @@ def test_what_the_fused_step_leaves_to_the_layers(monkeypatch):
     assert calls["mamba_mixer_step"] == 0
     decode(model, torch.randint(0, 50, (8, 3)))
     assert calls["mamba_mixer_step"] == 2
+
+
+@needs_kernel
+@pytest.mark.skipif(not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines),
+                    reason="no fbgemm int8 kernels: int8 models do not load")
+def test_an_int8_mamba_steps_through_the_fused_kernel_as_through_its_layers(monkeypatch):
+    """With int8 projections the fused step reads q and the row scales itself: the same bits as the layers' own
+    int8 kernel calls one by one (each product quantises its input the same way), on 1 and 2 threads."""
+    from linlm.models.quant import quantize_model
+
+    torch.manual_seed(3)
+    model = quantize_model(linlm.create_model("mamba", None, n_layers=2, d_model=64, vocab_size=97).eval())
+    ids = torch.randint(0, 97, (3, 5))
+    calls = {}
+    spy(monkeypatch, calls, "mamba_mixer_step")
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out[n] = decode(model, ids)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls["mamba_mixer_step"] == 2 * 2 * 4
+    assert torch.equal(out[1][0], out[2][0])
+    monkeypatch.setattr(step_kernel, "mamba_mixer_step_takes", lambda *a: False)
+    layers = decode(model, ids)
+    assert torch.equal(out[1][0], layers[0])
+    for a, b in zip(out[1][1].layers, layers[1].layers):
+        assert torch.equal(a["ssm"], b["ssm"]) and torch.equal(a["conv"], b["conv"])

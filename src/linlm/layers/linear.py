@@ -31,3 +31,20 @@ def decode_linears(module: nn.Module) -> None:
     for m in module.modules():
         if type(m) is nn.Linear:
             m.__class__ = DecodeLinear
+
+
+def decode_weights(m: nn.Module):
+    """(weight, int8 row scales or None, bias) of a projection that a fused decoding kernel may read in its place
+    (linlm.ops.step_kernel): a plain nn.Linear or DecodeLinear (float weight, no scales; not a subclass, whose
+    forward may differ) or a module with int8 weights, which says so by an ``int8()`` method returning (q, s) and
+    has no bias (linlm.models.quant.QuantLinear); None for anything else, and for a module with forward hooks,
+    which must run."""
+    if m._forward_hooks or m._forward_pre_hooks:
+        return None
+    if type(m) in (nn.Linear, DecodeLinear):
+        return m.weight, None, m.bias
+    int8 = getattr(m, "int8", None)
+    if callable(int8):
+        q, s = int8()
+        return (q, s, None) if q is not None else None
+    return None

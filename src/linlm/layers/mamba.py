@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linlm.layers.linear import decode_weights
 from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.ops import conv_kernel, gate_kernel, kernel_library, step_kernel
 from linlm.ops.grad import needs_grad
@@ -293,21 +294,19 @@ class MambaMixer(TokenMixer):
 
     def _fused_step(self, x: torch.Tensor, state: dict):
         """The whole step in one call of linlm.ops.step_kernel.mamba_mixer_step where it takes the tensors (float32,
-        no gradient, at most 8 rows) and the three projections are plain Linear layers without hooks (not
-        quantized); None otherwise."""
+        no gradient, at most 8 rows) and the three projections are plain Linear layers or int8 ones, without hooks
+        (linlm.layers.linear.decode_weights); None otherwise."""
         mods, params = self._modules, self._parameters  # dict lookups: a step reads 15 tensors here
-        w_in, w_x, w_out, conv = mods["in_proj"], mods["x_proj"], mods["out_proj"], mods["conv"]
-        for m in (w_in, w_x, w_out):
-            if not isinstance(m, nn.Linear) or m._forward_hooks or m._forward_pre_hooks:
-                return None
-        w_in, w_x, w_out, conv = w_in._parameters, w_x._parameters, w_out._parameters, conv._parameters
-        args = (x, w_in["weight"], w_in["bias"], state["conv"], conv["weight"], conv.get("bias"), w_x["weight"],
-                w_x["bias"], params["dt_weight"], params["dt_bias"], self._decay(), params["D"], w_out["weight"],
-                w_out["bias"], state["ssm"])
+        in_proj, x_proj, out_proj = (decode_weights(mods[k]) for k in ("in_proj", "x_proj", "out_proj"))
+        if in_proj is None or x_proj is None or out_proj is None:
+            return None
+        conv = mods["conv"]._parameters
+        args = (x, in_proj, state["conv"], conv["weight"], conv.get("bias"), x_proj, params["dt_weight"],
+                params["dt_bias"], self._decay(), params["D"], out_proj, state["ssm"])
         if not step_kernel.mamba_mixer_step_takes(*args):
             return None
-        out, conv, ssm = step_kernel.mamba_mixer_step(*args)
-        return out, {"conv": conv, "ssm": ssm}
+        out, conv_state, ssm = step_kernel.mamba_mixer_step(*args)
+        return out, {"conv": conv_state, "ssm": ssm}
 
     def _decay(self) -> torch.Tensor:
         """decay_rate(A_log), recomputed only when A_log changed (its version counter or storage); while torch

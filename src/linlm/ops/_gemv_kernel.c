@@ -95,6 +95,7 @@ void SUF(gemv_rows)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int
    its items: blocks of GEMV_ROWS weight rows, each weight row against every input row (dot_q8). */
 void SUF(gemv_q8)(const IO *x, const int8_t *q, const float *s, const IO *b, IO *y, int8_t *xq, int64_t R,
                   int64_t N, int64_t K, int64_t item0, int64_t item1) {
+    if (item0 >= item1) return;
     REAL xs[GEMV_MAX_ROWS];
     for (int64_t r = 0; r < R; r++) {
         const IO *restrict xr = x + r * K;

@@ -25,7 +25,9 @@
    mamba_mixer_step, a whole Mamba mixer's step (linlm.layers.mamba.MambaMixer.step) for Bt rows of x [Bt, d]:
    xz = x w_in^T (+ b_in) [Bt, 2 Din]; u, new_st = conv_step(xz[:, :Din], st); xp = u w_x^T (+ b_x) [Bt, R + 2N];
    y, s_out = mamba_step(u, xp, z = xz[:, Din:], ...); out = y w_out^T (+ b_out) [Bt, d]. The products are gemv_rows
-   (_gemv_kernel.c). xz, u, xp and y lie one after the other in the caller's scratch buffer work
+   (_gemv_kernel.c) on IO weights, or gemv_q8 on int8 weights where the projection's row scales (sc_in, sc_x,
+   sc_out) are given, each thread quantising the product's input into its row of xq [threads, Bt max(d, Din)].
+   xz, u, xp and y lie one after the other in the caller's scratch buffer work
    [Bt (4 Din + R + 2N)]. One item: the whole step on the calling
    thread; NAME_par splits each of the five stages over the team (the products by blocks of GEMV_ROWS weight rows,
    the conv and the scan by (b, block of STEP_CH channels)) with a barrier between stages, so a step costs one call
@@ -119,39 +121,51 @@ void SUF(rms_rows)(const IO *x, const IO *w, IO *y, int64_t F, double eps, int64
 
 void SUF(gemv_rows)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K, int64_t item0,
                     int64_t item1);
+void SUF(gemv_q8)(const IO *x, const int8_t *q, const float *s, const IO *b, IO *y, int8_t *xq, int64_t R,
+                  int64_t N, int64_t K, int64_t item0, int64_t item1);
+
+/* y = x w^T (+ b) over the items [i0, i1): int8 w with row scales sc, or IO w where sc is NULL */
+static void SUF(product)(const IO *x, const void *w, const float *sc, const IO *b, IO *y, int8_t *xq, int64_t R,
+                         int64_t N, int64_t K, int64_t i0, int64_t i1) {
+    if (sc)
+        SUF(gemv_q8)(x, (const int8_t *)w, sc, b, y, xq, R, N, K, i0, i1);
+    else
+        SUF(gemv_rows)(x, (const IO *)w, b, y, R, N, K, i0, i1);
+}
 
 /* Stage after stage for thread t of nt (a barrier between stages: nothing outside an OpenMP team). */
-static void SUF(mixer_stages)(const IO *x, const IO *w_in, const IO *b_in, const IO *st, int64_t ss,
-                              const IO *conv_w, const IO *conv_b, const IO *w_x, const IO *b_x, const IO *dt_w,
-                              const IO *dt_b, const IO *A, const IO *D, const IO *w_out, const IO *b_out,
-                              const REAL *s, IO *work, IO *new_st, REAL *s_out, IO *out,
-                              int64_t Bt, int64_t d, int64_t Din, int64_t N, int64_t R, int64_t K, int64_t t,
-                              int64_t nt) {
+static void SUF(mixer_stages)(const IO *x, const void *w_in, const float *sc_in, const IO *b_in, const IO *st,
+                              int64_t ss, const IO *conv_w, const IO *conv_b, const void *w_x, const float *sc_x,
+                              const IO *b_x, const IO *dt_w, const IO *dt_b, const IO *A, const IO *D,
+                              const void *w_out, const float *sc_out, const IO *b_out, const REAL *s, IO *work,
+                              int8_t *xq, IO *new_st, REAL *s_out, IO *out, int64_t Bt, int64_t d, int64_t Din,
+                              int64_t N, int64_t R, int64_t K, int64_t t, int64_t nt) {
     const int64_t P = R + 2 * N, chan = Bt * ((Din + STEP_CH - 1) / STEP_CH);
     IO *xz = work, *u = xz + Bt * 2 * Din, *xp = u + Bt * Din, *y = xp + Bt * P;
     int64_t n = (2 * Din + GEMV_ROWS - 1) / GEMV_ROWS;
-    SUF(gemv_rows)(x, w_in, b_in, xz, Bt, 2 * Din, d, n * t / nt, n * (t + 1) / nt);
+    SUF(product)(x, w_in, sc_in, b_in, xz, xq, Bt, 2 * Din, d, n * t / nt, n * (t + 1) / nt);
 #pragma omp barrier
     SUF(conv_step)(xz, 2 * Din, st, ss, conv_w, conv_b, u, new_st, Bt, Din, K, 1, chan * t / nt, chan * (t + 1) / nt);
 #pragma omp barrier
     n = (P + GEMV_ROWS - 1) / GEMV_ROWS;
-    SUF(gemv_rows)(u, w_x, b_x, xp, Bt, P, Din, n * t / nt, n * (t + 1) / nt);
+    SUF(product)(u, w_x, sc_x, b_x, xp, xq, Bt, P, Din, n * t / nt, n * (t + 1) / nt);
 #pragma omp barrier
     SUF(mamba_step)(u, xp, P, xz + Din, 2 * Din, dt_w, dt_b, A, D, s, s_out, y, Bt, Din, N, R, chan * t / nt,
                     chan * (t + 1) / nt);
 #pragma omp barrier
     n = (d + GEMV_ROWS - 1) / GEMV_ROWS;
-    SUF(gemv_rows)(y, w_out, b_out, out, Bt, d, Din, n * t / nt, n * (t + 1) / nt);
+    SUF(product)(y, w_out, sc_out, b_out, out, xq, Bt, d, Din, n * t / nt, n * (t + 1) / nt);
 }
 
-void SUF(mamba_mixer_step)(const IO *x, const IO *w_in, const IO *b_in, const IO *st, int64_t ss,
-                           const IO *conv_w, const IO *conv_b, const IO *w_x, const IO *b_x, const IO *dt_w,
-                           const IO *dt_b, const IO *A, const IO *D, const IO *w_out, const IO *b_out, const REAL *s,
-                           IO *work, IO *new_st, REAL *s_out, IO *out, int64_t Bt, int64_t d,
-                           int64_t Din, int64_t N, int64_t R, int64_t K, int64_t item0, int64_t item1) {
+void SUF(mamba_mixer_step)(const IO *x, const void *w_in, const float *sc_in, const IO *b_in, const IO *st,
+                           int64_t ss, const IO *conv_w, const IO *conv_b, const void *w_x, const float *sc_x,
+                           const IO *b_x, const IO *dt_w, const IO *dt_b, const IO *A, const IO *D,
+                           const void *w_out, const float *sc_out, const IO *b_out, const REAL *s, IO *work,
+                           int8_t *xq, IO *new_st, REAL *s_out, IO *out, int64_t Bt, int64_t d, int64_t Din,
+                           int64_t N, int64_t R, int64_t K, int64_t item0, int64_t item1) {
     if (item0 < item1)
-        SUF(mixer_stages)(x, w_in, b_in, st, ss, conv_w, conv_b, w_x, b_x, dt_w, dt_b, A, D, w_out, b_out, s, work,
-                          new_st, s_out, out, Bt, d, Din, N, R, K, 0, 1);
+        SUF(mixer_stages)(x, w_in, sc_in, b_in, st, ss, conv_w, conv_b, w_x, sc_x, b_x, dt_w, dt_b, A, D, w_out,
+                          sc_out, b_out, s, work, xq, new_st, s_out, out, Bt, d, Din, N, R, K, 0, 1);
 }
 
 /* NAME_par: the items split over an OpenMP team (PAR_ITEMS in _kernel_common.h) */
@@ -173,16 +187,21 @@ void SUF(rms_rows_par)(const IO *x, const IO *w, IO *y, int64_t F, double eps, i
     PAR_ITEMS(SUF(rms_rows)(x, w, y, F, eps, i0_, i1_))
 }
 
-void SUF(mamba_mixer_step_par)(const IO *x, const IO *w_in, const IO *b_in, const IO *st, int64_t ss,
-                               const IO *conv_w, const IO *conv_b, const IO *w_x, const IO *b_x, const IO *dt_w,
-                               const IO *dt_b, const IO *A, const IO *D, const IO *w_out, const IO *b_out,
-                               const REAL *s, IO *work, IO *new_st, REAL *s_out, IO *out,
-                               int64_t Bt, int64_t d, int64_t Din, int64_t N, int64_t R, int64_t K, int64_t nitems,
+void SUF(mamba_mixer_step_par)(const IO *x, const void *w_in, const float *sc_in, const IO *b_in, const IO *st,
+                               int64_t ss, const IO *conv_w, const IO *conv_b, const void *w_x, const float *sc_x,
+                               const IO *b_x, const IO *dt_w, const IO *dt_b, const IO *A, const IO *D,
+                               const void *w_out, const float *sc_out, const IO *b_out, const REAL *s, IO *work,
+                               int8_t *xq, int64_t xq_stride, IO *new_st, REAL *s_out, IO *out, int64_t Bt,
+                               int64_t d, int64_t Din, int64_t N, int64_t R, int64_t K, int64_t nitems,
                                int64_t nthreads) {
     (void)nitems;  /* one item: the whole step, its stages split over the team */
 #pragma omp parallel num_threads(nthreads)
-    SUF(mixer_stages)(x, w_in, b_in, st, ss, conv_w, conv_b, w_x, b_x, dt_w, dt_b, A, D, w_out, b_out, s, work,
-                      new_st, s_out, out, Bt, d, Din, N, R, K, omp_get_thread_num(), omp_get_num_threads());
+    {
+        const int64_t t = omp_get_thread_num();
+        SUF(mixer_stages)(x, w_in, sc_in, b_in, st, ss, conv_w, conv_b, w_x, sc_x, b_x, dt_w, dt_b, A, D, w_out,
+                          sc_out, b_out, s, work, xq + t * xq_stride, new_st, s_out, out, Bt, d, Din, N, R, K, t,
+                          omp_get_num_threads());
+    }
 }
 #endif
 

@@ -69,28 +69,33 @@ class MambaStep(EntryPoint):
     R: int
 
 
-@entry_point("mamba_mixer_step")
+@entry_point("mamba_mixer_step", scratch="xq")
 class MambaMixerStep(EntryPoint):
     """A Mamba mixer's whole step: out [Bt, d], new_st and s_out from x [Bt, d], the conv window st (batch stride
-    ss), the scan state s and the mixer's weights; work [Bt (4 Din + R + 2N)] is scratch."""
+    ss), the scan state s and the mixer's weights (a projection's sc: its int8 weight's row scales, None for a
+    float32 weight); work [Bt (4 Din + R + 2N)] and xq (per thread, Bt max(d, Din) int8) are scratch."""
 
     x: Tensor
     w_in: Tensor
+    sc_in: Optional[Tensor]
     b_in: Optional[Tensor]
     st: Tensor
     ss: int
     conv_w: Tensor
     conv_b: Optional[Tensor]
     w_x: Tensor
+    sc_x: Optional[Tensor]
     b_x: Optional[Tensor]
     dt_w: Tensor
     dt_b: Optional[Tensor]
     A: Tensor
     D: Optional[Tensor]
     w_out: Tensor
+    sc_out: Optional[Tensor]
     b_out: Optional[Tensor]
     s: Tensor
     work: Tensor
+    xq: Tensor
     new_st: Tensor
     s_out: Tensor
     out: Tensor
@@ -214,49 +219,62 @@ def rms_rows(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     return y
 
 
-def mamba_mixer_step_takes(x: Tensor, w_in: Tensor, b_in: Optional[Tensor], conv_state: Tensor, conv_w: Tensor,
-                           conv_b: Optional[Tensor], w_x: Tensor, b_x: Optional[Tensor], dt_w: Tensor,
-                           dt_b: Optional[Tensor], A: Tensor, D: Optional[Tensor], w_out: Tensor,
-                           b_out: Optional[Tensor], state: Tensor) -> bool:
+Projection = tuple[Tensor, Optional[Tensor], Optional[Tensor]]  # (weight, its int8 row scales or None, bias)
+
+
+def mamba_mixer_step_takes(x: Tensor, in_proj: Projection, conv_state: Tensor, conv_w: Tensor,
+                           conv_b: Optional[Tensor], x_proj: Projection, dt_w: Tensor, dt_b: Optional[Tensor],
+                           A: Tensor, D: Optional[Tensor], out_proj: Projection, state: Tensor) -> bool:
     """Whether :func:`mamba_mixer_step` computes a Mamba mixer's step for these tensors: x [Bt, d] of at most
-    GEMV_MAX_ROWS rows, w_in [2 Din, d], the conv's window [Bt, K - 1, Din] (K >= 2) and weights [Din, K],
-    w_x [R + 2N, Din], dt_w [Din, R], A [Din, N], w_out [d, Din], biases [rows] or None, D [Din] or None, the scan
-    state [Bt, Din, N]; all float32, contiguous (the window: each batch row), no gradient wanted."""
-    if x.dim() != 2 or A.dim() != 2 or dt_w.dim() != 2 or conv_w.dim() != 2 or w_in.dim() != 2:
+    GEMV_MAX_ROWS rows; the projections in_proj [2 Din, d], x_proj [R + 2N, Din] and out_proj [d, Din], each
+    (weight, None, bias) with a float32 weight or (q, s, bias) with an int8 weight q and its float32 row scales s;
+    the conv's window [Bt, K - 1, Din] (K >= 2) and weights [Din, K]; dt_w [Din, R], A [Din, N], D [Din] or None;
+    the scan state [Bt, Din, N]; biases [rows] or None; float32 and contiguous (the window: each batch row), no
+    gradient wanted."""
+    if x.dim() != 2 or A.dim() != 2 or dt_w.dim() != 2 or conv_w.dim() != 2:
         return False
     (Bt, d), (Din, N), R, K = x.shape, A.shape, dt_w.shape[1], conv_w.shape[1]
-    return (0 < Bt <= GEMV_MAX_ROWS and K >= 2
-            and _plain(x, w_in, b_in, conv_state, conv_w, conv_b, w_x, b_x, dt_w, dt_b, A, D, w_out, b_out, state)
-            and x.is_contiguous() and _matrix(w_in, 2 * Din, d) and _matrix(conv_w, Din, K)
-            and _matrix(w_x, R + 2 * N, Din) and _matrix(dt_w, Din, R) and A.is_contiguous()
-            and _matrix(w_out, d, Din) and _vector(b_in, 2 * Din) and _vector(conv_b, Din) and _vector(b_x, R + 2 * N)
-            and _vector(dt_b, Din) and _vector(D, Din) and _vector(b_out, d)
-            and conv_state.shape == (Bt, K - 1, Din) and _window(conv_state)
-            and state.shape == (Bt, Din, N) and state.is_contiguous() and _free())
+    return (0 < Bt <= GEMV_MAX_ROWS and K >= 2 and _projection(in_proj, 2 * Din, d)
+            and _projection(x_proj, R + 2 * N, Din) and _projection(out_proj, d, Din)
+            and _plain(x, conv_state, conv_w, conv_b, dt_w, dt_b, A, D, state) and x.is_contiguous()
+            and _matrix(conv_w, Din, K) and _matrix(dt_w, Din, R) and A.is_contiguous() and _vector(conv_b, Din)
+            and _vector(dt_b, Din) and _vector(D, Din) and conv_state.shape == (Bt, K - 1, Din)
+            and _window(conv_state) and state.shape == (Bt, Din, N) and state.is_contiguous() and _free())
 
 
-def mamba_mixer_step(x: Tensor, w_in: Tensor, b_in: Optional[Tensor], conv_state: Tensor, conv_w: Tensor,
-                     conv_b: Optional[Tensor], w_x: Tensor, b_x: Optional[Tensor], dt_w: Tensor,
-                     dt_b: Optional[Tensor], A: Tensor, D: Optional[Tensor], w_out: Tensor, b_out: Optional[Tensor],
-                     state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def mamba_mixer_step(x: Tensor, in_proj: Projection, conv_state: Tensor, conv_w: Tensor, conv_b: Optional[Tensor],
+                     x_proj: Projection, dt_w: Tensor, dt_b: Optional[Tensor], A: Tensor, D: Optional[Tensor],
+                     out_proj: Projection, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(out [Bt, d], new conv window [Bt, K - 1, Din], new scan state [Bt, Din, N]) of a Mamba mixer's step, for
     tensors that mamba_mixer_step_takes: in_proj, the conv's step with SiLU, x_proj, :func:`mamba_step` with the
     gate z (in_proj's second half) and out_proj, in one call. Fresh outputs; the given states are not changed."""
     (Bt, d), (Din, N), R, K = x.shape, A.shape, dt_w.shape[1], conv_w.shape[1]
-    work = torch.empty(Bt * (4 * Din + R + 2 * N))
-    out, new_conv, new_state = torch.empty(Bt, d), torch.empty(Bt, K - 1, Din), torch.empty(Bt, Din, N)
-    call = MambaMixerStep(x=x, w_in=w_in, b_in=b_in, st=conv_state, ss=conv_state.stride(0), conv_w=conv_w,
-                          conv_b=conv_b, w_x=w_x, b_x=b_x, dt_w=dt_w, dt_b=dt_b, A=A, D=D, w_out=w_out, b_out=b_out,
-                          s=state, work=work, new_st=new_conv, s_out=new_state, out=out, Bt=Bt, d=d, Din=Din, N=N,
-                          R=R, K=K)
     threads = torch.get_num_threads()
     par = kernel_library.function(MambaMixerStep, torch.float32, parallel=True) \
         if threads > 1 and kernel_threads.openmp_pool() else None
+    int8 = any(p[1] is not None for p in (in_proj, x_proj, out_proj))
+    work = torch.empty(Bt * (4 * Din + R + 2 * N))
+    xq = torch.empty(threads if par is not None else 1, Bt * max(d, Din) if int8 else 1, dtype=torch.int8)
+    out, new_conv, new_state = torch.empty(Bt, d), torch.empty(Bt, K - 1, Din), torch.empty(Bt, Din, N)
+    call = MambaMixerStep(x=x, w_in=in_proj[0], sc_in=in_proj[1], b_in=in_proj[2], st=conv_state,
+                          ss=conv_state.stride(0), conv_w=conv_w, conv_b=conv_b, w_x=x_proj[0], sc_x=x_proj[1],
+                          b_x=x_proj[2], dt_w=dt_w, dt_b=dt_b, A=A, D=D, w_out=out_proj[0], sc_out=out_proj[1],
+                          b_out=out_proj[2], s=state, work=work, xq=xq, new_st=new_conv, s_out=new_state, out=out,
+                          Bt=Bt, d=d, Din=Din, N=N, R=R, K=K)
     if par is not None:  # one item, its stages split over the team
-        par(*call.c_args(), 1, threads)
+        par(*call.par_args(), 1, threads)
     else:
         kernel_library.function(MambaMixerStep, torch.float32)(*call.c_args(), 0, 1)
     return out, new_conv, new_state
+
+
+def _projection(p: Projection, rows: int, cols: int) -> bool:
+    """(weight, scales, bias): a float32 weight without scales or an int8 one with float32 scales [rows]."""
+    w, sc, b = p
+    if sc is None:
+        return w.dtype == torch.float32 and _plain(w, b) and _matrix(w, rows, cols) and _vector(b, rows)
+    return (w.dtype == torch.int8 and w.is_cpu and _matrix(w, rows, cols) and _plain(sc, b) and _vector(sc, rows)
+            and _vector(b, rows))
 
 
 def _matrix(w: Tensor, rows: int, cols: int) -> bool:
