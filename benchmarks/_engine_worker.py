@@ -189,13 +189,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true", help="linlm: decode through the compiled step")
     ap.add_argument("--profile-step", action="store_true", help="linlm: where a decoding step's time goes")
-    ap.add_argument("--no-gemv", action="store_true",
-                    help="linlm: every matrix-vector product on F.linear, none on linlm's kernel (for comparison)")
+    ap.add_argument("--torch-step", action="store_true",
+                    help="linlm: the eager step on torch's ops alone, none of linlm's decoding kernels (every "
+                         "matrix-vector product on F.linear, the element-wise work as torch ops; for comparison)")
     args = ap.parse_args()
-    if args.no_gemv:
+    if args.torch_step:
         import linlm.layers.linear
+        import linlm.ops.step_kernel
 
         linlm.layers.linear.small_linear_takes = lambda *a: False
+        for name in ("conv_step_takes", "mamba_step_takes", "rms_rows_takes", "mamba_mixer_step_takes"):
+            setattr(linlm.ops.step_kernel, name, lambda *a: False)
     contexts = sorted(int(c) for c in args.contexts.split(","))
     clock = Clock()
     if args.engine == "linlm":

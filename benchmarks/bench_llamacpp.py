@@ -18,8 +18,9 @@
    its peak resident set. The table gives the medians over rounds.
 5. The memory bandwidth is measured in the same run (a read of a 1 GiB float32 tensor, at each thread count),
    with the floor it puts under a batch-1 step: every weight read once.
-6. ``--flinear``: linlm's fp32 model once more with every matrix-vector product on ``F.linear`` instead of linlm's
-   kernel (linlm.ops.gemv_kernel), as the variant ``linlm-fp32-flinear``: what the kernel gains, in the same run.
+6. ``--torch-step``: linlm's fp32 model once more with its eager step on torch's ops alone, as the variant
+   ``linlm-fp32-torchstep``: every matrix-vector product on ``F.linear`` and the element-wise work as torch ops,
+   none of linlm's decoding kernels (linlm.ops.gemv_kernel, linlm.ops.step_kernel): what they gain, in the same run.
 7. ``--hgrn2``: linlm's HGRN2 at the same shape (random weights) through the same protocol, for the
    constant-memory claim: decode latency and state size after each context.
 
@@ -183,9 +184,9 @@ def main() -> None:
                                                    "(a quick check of the script)")
     ap.add_argument("--no-compile", dest="compiled", action="store_false",
                     help="leave out linlm's compiled step (CausalLM.compile_step)")
-    ap.add_argument("--flinear", action="store_true",
-                    help="also run linlm's fp32 model with every matrix-vector product on F.linear instead of "
-                         "linlm's kernel (linlm-fp32-flinear): what the kernel gains, in the same run")
+    ap.add_argument("--torch-step", action="store_true",
+                    help="also run linlm's fp32 model with its eager step on torch's ops alone, none of linlm's "
+                         "decoding kernels (linlm-fp32-torchstep): what they gain, in the same run")
     ap.add_argument("--name", default="bench_llamacpp")
     args = ap.parse_args()
     apply_runtime_settings()
@@ -215,9 +216,9 @@ def main() -> None:
             v = group[0]
             variants[f"{v}-compiled"] = ("linlm", paths[v], ("--compile",))
             group.insert(1, f"{v}-compiled")
-    if args.flinear:
-        variants["linlm-fp32-flinear"] = ("linlm", paths["linlm-fp32"], ("--no-gemv",))
-        groups[0].insert(1, "linlm-fp32-flinear")
+    if args.torch_step:
+        variants["linlm-fp32-torchstep"] = ("linlm", paths["linlm-fp32"], ("--torch-step",))
+        groups[0].insert(1, "linlm-fp32-torchstep")
     if args.hgrn2:
         groups.append(["linlm-hgrn2"])
     pairs = [(lin, group[-1]) for group in groups[:2] for lin in group[:-1]]
