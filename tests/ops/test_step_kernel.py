@@ -11,6 +11,7 @@ from kernel_checks import needs_kernel
 
 import linlm
 from linlm.layers.mamba import ShortConv
+from linlm.models import lm as lm_module
 from linlm.ops import step_kernel
 from linlm.ops.fused import rms_norm
 from linlm.ops.step_kernel import (RMS_MAX_ROWS, conv_step, conv_step_takes, mamba_step, mamba_step_takes,
@@ -184,6 +185,12 @@ def test_rms_norm_of_a_step_takes_the_kernel(monkeypatch):
     torch.testing.assert_close(got, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
 
 
+def layer_steps(monkeypatch):
+    """Decoding steps through the layers: not the whole model's step in one call (tests/models/test_fused_step.py),
+    which would take the calls these tests count."""
+    monkeypatch.setattr(lm_module, "fused_step", lambda *a: None)
+
+
 def spy(monkeypatch, calls, name):
     """Count the calls of step_kernel.<name> in calls[name]."""
     real = getattr(step_kernel, name)
@@ -226,6 +233,7 @@ def test_a_mamba_model_decodes_through_the_kernels_as_through_torch(monkeypatch,
     """Five steps of a 2-layer Mamba at batch 2: every layer's mixer takes the fused step (or, with it off, the conv
     and scan steps), every norm the norm kernel, and the logits and states follow the torch ops' within float32
     rounding."""
+    layer_steps(monkeypatch)
     torch.manual_seed(0)
     model = linlm.create_model("mamba", None, n_layers=2, d_model=64, vocab_size=97).eval()
     ids = torch.randint(0, 97, (2, 6))
@@ -271,6 +279,7 @@ def test_the_fused_step_gives_the_same_bits_on_one_and_two_threads_and_with_a_bi
 def test_what_the_fused_step_leaves_to_the_layers(monkeypatch):
     """A forward hook on a projection is still called (the mixer then steps through its modules), and a batch of
     more rows than a decoding step's keeps the modules too."""
+    layer_steps(monkeypatch)
     torch.manual_seed(2)
     model = linlm.create_model("mamba", None, n_layers=1, d_model=32, vocab_size=50).eval()
     calls = {}
@@ -292,6 +301,7 @@ def test_what_the_fused_step_leaves_to_the_layers(monkeypatch):
 def test_an_int8_mamba_steps_through_the_fused_kernel_as_through_its_layers(monkeypatch):
     """With int8 projections the fused step reads q and the row scales itself: the same bits as the layers' own
     int8 kernel calls one by one (each product quantises its input the same way), on 1 and 2 threads."""
+    layer_steps(monkeypatch)
     from linlm.models.quant import quantize_model
 
     torch.manual_seed(3)

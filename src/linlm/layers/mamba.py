@@ -278,7 +278,7 @@ class MambaMixer(TokenMixer):
             return fused
         xz = self.in_proj(x)  # modules, not their .weight: a quantized layer computes in int8
         u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
-        xp, z, A = self.x_proj(u), xz[:, Din:], self._decay()
+        xp, z, A = self.x_proj(u), xz[:, Din:], self.decay()
         if step_kernel.mamba_step_takes(u, xp, z, self.dt_weight, self.dt_bias, A, self.D, state["ssm"]):
             y, ssm = step_kernel.mamba_step(u, xp, z, self.dt_weight, self.dt_bias, A, self.D, state["ssm"])
             return self.out_proj(y), {"conv": conv_state, "ssm": ssm}
@@ -302,13 +302,13 @@ class MambaMixer(TokenMixer):
             return None
         conv = mods["conv"]._parameters
         args = (x, in_proj, state["conv"], conv["weight"], conv.get("bias"), x_proj, params["dt_weight"],
-                params["dt_bias"], self._decay(), params["D"], out_proj, state["ssm"])
+                params["dt_bias"], self.decay(), params["D"], out_proj, state["ssm"])
         if not step_kernel.mamba_mixer_step_takes(*args):
             return None
         out, conv_state, ssm = step_kernel.mamba_mixer_step(*args)
         return out, {"conv": conv_state, "ssm": ssm}
 
-    def _decay(self) -> torch.Tensor:
+    def decay(self) -> torch.Tensor:
         """decay_rate(A_log), recomputed only when A_log changed (its version counter or storage); while torch
         traces (export, compile) it is computed in the graph."""
         if torch.compiler.is_compiling() or torch.compiler.is_exporting() or self.A_log.requires_grad and \

@@ -18,6 +18,14 @@
    s' goes to s_out (the caller's fresh buffer: the given state is not changed), y to y [Bt, Din]. Items: (b, a block
    of STEP_CH channels).
 
+   mamba_model_step, a whole Mamba language model's step after its embeddings, for Bt rows of the residual stream
+   h [Bt, d] (updated in place): for each of L layers, h += mixer(rms(h) w_norm) (mixer_stages, as
+   mamba_mixer_step); then logits [Bt, V] = (rms(h) w_final) w_head^T, on int8 w_head where its row scales sc_head
+   are given. tab [L, STEP_FIELDS] holds each layer's tensors as addresses (0: NULL) and its conv window's batch
+   stride, in the order of the STEP_F_* indices below; every layer has the same sizes. work [Bt (2 d + 4 Din + R +
+   2N)] and xq [threads, Bt max(d, Din)] are scratch. One item: the whole step; NAME_par splits each stage over the
+   team (the norms and the residual additions, a few thousand values, on its first thread).
+
    rms_rows, RMSNorm (linlm.ops.fused.rms_norm) of the rows r of x [M, F] (contiguous), weight w [F] or NULL:
        y[r, c] = x[r, c] / sqrt(sum_c' x[r, c']^2 / F + eps) w[c],
    into y [M, F]. Items: rows.
@@ -38,6 +46,33 @@
 #include "_kernel_common.h"
 
 #define STEP_CH 64
+
+#ifndef STEP_MODEL_ONCE
+#define STEP_MODEL_ONCE
+#define STEP_F_NORM 0
+#define STEP_F_WIN 1
+#define STEP_F_SCIN 2
+#define STEP_F_BIN 3
+#define STEP_F_CONVW 4
+#define STEP_F_CONVB 5
+#define STEP_F_WX 6
+#define STEP_F_SCX 7
+#define STEP_F_BX 8
+#define STEP_F_DTW 9
+#define STEP_F_DTB 10
+#define STEP_F_A 11
+#define STEP_F_D 12
+#define STEP_F_WOUT 13
+#define STEP_F_SCOUT 14
+#define STEP_F_BOUT 15
+#define STEP_F_ST 16
+#define STEP_F_SS 17
+#define STEP_F_S 18
+#define STEP_F_NEWST 19
+#define STEP_F_SOUT 20
+#define STEP_FIELDS 21
+#define STEP_PTR(row, f) ((void *)(intptr_t)(row)[f])
+#endif
 
 void SUF(conv_step)(const IO *x, int64_t xs, const IO *st, int64_t ss, const IO *w, const IO *bias, IO *out, IO *new_st,
                     int64_t Bt, int64_t C, int64_t K, int64_t silu, int64_t item0, int64_t item1) {
@@ -168,6 +203,53 @@ void SUF(mamba_mixer_step)(const IO *x, const void *w_in, const float *sc_in, co
                           sc_out, b_out, s, work, xq, new_st, s_out, out, Bt, d, Din, N, R, K, 0, 1);
 }
 
+void SUF(rms_rows)(const IO *x, const IO *w, IO *y, int64_t F, double eps, int64_t item0, int64_t item1);
+
+/* The layers and the head for thread t of nt (a barrier between stages: nothing outside an OpenMP team). */
+static void SUF(model_stages)(IO *h, const int64_t *tab, int64_t L, const IO *final_w, const void *w_head,
+                              const float *sc_head, IO *work, int8_t *xq, IO *logits, int64_t Bt, int64_t d,
+                              int64_t Din, int64_t N, int64_t R, int64_t K, int64_t V, double eps, int64_t t,
+                              int64_t nt) {
+    IO *hn = work, *mix = hn + Bt * d, *mw = mix + Bt * d;
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t *row = tab + l * STEP_FIELDS;
+        if (t == 0) {
+            if (l > 0)
+                for (int64_t i = 0; i < Bt * d; i++) h[i] = ST(LD(h[i]) + LD(mix[i]));
+            SUF(rms_rows)(h, (const IO *)STEP_PTR(row, STEP_F_NORM), hn, d, eps, 0, Bt);
+        }
+#pragma omp barrier
+        SUF(mixer_stages)(hn, STEP_PTR(row, STEP_F_WIN), (const float *)STEP_PTR(row, STEP_F_SCIN),
+                          (const IO *)STEP_PTR(row, STEP_F_BIN), (const IO *)STEP_PTR(row, STEP_F_ST),
+                          row[STEP_F_SS], (const IO *)STEP_PTR(row, STEP_F_CONVW),
+                          (const IO *)STEP_PTR(row, STEP_F_CONVB), STEP_PTR(row, STEP_F_WX),
+                          (const float *)STEP_PTR(row, STEP_F_SCX), (const IO *)STEP_PTR(row, STEP_F_BX),
+                          (const IO *)STEP_PTR(row, STEP_F_DTW), (const IO *)STEP_PTR(row, STEP_F_DTB),
+                          (const IO *)STEP_PTR(row, STEP_F_A), (const IO *)STEP_PTR(row, STEP_F_D),
+                          STEP_PTR(row, STEP_F_WOUT), (const float *)STEP_PTR(row, STEP_F_SCOUT),
+                          (const IO *)STEP_PTR(row, STEP_F_BOUT), (const REAL *)STEP_PTR(row, STEP_F_S), mw, xq,
+                          (IO *)STEP_PTR(row, STEP_F_NEWST), (REAL *)STEP_PTR(row, STEP_F_SOUT), mix, Bt, d, Din,
+                          N, R, K, t, nt);
+#pragma omp barrier
+    }
+    if (t == 0) {
+        if (L > 0)
+            for (int64_t i = 0; i < Bt * d; i++) h[i] = ST(LD(h[i]) + LD(mix[i]));
+        SUF(rms_rows)(h, final_w, hn, d, eps, 0, Bt);
+    }
+#pragma omp barrier
+    const int64_t n = (V + GEMV_ROWS - 1) / GEMV_ROWS;
+    SUF(product)(hn, w_head, sc_head, NULL, logits, xq, Bt, V, d, n * t / nt, n * (t + 1) / nt);
+}
+
+void SUF(mamba_model_step)(IO *h, const int64_t *tab, int64_t L, const IO *final_w, const void *w_head,
+                           const float *sc_head, IO *work, int8_t *xq, IO *logits, int64_t Bt, int64_t d,
+                           int64_t Din, int64_t N, int64_t R, int64_t K, int64_t V, double eps, int64_t item0,
+                           int64_t item1) {
+    if (item0 < item1)
+        SUF(model_stages)(h, tab, L, final_w, w_head, sc_head, work, xq, logits, Bt, d, Din, N, R, K, V, eps, 0, 1);
+}
+
 /* NAME_par: the items split over an OpenMP team (PAR_ITEMS in _kernel_common.h) */
 #ifdef _OPENMP
 void SUF(conv_step_par)(const IO *x, int64_t xs, const IO *st, int64_t ss, const IO *w, const IO *bias, IO *out,
@@ -201,6 +283,19 @@ void SUF(mamba_mixer_step_par)(const IO *x, const void *w_in, const float *sc_in
         SUF(mixer_stages)(x, w_in, sc_in, b_in, st, ss, conv_w, conv_b, w_x, sc_x, b_x, dt_w, dt_b, A, D, w_out,
                           sc_out, b_out, s, work, xq + t * xq_stride, new_st, s_out, out, Bt, d, Din, N, R, K, t,
                           omp_get_num_threads());
+    }
+}
+
+void SUF(mamba_model_step_par)(IO *h, const int64_t *tab, int64_t L, const IO *final_w, const void *w_head,
+                               const float *sc_head, IO *work, int8_t *xq, int64_t xq_stride, IO *logits, int64_t Bt,
+                               int64_t d, int64_t Din, int64_t N, int64_t R, int64_t K, int64_t V, double eps,
+                               int64_t nitems, int64_t nthreads) {
+    (void)nitems;  /* one item: the whole step, its stages split over the team */
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int64_t t = omp_get_thread_num();
+        SUF(model_stages)(h, tab, L, final_w, w_head, sc_head, work, xq + t * xq_stride, logits, Bt, d, Din, N, R,
+                          K, V, eps, t, omp_get_num_threads());
     }
 }
 #endif

@@ -20,8 +20,8 @@ from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.gemv_kernel import GEMV_MAX_ROWS
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
-__all__ = ["STEP_CH", "RMS_MAX_ROWS", "conv_step", "conv_step_takes", "mamba_mixer_step", "mamba_mixer_step_takes",
-           "mamba_step", "mamba_step_takes", "rms_rows", "rms_rows_takes"]
+__all__ = ["STEP_CH", "RMS_MAX_ROWS", "STEP_FIELDS", "conv_step", "conv_step_takes", "mamba_mixer_step",
+           "mamba_mixer_step_takes", "mamba_model_step", "mamba_step", "mamba_step_takes", "rms_rows", "rms_rows_takes"]
 
 STEP_CH = 64  # channels per work item; must equal STEP_CH in the C source
 RMS_MAX_ROWS = 8  # the norm of more rows than this (a prefill, training) keeps torch's ops
@@ -105,6 +105,31 @@ class MambaMixerStep(EntryPoint):
     N: int
     R: int
     K: int
+
+
+@entry_point("mamba_model_step", scratch="xq")
+class MambaModelStep(EntryPoint):
+    """A Mamba language model's step after its embeddings: h [Bt, d] (the residual stream, updated in place), the
+    layers' tensors as a table of addresses tab [L, STEP_FIELDS], the final norm's weight, the head (int8 with
+    sc_head, else float32) and logits [Bt, V]; work [Bt (2 d + 4 Din + R + 2N)] and xq (per thread) are scratch."""
+
+    h: Tensor
+    tab: Tensor
+    L: int
+    final_w: Optional[Tensor]
+    w_head: Tensor
+    sc_head: Optional[Tensor]
+    work: Tensor
+    xq: Tensor
+    logits: Tensor
+    Bt: int
+    d: int
+    Din: int
+    N: int
+    R: int
+    K: int
+    V: int
+    eps: float
 
 
 @entry_point("rms_rows")
@@ -266,6 +291,44 @@ def mamba_mixer_step(x: Tensor, in_proj: Projection, conv_state: Tensor, conv_w:
     else:
         kernel_library.function(MambaMixerStep, torch.float32)(*call.c_args(), 0, 1)
     return out, new_conv, new_state
+
+
+# The columns of mamba_model_step's layer table (STEP_F_* in the C source): each layer's tensors, by address
+STEP_FIELDS = ("norm", "w_in", "sc_in", "b_in", "conv_w", "conv_b", "w_x", "sc_x", "b_x", "dt_w", "dt_b", "A", "D",
+               "w_out", "sc_out", "b_out", "st", "ss", "s", "new_st", "s_out")
+
+
+def mamba_model_step(h: Tensor, layers: list[tuple], final_w: Optional[Tensor], head: Projection, eps: float,
+                     sizes: tuple[int, int, int, int, int]) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """Logits [Bt, V] and each layer's (new conv window, new scan state) of a Mamba language model's step, after its
+    embeddings h [Bt, d] (changed in place: the residual stream): ``layers`` holds, per layer, (norm weight, x-less
+    arguments of :func:`mamba_mixer_step_takes`) = (norm_w, in_proj, conv_state, conv_w, conv_b, x_proj, dt_w, dt_b,
+    A, D, out_proj, state), each of which that function takes with x = h; the norms' eps and the head as a
+    projection (weight, int8 scales or None, no bias); sizes (d, Din, N, R, K). One call for the whole step."""
+    Bt, (d, Din, N, R, K), V = h.shape[0], sizes, head[0].shape[0]
+    L = len(layers)
+    outs = [(torch.empty(Bt, K - 1, Din), torch.empty(Bt, Din, N)) for _ in range(L)]
+    rows = []
+    for (norm_w, inp, st, cw, cb, xp, dtw, dtb, A, D, outp, s), (new_st, s_out) in zip(layers, outs):
+        tensors = (norm_w, inp[0], inp[1], inp[2], cw, cb, xp[0], xp[1], xp[2], dtw, dtb, A, D, outp[0], outp[1],
+                   outp[2], st)
+        rows.append([0 if t is None else t.data_ptr() for t in tensors]
+                    + [st.stride(0), s.data_ptr(), new_st.data_ptr(), s_out.data_ptr()])
+    tab = torch.tensor(rows, dtype=torch.int64).reshape(L, len(STEP_FIELDS))
+    threads = torch.get_num_threads()
+    par = kernel_library.function(MambaModelStep, torch.float32, parallel=True) \
+        if threads > 1 and kernel_threads.openmp_pool() else None
+    int8 = head[1] is not None or any(p[1] is not None for layer in layers for p in (layer[1], layer[5], layer[10]))
+    work = torch.empty(Bt * (2 * d + 4 * Din + R + 2 * N))
+    xq = torch.empty(threads if par is not None else 1, Bt * max(d, Din) if int8 else 1, dtype=torch.int8)
+    logits = torch.empty(Bt, V)
+    call = MambaModelStep(h=h, tab=tab, L=L, final_w=final_w, w_head=head[0], sc_head=head[1], work=work, xq=xq,
+                          logits=logits, Bt=Bt, d=d, Din=Din, N=N, R=R, K=K, V=V, eps=float(eps))
+    if par is not None:
+        par(*call.par_args(), 1, threads)
+    else:
+        kernel_library.function(MambaModelStep, torch.float32)(*call.c_args(), 0, 1)
+    return logits, outs
 
 
 def _projection(p: Projection, rows: int, cols: int) -> bool:
