@@ -316,9 +316,9 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
                 "products alone (every Linear and the head, one row each, the model's own weights); the dispatch "
                 "floor (the same architecture and depth at width 16: Python, module calls and per-op dispatch); the "
                 "rest (element-wise work at full width: conv, gates, the state update and read-out). The parts are "
-                "measured apart, so they overlap where the step fuses them: an eager Mamba step runs each mixer's "
-                "products inside one kernel call, without the per-Linear calls the products alone pay for, and its "
-                "rest can come out below zero. The bandwidth floor is the weights' bytes over the bandwidth measured in the same run. A compiled variant decodes "
+                "measured apart, so they overlap where the step fuses them: a plain Mamba model's eager step is one "
+                "kernel call, its products inside it without the per-Linear calls the products alone pay for, so "
+                "its rest can come out below zero. The bandwidth floor is the weights' bytes over the bandwidth measured in the same run. A compiled variant decodes "
                 "through `CausalLM.compile_step()` (its compile time is the first step's, with torch's on-disk "
                 "cache as the run found it).", ""]
         out += table(["variant@threads", "step ms", "matrix-vector ms", "dispatch ms", "rest ms",
