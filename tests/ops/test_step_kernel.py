@@ -185,6 +185,19 @@ def test_rms_norm_of_a_step_takes_the_kernel(monkeypatch):
     torch.testing.assert_close(got, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
 
 
+def on_one_and_two_threads(fn):
+    """{1: fn() on one thread, 2: fn() on two}."""
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out[n] = fn()
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 def layer_steps(monkeypatch):
     """Decoding steps through the layers: not the whole model's step in one call (tests/models/test_fused_step.py),
     which would take the calls these tests count."""
@@ -261,14 +274,7 @@ def test_the_fused_step_gives_the_same_bits_on_one_and_two_threads_and_with_a_bi
             lin.bias = torch.nn.Parameter(torch.randn(lin.out_features))
     mixer.conv.bias = None
     ids = torch.randint(0, 97, (3, 4))
-    threads = torch.get_num_threads()
-    out = {}
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            out[n] = decode(model, ids)
-    finally:
-        torch.set_num_threads(threads)
+    out = on_one_and_two_threads(lambda: decode(model, ids))
     assert torch.equal(out[1][0], out[2][0])
     with pytest.MonkeyPatch.context() as mp:
         torch_ops_only(mp)
@@ -309,14 +315,7 @@ def test_an_int8_mamba_steps_through_the_fused_kernel_as_through_its_layers(monk
     ids = torch.randint(0, 97, (3, 5))
     calls = {}
     spy(monkeypatch, calls, "mamba_mixer_step")
-    threads = torch.get_num_threads()
-    out = {}
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            out[n] = decode(model, ids)
-    finally:
-        torch.set_num_threads(threads)
+    out = on_one_and_two_threads(lambda: decode(model, ids))
     assert calls["mamba_mixer_step"] == 2 * 2 * 4
     assert torch.equal(out[1][0], out[2][0])
     monkeypatch.setattr(step_kernel, "mamba_mixer_step_takes", lambda *a: False)
