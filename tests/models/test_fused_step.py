@@ -143,3 +143,21 @@ def test_the_table_columns_are_the_c_indices():
     assert {names[k]: int(v) for k, v in defines.items()} == {n: i for i, n in enumerate(step_kernel.STEP_FIELDS)}
     assert re.search(r"^#define STEP_FIELDS (\d+)$", text, flags=re.M).group(1) == str(len(step_kernel.STEP_FIELDS))
     assert fused_module.fused_step.__module__ == "linlm.models.fused_step"
+
+
+def test_another_architectures_step_checks_its_input_once_and_computes_no_embedding_twice(monkeypatch):
+    """model_takes answers from the modules alone: a LLaMA or HGRN2 step never reaches the fused step's tensor
+    work, and its input is checked once (by forward), as before the fused step existed."""
+    for arch in ("llama", "hgrn2"):
+        torch.manual_seed(0)
+        model = linlm.create_model(arch, None, n_layers=2, d_model=32, n_heads=2, vocab_size=50).eval()
+        assert not fused_module.model_takes(model)
+        _, state = model.prefill(torch.randint(0, 50, (1, 4)))
+        checks, embeds = [], []
+        real = model._check_ids
+        monkeypatch.setattr(model, "_check_ids", lambda *a: checks.append(a[0]) or real(*a))
+        handle = model.embed.register_forward_hook(lambda m, i, o: embeds.append(1))
+        model.step(torch.tensor([3]), state)
+        handle.remove()
+        assert checks == ["input_ids"] and embeds == [1], arch
+    assert fused_module.model_takes(mamba())

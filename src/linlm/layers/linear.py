@@ -33,13 +33,19 @@ def decode_linears(module: nn.Module) -> None:
             m.__class__ = DecodeLinear
 
 
+def has_hooks(m: nn.Module) -> bool:
+    """Whether forward hooks are registered on ``m`` itself: a fused kernel that computes it in its place would skip
+    them, so it must not."""
+    return bool(m._forward_hooks or m._forward_pre_hooks)
+
+
 def decode_weights(m: nn.Module):
     """(weight, int8 row scales or None, bias) of a projection that a fused decoding kernel may read in its place
     (linlm.ops.step_kernel): a plain nn.Linear or DecodeLinear (float weight, no scales; not a subclass, whose
     forward may differ) or a module with int8 weights, which says so by an ``int8()`` method returning (q, s) and
     has no bias (linlm.models.quant.QuantLinear); None for anything else, and for a module with forward hooks,
     which must run."""
-    if m._forward_hooks or m._forward_pre_hooks:
+    if has_hooks(m):
         return None
     if type(m) in (nn.Linear, DecodeLinear):
         return m.weight, None, m.bias

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linlm.layers.linear import decode_weights
+from linlm.layers.linear import decode_weights, has_hooks
 from linlm.layers.mixer import TokenMixer, float32_at_least, meta
 from linlm.ops import conv_kernel, gate_kernel, kernel_library, step_kernel
 from linlm.ops.grad import needs_grad
@@ -293,20 +293,29 @@ class MambaMixer(TokenMixer):
         return self.out_proj(gated), {"conv": conv_state, "ssm": ssm}
 
     def _fused_step(self, x: torch.Tensor, state: dict):
-        """The whole step in one call of linlm.ops.step_kernel.mamba_mixer_step where it takes the tensors (float32,
-        no gradient, at most 8 rows) and the three projections are plain Linear layers or int8 ones, without hooks
-        (linlm.layers.linear.decode_weights); None otherwise."""
+        """The whole step in one call of linlm.ops.step_kernel.mamba_mixer_step where :meth:`kernel_args` gives its
+        arguments; None otherwise."""
+        args = self.kernel_args(x, state)
+        if args is None:
+            return None
+        out, conv_state, ssm = step_kernel.mamba_mixer_step(x, *args)
+        return out, {"conv": conv_state, "ssm": ssm}
+
+    def kernel_args(self, x: torch.Tensor, state: dict):
+        """The arguments after x of linlm.ops.step_kernel.mamba_mixer_step for this mixer's step on x [B, d] from
+        ``state``, where the kernel takes them (float32, no gradient, at most 8 rows) and computes what the modules
+        would: the three projections plain Linear layers or int8 ones (linlm.layers.linear.decode_weights) and no
+        hook on them or on the conv; None otherwise. The model's one-call step (linlm.models.fused_step) reads
+        them too."""
         mods, params = self._modules, self._parameters  # dict lookups: a step reads 15 tensors here
         in_proj, x_proj, out_proj = (decode_weights(mods[k]) for k in ("in_proj", "x_proj", "out_proj"))
-        if in_proj is None or x_proj is None or out_proj is None:
+        conv = mods["conv"]
+        if in_proj is None or x_proj is None or out_proj is None or has_hooks(conv):
             return None
-        conv = mods["conv"]._parameters
-        args = (x, in_proj, state["conv"], conv["weight"], conv.get("bias"), x_proj, params["dt_weight"],
+        conv = conv._parameters
+        args = (in_proj, state["conv"], conv["weight"], conv.get("bias"), x_proj, params["dt_weight"],
                 params["dt_bias"], self.decay(), params["D"], out_proj, state["ssm"])
-        if not step_kernel.mamba_mixer_step_takes(*args):
-            return None
-        out, conv_state, ssm = step_kernel.mamba_mixer_step(*args)
-        return out, {"conv": conv_state, "ssm": ssm}
+        return args if step_kernel.mamba_mixer_step_takes(x, *args) else None
 
     def decay(self) -> torch.Tensor:
         """decay_rate(A_log), recomputed only when A_log changed (its version counter or storage); while torch

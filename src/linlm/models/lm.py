@@ -20,7 +20,7 @@ from linlm.layers.state import ModelState
 from linlm.models.block import Block
 from linlm.models.model_config import ModelConfig
 from linlm.models.format import save_model
-from linlm.models.fused_step import fused_step
+from linlm.models.fused_step import fused_step, model_takes
 from linlm.models.presets import preset_config
 from linlm.models.quant import head_logits
 from linlm.models.registry import get_arch
@@ -290,7 +290,7 @@ class CausalLM(nn.Module):
                 self._compiled_step = None
                 warnings.warn(f"the compiled decoding step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]});"
                               f" decoding eagerly from here on", RuntimeWarning, stacklevel=2)
-        if isinstance(state, ModelState) and not torch.compiler.is_compiling():
+        if isinstance(state, ModelState) and not torch.compiler.is_compiling() and model_takes(self):
             self._check_input(ids, state, None)
             fused = fused_step(self, ids, state)  # a Mamba's whole step in one kernel call, where it takes it
             if fused is not None:

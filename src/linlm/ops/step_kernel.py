@@ -21,7 +21,8 @@ from linlm.ops.gemv_kernel import GEMV_MAX_ROWS
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
 __all__ = ["STEP_CH", "RMS_MAX_ROWS", "STEP_FIELDS", "conv_step", "conv_step_takes", "mamba_mixer_step",
-           "mamba_mixer_step_takes", "mamba_model_step", "mamba_step", "mamba_step_takes", "rms_rows", "rms_rows_takes"]
+           "mamba_mixer_step_takes", "mamba_model_step", "mamba_step", "mamba_step_takes", "projection_takes",
+           "rms_rows", "rms_rows_takes"]
 
 STEP_CH = 64  # channels per work item; must equal STEP_CH in the C source
 RMS_MAX_ROWS = 8  # the norm of more rows than this (a prefill, training) keeps torch's ops
@@ -192,7 +193,7 @@ def conv_step(x: Tensor, state: Tensor, weight: Tensor, bias: Optional[Tensor], 
     new_state = torch.empty(Bt, K - 1, C)
     call = ConvStep(x=x, xs=x.stride(0), st=state, ss=state.stride(0), w=weight, bias=bias, out=out,
                     new_st=new_state, Bt=Bt, C=C, K=K, silu=silu)
-    _run(call, Bt * -(-C // STEP_CH))
+    kernel_threads.run(call, torch.float32, Bt * -(-C // STEP_CH))
     return out, new_state
 
 
@@ -225,7 +226,7 @@ def mamba_step(u: Tensor, xproj: Tensor, z: Optional[Tensor], dt_weight: Tensor,
     call = MambaStep(u=u, xp=xproj, xs=xproj.stride(0), z=z,
                      zs=0 if z is None else z.stride(0), dt_w=dt_weight, dt_b=dt_bias, A=A, D=D, s=state,
                      s_out=new_state, y=y, Bt=Bt, Din=Din, N=N, R=R)
-    _run(call, Bt * -(-Din // STEP_CH))
+    kernel_threads.run(call, torch.float32, Bt * -(-Din // STEP_CH))
     return y, new_state
 
 
@@ -240,7 +241,7 @@ def rms_rows(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     """x / sqrt(mean(x^2, -1) + eps) * weight for tensors that rms_rows_takes (a new tensor of x's shape)."""
     F = x.shape[-1]
     y = torch.empty_like(x)
-    _run(RmsRows(x=x, w=weight, y=y, F=F, eps=float(eps)), x.numel() // F)
+    kernel_threads.run(RmsRows(x=x, w=weight, y=y, F=F, eps=float(eps)), torch.float32, x.numel() // F)
     return y
 
 
@@ -259,8 +260,8 @@ def mamba_mixer_step_takes(x: Tensor, in_proj: Projection, conv_state: Tensor, c
     if x.dim() != 2 or A.dim() != 2 or dt_w.dim() != 2 or conv_w.dim() != 2:
         return False
     (Bt, d), (Din, N), R, K = x.shape, A.shape, dt_w.shape[1], conv_w.shape[1]
-    return (0 < Bt <= GEMV_MAX_ROWS and K >= 2 and _projection(in_proj, 2 * Din, d)
-            and _projection(x_proj, R + 2 * N, Din) and _projection(out_proj, d, Din)
+    return (0 < Bt <= GEMV_MAX_ROWS and K >= 2 and projection_takes(in_proj, 2 * Din, d)
+            and projection_takes(x_proj, R + 2 * N, Din) and projection_takes(out_proj, d, Din)
             and _plain(x, conv_state, conv_w, conv_b, dt_w, dt_b, A, D, state) and x.is_contiguous()
             and _matrix(conv_w, Din, K) and _matrix(dt_w, Din, R) and A.is_contiguous() and _vector(conv_b, Din)
             and _vector(dt_b, Din) and _vector(D, Din) and conv_state.shape == (Bt, K - 1, Din)
@@ -274,22 +275,16 @@ def mamba_mixer_step(x: Tensor, in_proj: Projection, conv_state: Tensor, conv_w:
     tensors that mamba_mixer_step_takes: in_proj, the conv's step with SiLU, x_proj, :func:`mamba_step` with the
     gate z (in_proj's second half) and out_proj, in one call. Fresh outputs; the given states are not changed."""
     (Bt, d), (Din, N), R, K = x.shape, A.shape, dt_w.shape[1], conv_w.shape[1]
-    threads = torch.get_num_threads()
-    par = kernel_library.function(MambaMixerStep, torch.float32, parallel=True) \
-        if threads > 1 and kernel_threads.openmp_pool() else None
-    int8 = any(p[1] is not None for p in (in_proj, x_proj, out_proj))
+    par, threads = _team(MambaMixerStep)
     work = torch.empty(Bt * (4 * Din + R + 2 * N))
-    xq = torch.empty(threads if par is not None else 1, Bt * max(d, Din) if int8 else 1, dtype=torch.int8)
+    xq = _int8_scratch(threads, Bt * max(d, Din), (in_proj, x_proj, out_proj))
     out, new_conv, new_state = torch.empty(Bt, d), torch.empty(Bt, K - 1, Din), torch.empty(Bt, Din, N)
     call = MambaMixerStep(x=x, w_in=in_proj[0], sc_in=in_proj[1], b_in=in_proj[2], st=conv_state,
                           ss=conv_state.stride(0), conv_w=conv_w, conv_b=conv_b, w_x=x_proj[0], sc_x=x_proj[1],
                           b_x=x_proj[2], dt_w=dt_w, dt_b=dt_b, A=A, D=D, w_out=out_proj[0], sc_out=out_proj[1],
                           b_out=out_proj[2], s=state, work=work, xq=xq, new_st=new_conv, s_out=new_state, out=out,
                           Bt=Bt, d=d, Din=Din, N=N, R=R, K=K)
-    if par is not None:  # one item, its stages split over the team
-        par(*call.par_args(), 1, threads)
-    else:
-        kernel_library.function(MambaMixerStep, torch.float32)(*call.c_args(), 0, 1)
+    _run_team(call, par, threads)
     return out, new_conv, new_state
 
 
@@ -315,24 +310,44 @@ def mamba_model_step(h: Tensor, layers: list[tuple], final_w: Optional[Tensor], 
         rows.append([0 if t is None else t.data_ptr() for t in tensors]
                     + [st.stride(0), s.data_ptr(), new_st.data_ptr(), s_out.data_ptr()])
     tab = torch.tensor(rows, dtype=torch.int64).reshape(L, len(STEP_FIELDS))
-    threads = torch.get_num_threads()
-    par = kernel_library.function(MambaModelStep, torch.float32, parallel=True) \
-        if threads > 1 and kernel_threads.openmp_pool() else None
-    int8 = head[1] is not None or any(p[1] is not None for layer in layers for p in (layer[1], layer[5], layer[10]))
+    par, threads = _team(MambaModelStep)
     work = torch.empty(Bt * (2 * d + 4 * Din + R + 2 * N))
-    xq = torch.empty(threads if par is not None else 1, Bt * max(d, Din) if int8 else 1, dtype=torch.int8)
+    xq = _int8_scratch(threads, Bt * max(d, Din), [head] + [p for layer in layers for p in (layer[1], layer[5],
+                                                                                              layer[10])])
     logits = torch.empty(Bt, V)
     call = MambaModelStep(h=h, tab=tab, L=L, final_w=final_w, w_head=head[0], sc_head=head[1], work=work, xq=xq,
                           logits=logits, Bt=Bt, d=d, Din=Din, N=N, R=R, K=K, V=V, eps=float(eps))
-    if par is not None:
-        par(*call.par_args(), 1, threads)
-    else:
-        kernel_library.function(MambaModelStep, torch.float32)(*call.c_args(), 0, 1)
+    _run_team(call, par, threads)
     return logits, outs
 
 
-def _projection(p: Projection, rows: int, cols: int) -> bool:
-    """(weight, scales, bias): a float32 weight without scales or an int8 one with float32 scales [rows]."""
+def _team(entry: type[EntryPoint]):
+    """(NAME_par or None, threads) for an entry point of one item whose stages the C code splits over the OpenMP
+    team itself: the team is torch's thread count where the library has OpenMP, else one thread."""
+    threads = torch.get_num_threads()
+    par = kernel_library.function(entry, torch.float32, parallel=True) \
+        if threads > 1 and kernel_threads.openmp_pool() else None
+    return par, (threads if par is not None else 1)
+
+
+def _int8_scratch(threads: int, size: int, projections) -> Tensor:
+    """Each thread's row of int8 scratch for quantising a product's input: ``size`` values where any of the
+    projections has int8 weights (scales given), else a placeholder."""
+    int8 = any(p[1] is not None for p in projections)
+    return torch.empty(threads, size if int8 else 1, dtype=torch.int8)
+
+
+def _run_team(call: EntryPoint, par, threads: int) -> None:
+    """Run a one-item entry point: NAME_par over the team, or NAME on this thread."""
+    if par is not None:
+        par(*call.par_args(), 1, threads)
+    else:
+        kernel_library.function(type(call), torch.float32)(*call.c_args(), 0, 1)
+
+
+def projection_takes(p: Projection, rows: int, cols: int) -> bool:
+    """Whether the fused steps read a projection (weight, scales, bias) of [rows, cols]: a float32 weight without
+    scales or a contiguous int8 one with float32 scales [rows]; a float32 bias [rows] or None."""
     w, sc, b = p
     if sc is None:
         return w.dtype == torch.float32 and _plain(w, b) and _matrix(w, rows, cols) and _vector(b, rows)
@@ -342,10 +357,3 @@ def _projection(p: Projection, rows: int, cols: int) -> bool:
 
 def _matrix(w: Tensor, rows: int, cols: int) -> bool:
     return w.shape == (rows, cols) and w.is_contiguous()
-
-
-def _run(call: EntryPoint, items: int) -> None:
-    if kernel_threads.workers(items) == 1:  # a decoding step on one thread: no pool
-        kernel_library.function(type(call), torch.float32)(*call.c_args(), 0, items)
-    else:
-        kernel_threads.run(call, torch.float32, items)
