@@ -74,6 +74,22 @@ def test_quant_linear_takes_the_int8_kernel_for_a_steps_rows_and_packs_fbgemm_on
         assert (got - ref[:8]).abs().max() <= 0.02 * ref.abs().max()
 
 
+def test_longer_inputs_dequantise_the_weight_a_block_of_rows_at_a_time(monkeypatch):
+    """Blocks of 16 rows of a 40-row weight (two full, one short): x (q s)^T within float32 summation's bound of
+    the float64 product, for 65 and 200 rows."""
+    monkeypatch.setattr(quant, "DEQUANT_ROWS", 16)
+    torch.manual_seed(4)
+    lin = QuantLinear.from_float(torch.randn(40, 24))
+    w = lin.weight.double()
+    for rows in (65, 200):
+        x = torch.randn(rows, 24)
+        with torch.no_grad():
+            got = lin(x)
+        exact = x.double() @ w.T
+        bound = (24 + 2) * 2.0**-24 * (x.double().abs() @ w.abs().T)
+        assert got.shape == (rows, 40) and ((got.double() - exact).abs() <= bound).all(), rows
+
+
 def test_an_int8_weight_of_minus_128_is_refused():
     lin = QuantLinear(4, 2)
     q = torch.tensor([[1, 2, 3, -128], [0, 0, 0, 0]], dtype=torch.int8)

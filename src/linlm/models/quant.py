@@ -12,9 +12,7 @@ own (max |x| / 127), sums exactly in int32 and reads the 8-bit weights at about 
 rows, 7-bit inputs as fbgemm needs on x86), its packed weight made on the first such call. Longer inputs (a prefill,
 the perplexity scorer) are multiplied by the dequantised weight in float32, 1024 weight rows at a time (no float32
 copy of a whole weight is held): compute-bound, so no slower than the float model, and with no error in the
-activations. At batch 1 (24 Mamba layers of mamba-130m's shape, AMD EPYC
-family 25 model 1 with AVX2 only, medians of 11 alternating rounds) a step took 20.7 ms with the kernel against
-24.4 ms with fbgemm at 1 thread (CPU clock), 18.7 against 22.1 ms at 2 (wall clock). Earlier, on an AMD EPYC Zen 4,
+activations. benchmarks/bench_llamacpp.py times int8 decoding against llama.cpp's Q8_0. Earlier, on an AMD EPYC Zen 4,
 torch's weight-only ``_weight_int8pack_mm`` (bfloat16 inputs) and ``_weight_int4pack_mm_for_cpu`` were no faster
 than fbgemm's int8 GEMM at batch 1, so there is no int4.
 

@@ -60,9 +60,9 @@ class GemvQ8(EntryPoint):
 def small_linear_takes(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether the kernel computes F.linear(x, weight, bias): every tensor on the CPU (with storage: not meta) and
     float32, shapes F.linear accepts, no gradient wanted, at most GEMV_MAX_ROWS rows of x, a contiguous weight of
-    at least GEMV_MIN_WEIGHTS values and a contiguous bias, not under torch.jit tracing, torch.compile or torch.export, and the kernel available (built). Anything
-    else, malformed input included, goes to F.linear, which raises its own error. Called for every Linear of a
-    decoding step: the cheap tests come first."""
+    at least GEMV_MIN_WEIGHTS values and a contiguous bias, not under torch.jit tracing, torch.compile or
+    torch.export, and the kernel available (built). Anything else, malformed input included, goes to F.linear,
+    which raises its own error. Called for every Linear of a decoding step: the cheap tests come first."""
     return (weight.numel() >= GEMV_MIN_WEIGHTS and 0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
             and x.dtype == torch.float32
             and weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu and weight.dim() == 2
