@@ -47,12 +47,14 @@ def test_a_recipe_starts_from_its_base_and_a_loop_of_bases_is_refused(tmp_path, 
     import linlm.reproduce.recipes as recipes
 
     long, cpu = load_recipe("cpu-long"), load_recipe("cpu")
-    # cpu-long states only what it changes: the rest (NIAH, decode, the ladder's seeds, MQAR's task) is cpu's.
+    # cpu-long states only what it changes: the rest (NIAH, decode, the ladder's seeds) is cpu's.
     assert long.name == "cpu-long" and long.niah == cpu.niah and long.decode == cpu.decode and long.seeds == 3
     # ... but for the ladder's architectures: cpu trains the 2024 study's four, cpu-long every one of the ladder's.
     assert dataclasses.replace(long.scaling, archs=cpu.scaling.archs) == cpu.scaling and long.scaling.archs is None
-    assert long.mqar.task == cpu.mqar.task and long.mqar.lrs == cpu.mqar.lrs
-    assert (long.mqar.seeds, cpu.mqar.seeds) == (5, 3) and long.aspect.shapes[:3] == cpu.aspect.shapes
+    # cpu runs no MQAR (widths []) nor the studies on its task; cpu-long trains all three, with 5 seeds.
+    assert (cpu.mqar.widths, cpu.mqar.configs(), cpu.aspect.shapes, cpu.context.gaps) == ([], [], [], [])
+    assert long.mqar.widths == [64] and len(long.mqar.configs()) == 10 and long.mqar.task.num_kv == 16
+    assert (long.mqar.seeds, long.aspect.seeds, long.context.seeds) == (5, 5, 5) and len(long.aspect.shapes) == 4
     assert long.compare.ladder["rungs"][0]["tokens"] == 2 * cpu.compare.ladder["rungs"][0]["tokens"]
     assert long.compare.ladder["train"] == cpu.compare.ladder["train"] and long.mossnet.ladder == "mossnet-cpu-long"
     assert "base" not in long.source() and long.source()["compare"]["seeds"] == 3

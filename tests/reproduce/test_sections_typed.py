@@ -135,20 +135,29 @@ def test_the_dry_run_says_which_claims_the_settings_cannot_decide(tmp_path, caps
             "is trained with a second seed") in claims
     assert "MossNet beats transformer and SSM baselines: cannot tell with these settings: the comparison trains one " \
            "seed per architecture" in claims
-    # --seeds 3 gives the comparison a spread; the cpu recipe can decide every claim but MossNet's scaling and the
-    # hybrid question (cpu-long asks it).
+    # --seeds 3 gives the comparison a spread. The cpu recipe runs no MQAR (nor the studies on its task): it can
+    # decide the scaling and MossNet's comparison and decoding claims; cpu-long trains the rest.
     assert main(["reproduce", "--recipe", "smoke", "--out", str(tmp_path / "s"), "--dry-run", "--seeds", "3"]) == 0
     assert "MossNet beats transformer and SSM baselines: can be decided" in capsys.readouterr().out
     assert main(["reproduce", "--recipe", "cpu", "--out", str(tmp_path / "c"), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    lines = [ln for ln in text.split("[claims]", 1)[1].splitlines() if "cannot tell" in ln]
-    assert lines == ["  MossNet scales at least as well as its baselines: cannot tell with these settings: the recipe "
-                     "trains no mossnet ladder",
-                     "  A few attention layers give a linear model back its recall: cannot tell with these settings: "
-                     "the recipe runs no hybrid study"]
-    assert "(at most 10 min here" in text  # the MQAR section's time (10 configurations, 60 s each here) is counted
+    why = {ln.split(": cannot tell with these settings: ")[0].strip(): ln.split(": cannot tell with these settings: ")[1]
+           for ln in text.split("[claims]", 1)[1].splitlines() if "cannot tell" in ln}
+    no_mqar = "the recipe runs no MQAR experiment"
+    assert why == {
+        "Linear models are weaker at retrieval": no_mqar, "Data-dependent decay helps retrieval": no_mqar,
+        "Shape (aspect ratio) matters more for linear models than for LLaMA": "the recipe runs no aspect study",
+        "Shape (context length) matters more for linear models than for LLaMA": "the recipe runs no context study",
+        "SSM experts act as heads (MossNet's E experts recall better than one)": no_mqar,
+        "MossNet scales at least as well as its baselines": "the recipe trains no mossnet ladder",
+        "The delta rule recalls better than a gated linear state of the same size": no_mqar,
+        "A few attention layers give a linear model back its recall": "the recipe runs no hybrid study"}, why
+    assert "  MQAR: not in this recipe" in text and "(at most" not in text
     assert main(["reproduce", "--recipe", "cpu-long", "--out", str(tmp_path / "l"), "--dry-run"]) == 0
-    assert "A few attention layers give a linear model back its recall: can be decided" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "(at most 10 min here" in text  # the MQAR section's time (10 configurations, 60 s each here) is counted
+    assert not [ln for ln in text.split("[claims]", 1)[1].splitlines() if "retrieval: cannot tell" in ln]
+    assert "A few attention layers give a linear model back its recall: can be decided" in text
 
 
 def test_the_dry_run_makes_the_real_runs_checks_and_writes_nothing(tmp_path, capsys):

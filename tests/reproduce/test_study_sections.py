@@ -57,6 +57,24 @@ def test_the_cpu_recipe_trains_no_ladder_it_cannot_judge(tmp_path):
     assert [name for name, _ in Job(load_recipe("smoke"), tmp_path).training_ladders()] == ["scaling", "compare"]
 
 
+def test_a_recipe_without_mqar_trains_none_of_it_and_its_claims_say_why(tmp_path):
+    """The cpu recipe gives MQAR no widths: the section and the two studies on its task skip, train nothing, and
+    every claim that reads them says "cannot tell" with the reason (its report shows the skip)."""
+    from linlm.reproduce.claims import judge
+    from linlm.reproduce.sections import mqar, retrieval_studies
+
+    job = Job(load_recipe("cpu"), tmp_path / "job")
+    for section in (mqar.SECTION, retrieval_studies.ASPECT, retrieval_studies.CONTEXT):
+        job.results[section.name] = section.run(job, lambda f: None)
+        assert "gives no" in job.results[section.name]["not_run"], section.name
+    assert job.results["mqar"]["not_run"].startswith("recipe cpu gives no MQAR widths")
+    assert ("p", f"Skipped: {job.results['mqar']['not_run']}.") in mqar.SECTION.render(job, [])
+    verdicts = {v.key: v for v in judge(job.results)}
+    for key in ("weaker-retrieval", "decay", "heads", "delta-recall", "aspect", "context"):
+        assert verdicts[key].verdict == "cannot tell" and "gives no" in verdicts[key].why, (key, verdicts[key].why)
+    assert not (tmp_path / "job").exists() or not any((tmp_path / "job").rglob("mqar.json"))
+
+
 def test_the_hybrid_study_trains_each_linear_model_alone_with_attention_and_llama(tmp_path):
     from linlm.reproduce.claims import judge
     from linlm.reproduce.sections import hybrid
@@ -106,16 +124,16 @@ def test_a_study_that_cannot_be_run_is_refused_in_one_line_before_any_work(tmp_p
     assert not out.exists()
 
 
-def test_the_cpu_recipe_trains_the_delta_rule_and_its_peers_at_equal_state():
-    """The delta-rule claim compares only runs whose state per layer agrees within its tolerance: the cpu recipe's
-    per_arch options give DeltaNet, Gated DeltaNet, HGRN2 and Mamba-2 the same state (measured from their decoding
+def test_the_cpu_long_recipe_trains_the_delta_rule_and_its_peers_at_equal_state():
+    """The delta-rule claim compares only runs whose state per layer agrees within its tolerance: the cpu-long
+    recipe's per_arch options give DeltaNet, Gated DeltaNet, HGRN2 and Mamba-2 the same state (measured from their decoding
     states, as the experiment records it), so no pair of the claim is left out for unequal states."""
     from linlm import create_model
     from linlm.eval.mqar import state_floats
     from linlm.experiments.mqar_grid import model_overrides
     from linlm.reproduce.claims.delta_rule import DELTA, PEERS, STATE_TOL
 
-    m = load_recipe("cpu").mqar
+    m = load_recipe("cpu-long").mqar
     task = m.task
     states = {}
     for c in m.configs():

@@ -59,7 +59,7 @@ def recalls_better(results: dict) -> Assessment:
 def recall_undecidable(job) -> Optional[str]:
     m = job.recipe.mqar
     names = {c.name().rsplit("-d", 1)[0] for c in m.configs()}
-    if not set(DELTA) & names or not set(PEERS) & names:
+    if m.widths and (not set(DELTA) & names or not set(PEERS) & names):
         return f"mqar trains no {'delta-rule model' if not set(DELTA) & names else 'hgrn2 or mamba2'}"
     return mqar_undecidable(job, ())
 

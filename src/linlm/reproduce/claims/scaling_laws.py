@@ -255,6 +255,8 @@ def training_undecidable(settings, section: str) -> Optional[str]:
 
 def mqar_undecidable(job, archs: tuple[str, ...]) -> Optional[str]:
     m = job.recipe.mqar
+    if not m.widths:
+        return "the recipe runs no MQAR experiment"
     names = {c.name().rsplit("-d", 1)[0] for c in m.configs()}
     missing = [a for a in archs if a not in names]
     if missing:

@@ -28,7 +28,8 @@ class MQARSettings(TrainSettings):
 
     task: MQARConfig = setting(MQARConfig(), "the task: vocab_size, num_kv (key-value pairs), num_queries, gap, mix "
                                              "(smaller pair counts training takes in turn; linlm.eval.mqar)")
-    widths: list[int] = setting([32, 64], "d_model of every configuration (the claims read the largest)")
+    widths: list[int] = setting([32, 64], "d_model of every configuration (the claims read the largest; []: the "
+                                          "experiment is not run)")
     archs: Optional[list[str]] = setting(None, "architectures trained at each width (null: every registered one "
                                                "but the mixtures of experts)")
     experts: list[int] = setting([1, 2, 4], "MossNet's SSM expert counts ([]: no MossNet runs)")
@@ -53,8 +54,9 @@ class MQARSettings(TrainSettings):
         if any(e < 1 for e in self.experts):
             raise ConfigError(f"experts: {self.experts}; give SSM expert counts >= 1 ([] for no MossNet runs)")
         bad = [w for w in self.widths if w < 1 or w % self.head_dim]
-        if not self.widths or bad:
-            raise ConfigError(f"widths: {self.widths}; give widths that are multiples of head_dim {self.head_dim}")
+        if bad:
+            raise ConfigError(f"widths: {self.widths}; give widths that are multiples of head_dim {self.head_dim} "
+                              "([]: no MQAR experiment)")
         if self.archs is not None:
             from linlm.models.registry import arch_names
 
@@ -68,8 +70,11 @@ class MQARSettings(TrainSettings):
         return self
 
     def configs(self) -> list:
-        """Every configuration of the experiment (MQARRun, seed 0)."""
+        """Every configuration of the experiment (MQARRun, seed 0); none without widths (not run)."""
         from linlm.experiments.mqar import default_runs
+
+        if not self.widths:
+            return []
 
         kw = {"archs": tuple(self.archs)} if self.archs is not None else {}
         return default_runs(tuple(self.widths), list(self.experts), policies=tuple(self.policies), seeds=[0],
@@ -101,6 +106,9 @@ def run(job, tick: Tick) -> Optional[dict]:
         job.waiting["mqar"] = (f"recipe {p.name} trains MQAR's models on the cluster's GPUs, not here: run "
                                f"`linlm reproduce --recipe {p.name} --out {job.out} --train-here` on a GPU node")
         return None
+    if not p.mqar.widths:
+        return {"not_run": f"recipe {p.name} gives no MQAR widths (its key mqar: {{widths: [...]}} runs the "
+                           "experiment)"}
     return measure(p.mqar, job.out / "mqar", job.plots, tick)
 
 
@@ -127,6 +135,8 @@ def render(job, pending: list[str]) -> Blocks:
 
 def plan(p) -> str:
     m = p.mqar
+    if not m.widths:
+        return "MQAR: not in this recipe"
     names = [c.name() for c in m.configs()]
     return (f"MQAR: {pairs_text(asdict(m.task))}; {len(names)} configurations ({', '.join(names)}); {m.how()}")
 
