@@ -61,6 +61,7 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
     p = recipe
     done = finished_sections(out) if setup.marker is not None else []
     print("\n[evaluation and retrieval]", file=file)
+    bounded = False  # a section timed at its runs' max_steps: the total is then an upper bound
     for section in sections.SECTIONS:
         if section.plan is None:
             continue
@@ -70,6 +71,7 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
         elif local and section.estimate is not None:
             took = section.estimate(p)
             totals["seconds"] += took
+            bounded = bounded or took > 0
             line += f" (at most {took / 60:.0f} min here, its steps timed now)" if took else ""
         print(f"  {line}", file=file)
     print_claims(job, file)
@@ -77,8 +79,9 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
           f"{totals['compute_flops'] / PFLOPS_DAY:.3e} PFLOP/s-days (paper convention); "
           f"{totals['training_flops']:.3e} FLOPs with the LM head", file=file)
     if local:
-        print(f"training time here: about {totals['seconds'] / 60:.0f} min (steps timed now, MQAR's runs each at its "
-              f"max_steps; the other sections add about {100 * (1 - _training_share()):.0f} % on top)", file=file)
+        bound = "MQAR's runs each at its max_steps; " if bounded else ""
+        print(f"training time here: about {totals['seconds'] / 60:.0f} min (steps timed now, {bound}the other "
+              f"sections add about {100 * (1 - _training_share()):.0f} % on top)", file=file)
     else:
         gpu = p.gpu
         hours = totals["training_flops"] / (gpu.peak_flops * gpu.mfu) / 3600
