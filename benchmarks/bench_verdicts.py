@@ -1,4 +1,4 @@
-"""How often the judging rule gives a false verdict: on pure noise, a report shaped like the cpu recipe's.
+"""How often the judging rule gives a false verdict: on pure noise, a report of every claim at cpu scale.
 
 linlm.reproduce.claims.rule decides every difference of a report together (Holm over all of them; "alike" only by
 two one-sided tests within a margin). This measures, over --draws simulated reports:
@@ -10,11 +10,12 @@ two one-sided tests within a margin). This measures, over --draws simulated repo
 * ``at the margin``: every true difference equals its margin. An "alike" anywhere is false; the rule promises at
   most 5 %.
 
-The report has the cpu recipe's differences: 12 read off scaling fits (3 exponents, 3 losses at C*, 3 N_opt and 3
-D_opt; each side's replicates drawn around its own noisy estimate, as a calibrated bootstrap gives them) and 10 over
-3 seeds paired by seed (4 retrieval, 2 heads, 2 MossNet losses, 1 aspect, 1 context; seeds share a per-seed
-offset, as seeds sharing a data order do). Noise is normal with standard deviation 1 (the margins are in those
-units: 0.5). Writes benchmarks/results/bench_verdicts.json.
+The report has the differences of the cpu recipe's scaling fits and comparison and of cpu-long's retrieval
+sections (the cpu recipe had both before revision ea7f4ed), at 3 seeds: 12 read off scaling fits (3 exponents, 3
+losses at C*, 3 N_opt and 3 D_opt; each side's replicates drawn around its own noisy estimate, as a calibrated
+bootstrap gives them) and 10 over 3 seeds paired by seed (4 retrieval, 2 heads, 2 MossNet losses, 1 aspect, 1
+context; seeds share a per-seed offset, as seeds sharing a data order do). Noise is normal with standard deviation
+1 (the margins are in those units: 0.5). Writes benchmarks/results/bench_verdicts.json.
 
     python benchmarks/bench_verdicts.py [--draws 2000] [--replicates 400]
 """
