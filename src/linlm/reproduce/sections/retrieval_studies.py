@@ -112,7 +112,7 @@ def run_aspect(job, tick: Tick) -> Optional[dict]:
     s = job.recipe.aspect
     if not s.shapes:
         return {"not_run": f"recipe {job.recipe.name} gives no aspect shapes (its key aspect: {{shapes: [[d, l], "
-                           "...]}} runs the study)"}
+                           "...]} runs the study)"}
     rows, _ = train(s, s.task, s.configs(), job.out / "aspect", tick, lambda c: chosen_lr(job, c.arch))
     return study_result(s, s.task, rows, [f"d{d}-l{n}" for d, n in s.shapes], "shape")
 
