@@ -157,7 +157,7 @@ def test_the_dry_run_says_which_claims_the_settings_cannot_decide(tmp_path, caps
     assert main(["reproduce", "--recipe", "cpu-long", "--out", str(tmp_path / "l"), "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "(at most 10 min here" in text  # the MQAR section's time (10 configurations, 60 s each here) is counted
-    assert "MQAR's runs each at its max_steps" in text
+    assert "each MQAR and study run at its max_steps" in text
     assert not [ln for ln in text.split("[claims]", 1)[1].splitlines() if "retrieval: cannot tell" in ln]
     assert "A few attention layers give a linear model back its recall: can be decided" in text
 

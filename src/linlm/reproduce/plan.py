@@ -79,7 +79,7 @@ def print_plan(recipe_name: str, out: str | Path, file=None, overrides: Optional
           f"{totals['compute_flops'] / PFLOPS_DAY:.3e} PFLOP/s-days (paper convention); "
           f"{totals['training_flops']:.3e} FLOPs with the LM head", file=file)
     if local:
-        bound = "MQAR's runs each at its max_steps; " if bounded else ""
+        bound = "each MQAR and study run at its max_steps; " if bounded else ""
         print(f"training time here: about {totals['seconds'] / 60:.0f} min (steps timed now, {bound}the other "
               f"sections add about {100 * (1 - _training_share()):.0f} % on top)", file=file)
     else:

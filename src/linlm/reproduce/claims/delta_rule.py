@@ -58,8 +58,10 @@ def recalls_better(results: dict) -> Assessment:
 
 def recall_undecidable(job) -> Optional[str]:
     m = job.recipe.mqar
+    if not m.widths:
+        return mqar_undecidable(job, ())  # the experiment is not run
     names = {c.name().rsplit("-d", 1)[0] for c in m.configs()}
-    if m.widths and (not set(DELTA) & names or not set(PEERS) & names):
+    if not set(DELTA) & names or not set(PEERS) & names:
         return f"mqar trains no {'delta-rule model' if not set(DELTA) & names else 'hgrn2 or mamba2'}"
     return mqar_undecidable(job, ())
 
