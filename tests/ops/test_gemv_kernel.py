@@ -4,12 +4,14 @@ of float32 summation, the same bits on any number of threads, and the calls it l
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from kernel_checks import needs_kernel
 
-from linlm.ops import gemv_kernel, kernel_threads
-from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, q8_linear, q8_linear_takes, small_linear, small_linear_takes
+from linlm.ops import gemv_kernel, kernel_library, kernel_threads
+from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, Q8_MAX_K, q8_linear, q8_linear_takes, small_linear, small_linear_takes
 
 F32_EPS = 2.0**-24
 
@@ -168,6 +170,41 @@ def test_int8_rows_of_zeros_and_threads():
     assert torch.equal(one[2], b)
     assert torch.equal(one[1:2], alone)
     assert torch.equal(one, two) and torch.equal(one, own)
+
+
+@needs_kernel
+def test_int8_sums_are_exact_up_to_the_widest_input_the_kernel_takes():
+    """At Q8_MAX_K features every product at its largest (127 * 127, the sum just below 2^31) and, in a second row
+    of the weight, products of alternating sign that cancel: the outputs are 127 K (one scale of 1/127) and exactly
+    0, so no partial sum overflowed or lost a sign, whatever the kernel's internal form of the inputs (the AVX-512
+    form offsets them by 128, where partial sums wrap modulo 2^32). One more feature goes to torch."""
+    K = Q8_MAX_K - Q8_MAX_K % 2  # even: the alternating row cancels exactly
+    q = torch.full((2, K), 127, dtype=torch.int8)
+    q[1, 1::2] = -127
+    x = torch.ones(3, K)
+    x[1] = -1.0  # every product negative: -127 K
+    x[2, : K // 2] = -1.0  # half of them negative: 0 against the first row
+    s = torch.ones(2)
+    with torch.no_grad():
+        assert q8_linear_takes(x, q, s, None)
+        got = q8_linear(x, q, s).double()
+        assert not q8_linear_takes(torch.ones(1, Q8_MAX_K + 1), torch.ones(2, Q8_MAX_K + 1, dtype=torch.int8), s, None)
+    expect = torch.tensor([[127.0 * K, 0.0], [-127.0 * K, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    assert ((got - expect).abs() <= 4 * F32_EPS * 127.0 * K).all(), got
+    assert got[0, 1] == 0 and got[1, 1] == 0 and got[2, 0] == 0
+
+
+@needs_kernel
+def test_the_int8_sums_use_the_widest_instructions_this_cpu_has():
+    """Built with -march=native, the int8 kernel sums with AVX-512 VNNI where the CPU has it (and AVX-512 BW),
+    else with AVX2 where it has that, else in portable C."""
+    lib = kernel_library.library()
+    if "-march=native" not in lib.flags or platform.machine().lower() not in kernel_library.X86:
+        pytest.skip("the kernels were not built for this x86 CPU's own instructions")
+    flags = set(kernel_library._cpu_flags().split())
+    expect = ("AVX-512 VNNI" if {"avx512_vnni", "avx512bw"} <= flags else "AVX2" if "avx2" in flags
+              else "portable C")
+    assert gemv_kernel.q8_form() == expect
 
 
 @needs_kernel

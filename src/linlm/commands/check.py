@@ -47,9 +47,9 @@ def cmd_check(args) -> int:
 def kernel_report() -> dict[str, str]:
     """Which compiled kernels this process runs on: linlm's C kernels (scan, conv, gates, gather-sum, and a decoding
     step's matrix-vector products, float32 and int8, and element-wise work), fbgemm's int8 GEMM of quantized models
-    (9 to 64 rows), and the CPU capability torch dispatches to."""
+    (9 to 64 rows), the instructions of the int8 kernel's sums, and the CPU capability torch dispatches to."""
     from linlm.models.quant import kernels_available
-    from linlm.ops import kernel_library
+    from linlm.ops import gemv_kernel, kernel_library
 
     backend = kernel_library.backend()
     if kernel_library.available():
@@ -58,10 +58,13 @@ def kernel_report() -> dict[str, str]:
         c = "off (LINLM_SCAN_BACKEND=torch): the pure-torch ops run"
     else:
         c = "not built here (no C compiler, or its build failed: see the warning): the pure-torch ops run"
+    form = gemv_kernel.q8_form()
     return {
         "C kernels": c,
         "int8 GEMM (fbgemm)": "available" if kernels_available() else "not in this torch build: int8 models "
                                                                     "do not load",
+        "int8 decoding sums": f"{form} (linlm's kernel, up to {gemv_kernel.GEMV_MAX_ROWS} rows)" if form else
+                              "the C kernels are off: torch's int8 paths",
         "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
     }
 

@@ -11,12 +11,59 @@
 
 #ifndef GEMV_Q8_ONCE
 #define GEMV_Q8_ONCE
-/* sum_k w[k] x[k] for int8 w and x in [-127, 127], exact in int32. With AVX2, 32 products at a time: |x| times
-   w with x's sign (vpmaddubsw: pairs summed to int16, at most 2 127^2 < 2^15), pairs of those summed to int32
-   (vpmaddwd); one weight row against one input row reads the weights at the memory's rate, where gcc's own
-   vectorisation of the plain loop (widening multiplies) is bound by arithmetic. */
+/* dots_q8(w, xq, R, K, out): out[r] = sum_k w[k] x_r[k] for one int8 weight row w [K] against R quantised input
+   rows x_r in [-127, 127] (row r at xq + r K, stored as Q8_STORE writes it), exact in int32.
+
+   With AVX-512 VNNI (vpdpbusd: 64 products of an unsigned and a signed byte, summed in fours into int32 lanes, one
+   instruction), inputs are stored as x + 128 in [1, 255] and sum_k (x_k + 128) w_k - 128 sum_k w_k is taken: the
+   row sum of w is computed once for all R rows (a vpdpbusd against ones), so a product of 64 bytes costs one
+   instruction. Lanes and sums wrap modulo 2^32 (vector adds), and the true result fits in int32 for K up to
+   133,000, so the difference is exact. Otherwise, with AVX2, 32 products at a time: |x| times w with x's sign
+   (vpmaddubsw: pairs summed to int16, at most 2 127^2 < 2^15), pairs of those summed to int32 (vpmaddwd); one
+   weight row against one input row reads the weights at the memory's rate, where gcc's own vectorisation of the
+   plain loop (widening multiplies) is bound by arithmetic. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define Q8_STORE(v) ((int8_t)(uint8_t)((v) + 128))
+#define GEMV_Q8_FORM 2
+
+static inline int32_t hsum_epi32_512(__m512i v) {
+    const __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
+static inline void dots_q8(const int8_t *restrict w, const int8_t *restrict xq, int64_t R, int64_t K,
+                           int32_t *restrict out) {
+    const int64_t full = K & ~(int64_t)63;
+    const __mmask64 tail = K > full ? ~(__mmask64)0 >> (64 - (K - full)) : 0;
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i sw = _mm512_setzero_si512();
+    for (int64_t k = 0; k < full; k += 64) sw = _mm512_dpbusd_epi32(sw, ones, _mm512_loadu_si512(w + k));
+    if (tail) sw = _mm512_dpbusd_epi32(sw, ones, _mm512_maskz_loadu_epi8(tail, w + full));
+    const __m512i corr = _mm512_slli_epi32(sw, 7);
+    for (int64_t r = 0; r < R; r++) {  /* w's row stays in the L1 cache across the R input rows */
+        const int8_t *restrict xr = xq + r * K;
+        __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();  /* two chains: half the latency */
+        int64_t k = 0;
+        for (; k + 128 <= full; k += 128) {
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(xr + k), _mm512_loadu_si512(w + k));
+            a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(xr + k + 64), _mm512_loadu_si512(w + k + 64));
+        }
+        if (k < full) a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(xr + k), _mm512_loadu_si512(w + k));
+        if (tail)  /* past K both loads give zeros: no product and no part of the row sum */
+            a1 = _mm512_dpbusd_epi32(a1, _mm512_maskz_loadu_epi8(tail, xr + full),
+                                     _mm512_maskz_loadu_epi8(tail, w + full));
+        out[r] = hsum_epi32_512(_mm512_sub_epi32(_mm512_add_epi32(a0, a1), corr));
+    }
+}
+#else
+#define Q8_STORE(v) ((int8_t)(v))
 #ifdef __AVX2__
 #include <immintrin.h>
+#define GEMV_Q8_FORM 1
 static inline int32_t dot_q8(const int8_t *restrict w, const int8_t *restrict x, int64_t K) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc = _mm256_setzero_si256();
@@ -35,6 +82,7 @@ static inline int32_t dot_q8(const int8_t *restrict w, const int8_t *restrict x,
     return a;
 }
 #else
+#define GEMV_Q8_FORM 0
 static inline int32_t dot_q8(const int8_t *restrict w, const int8_t *restrict x, int64_t K) {
     int32_t a = 0;
 #pragma omp simd reduction(+ : a)
@@ -42,6 +90,14 @@ static inline int32_t dot_q8(const int8_t *restrict w, const int8_t *restrict x,
     return a;
 }
 #endif
+static inline void dots_q8(const int8_t *restrict w, const int8_t *restrict xq, int64_t R, int64_t K,
+                           int32_t *restrict out) {
+    for (int64_t r = 0; r < R; r++) out[r] = dot_q8(w, xq + r * K, K);
+}
+#endif
+
+/* which of the forms above this build computes with: 2 AVX-512 VNNI, 1 AVX2, 0 portable C (linlm check says) */
+int gemv_q8_form(void) { return GEMV_Q8_FORM; }
 #endif /* GEMV_Q8_ONCE */
 
 #define GEMV_GROUP 8
@@ -110,15 +166,16 @@ void SUF(gemv_q8)(const IO *x, const int8_t *q, const float *s, const IO *b, IO 
 #pragma omp simd
         for (int64_t k = 0; k < K; k++) {
             const REAL v = LD(xr[k]) * inv;  /* in [-127, 127]: rounded half away from zero */
-            qr[k] = (int8_t)(int32_t)(v + COPYSIGN((REAL)0.5, v));
+            qr[k] = Q8_STORE((int32_t)(v + COPYSIGN((REAL)0.5, v)));
         }
     }
     for (int64_t item = item0; item < item1; item++) {
         const int64_t n1 = (item + 1) * GEMV_ROWS < N ? (item + 1) * GEMV_ROWS : N;
         for (int64_t n = item * GEMV_ROWS; n < n1; n++) {
-            const int8_t *restrict wn = q + n * K;
+            int32_t sums[GEMV_MAX_ROWS];
+            dots_q8(q + n * K, xq, R, K, sums);
             for (int64_t r = 0; r < R; r++) {
-                const REAL v = (REAL)dot_q8(wn, xq + r * K, K) * ((REAL)s[n] * xs[r]);
+                const REAL v = (REAL)sums[r] * ((REAL)s[n] * xs[r]);
                 y[r * N + n] = ST(b ? v + LD(b[n]) : v);
             }
         }

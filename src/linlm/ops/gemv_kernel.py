@@ -10,6 +10,7 @@ anything needing gradients keep ``F.linear``.
 
 from __future__ import annotations
 
+from ctypes import c_int
 from typing import Optional
 
 import torch
@@ -18,7 +19,7 @@ from torch import Tensor
 from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
-__all__ = ["GEMV_MAX_ROWS", "q8_linear", "q8_linear_takes", "small_linear", "small_linear_takes"]
+__all__ = ["GEMV_MAX_ROWS", "Q8_MAX_K", "q8_form", "q8_linear", "q8_linear_takes", "small_linear", "small_linear_takes"]
 
 GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in _kernel_common.h
 GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
@@ -26,6 +27,9 @@ GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matr
 # the kernel saves below about 256 x 256 weights (1 thread, AMD EPYC, AVX2: 128 x 128 took 18.9 us against
 # F.linear's 11.2, 256 x 256 16.5 against 19.3, 768 x 768 57.9 against 67.8).
 GEMV_MIN_WEIGHTS = 1 << 16
+# The int8 kernel sums K products of at most 127^2 in int32: exact up to this many input features. Wider inputs go
+# to torch (no layer of a released model comes near it: 7B-class MLPs read 11,008 to 14,336).
+Q8_MAX_K = (2**31 - 1) // 127**2
 
 
 @entry_point("gemv_rows")
@@ -90,11 +94,27 @@ def small_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Te
     return y
 
 
+# What gemv_q8_form() in _gemv_kernel.c returns, by index: the instructions of the int8 sums, chosen when the library
+# is compiled for this CPU.
+Q8_FORMS = ("portable C", "AVX2", "AVX-512 VNNI")
+
+
+def q8_form() -> Optional[str]:
+    """Which instructions the int8 kernel sums with in this process (one of ``Q8_FORMS``), or None when the C
+    kernels are not available. Every form gives the same int32 sums: they are exact."""
+    if not kernel_library.available():
+        return None
+    fn = kernel_library.library().cdll.gemv_q8_form
+    fn.argtypes, fn.restype = [], c_int
+    return Q8_FORMS[fn()]
+
+
 def q8_linear_takes(x: Tensor, q: Tensor, s: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether :func:`q8_linear` computes x (q s)^T (+ bias): x float32 on the CPU with at most GEMV_MAX_ROWS rows
-    and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32 [N] or None, not under torch.jit
+    of at most Q8_MAX_K features and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32 [N] or None, not under torch.jit
     tracing, torch.compile or torch.export, the kernel available."""
-    return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.dtype == torch.float32 and q.dtype == torch.int8
+    return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.shape[-1] <= Q8_MAX_K and x.dtype == torch.float32
+            and q.dtype == torch.int8
             and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu and q.dim() == 2
             and x.shape[-1] == q.shape[1] and q.is_contiguous() and s.shape == q.shape[:1] and s.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == q.shape[:1]

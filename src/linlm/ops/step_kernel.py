@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from linlm.ops import kernel_library, kernel_threads
-from linlm.ops.gemv_kernel import GEMV_MAX_ROWS
+from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, Q8_MAX_K
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
 __all__ = ["STEP_CH", "RMS_MAX_ROWS", "STEP_FIELDS", "conv_step", "conv_step_takes", "mamba_mixer_step",
@@ -347,12 +347,13 @@ def _run_team(call: EntryPoint, par, threads: int) -> None:
 
 def projection_takes(p: Projection, rows: int, cols: int) -> bool:
     """Whether the fused steps read a projection (weight, scales, bias) of [rows, cols]: a float32 weight without
-    scales or a contiguous int8 one with float32 scales [rows]; a float32 bias [rows] or None."""
+    scales or a contiguous int8 one with float32 scales [rows] and at most Q8_MAX_K columns; a float32 bias [rows]
+    or None."""
     w, sc, b = p
     if sc is None:
         return w.dtype == torch.float32 and _plain(w, b) and _matrix(w, rows, cols) and _vector(b, rows)
-    return (w.dtype == torch.int8 and w.is_cpu and _matrix(w, rows, cols) and _plain(sc, b) and _vector(sc, rows)
-            and _vector(b, rows))
+    return (w.dtype == torch.int8 and w.is_cpu and cols <= Q8_MAX_K and _matrix(w, rows, cols) and _plain(sc, b)
+            and _vector(sc, rows) and _vector(b, rows))
 
 
 def _matrix(w: Tensor, rows: int, cols: int) -> bool:
