@@ -9,7 +9,13 @@ The same protocol for both engines, at batch 1 and the given threads:
 3. for each context n of ``--contexts`` (ascending): prefill a seeded random prompt of n ids (timed: tokens/s), then
    decode ``--decode-tokens`` tokens one at a time, each the argmax of the last logits (timed, after one untimed
    step: the median per token);
-4. the process's peak resident set (VmHWM), which includes the interpreter and the engine's runtime.
+4. the process's peak resident set (VmHWM), which includes the interpreter and the engine's runtime;
+5. with ``--batches``, batched decoding, after the peak above is read (a batch's prefill would raise it): for each B,
+   B sequences, each a seeded random prompt of ``--batch-prompt`` ids, are prefilled (each on its own), then decoded
+   together, one token per sequence per step, each the argmax of its own logits; the aggregate tokens/s is B over
+   the median step time (after one untimed step). linlm steps a [B] batch of tokens through ``model.step``;
+   llama.cpp decodes a batch of B tokens, one per sequence id, in a context of B sequence slots (``n_seq_max``: a
+   recurrent state each), through its C API (llama-cpp-python's ``Llama`` class holds one sequence).
 
 Each timing is taken on the wall clock and on the process's CPU clock. At one thread the CPU clock is the robust
 number on a shared machine (time spent descheduled is not counted); at more threads the wall clock is the latency.
@@ -83,6 +89,15 @@ class LinlmEngine:
     def state_bytes(self):
         return self.state.nbytes()
 
+    def batch_prefill(self, prompts: list[list[int]]) -> list[int]:
+        """All prompts at once ([B, n]: they are of one length); the argmax after each."""
+        logits, self.state = self.model.prefill(self.torch.tensor(prompts))
+        return logits.argmax(-1).tolist()
+
+    def batch_step(self, tokens: list[int]) -> list[int]:
+        logits, self.state = self.model.step(self.torch.tensor(tokens), self.state)
+        return logits.argmax(-1).tolist()
+
 
 class LlamaCppEngine:
     def __init__(self, path: str, threads: int, n_ctx: int):
@@ -106,6 +121,83 @@ class LlamaCppEngine:
 
     def state_bytes(self):
         return None
+
+
+class LlamaCppBatch:
+    """llama.cpp decoding B sequences at once, through its C API: a context with B sequence slots (``n_seq_max``, a
+    recurrent state each), each prompt decoded under its own sequence id, then steps of B tokens, one per id."""
+
+    def __init__(self, path: str, threads: int, batch: int, n_prompt: int, n_ctx: int):
+        import llama_cpp as lc
+
+        self.lc = lc
+        lc.llama_backend_init()
+        self.model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
+        if not self.model:
+            raise SystemExit(f"llama.cpp could not load {path}")
+        self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        params = lc.llama_context_default_params()
+        params.n_ctx, params.n_seq_max = n_ctx * batch, batch
+        params.n_batch = params.n_ubatch = max(n_prompt, batch)
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = lc.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise SystemExit(f"llama.cpp could not make a context of {batch} sequences")
+        self.batch = lc.llama_batch_init(max(n_prompt, batch), 0, 1)
+        self.pos = [0] * batch
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        """entries: (token, position, sequence id, whether its logits are wanted)."""
+        b = self.batch
+        b.n_tokens = len(entries)
+        for i, (token, pos, seq, want) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, want
+            b.seq_id[i][0] = seq
+        status = self.lc.llama_decode(self.ctx, b)
+        if status != 0:
+            raise SystemExit(f"llama_decode failed with status {status}")
+
+    def _argmax(self, i: int) -> int:
+        ptr = self.lc.llama_get_logits_ith(self.ctx, i)
+        return int(np.ctypeslib.as_array(ptr, shape=(self.vocab,)).argmax())
+
+    def batch_prefill(self, prompts: list[list[int]]) -> list[int]:
+        out = []
+        for seq, ids in enumerate(prompts):
+            self._decode([(t, p, seq, p == len(ids) - 1) for p, t in enumerate(ids)])
+            self.pos[seq] = len(ids)
+            out.append(self._argmax(len(ids) - 1))
+        return out
+
+    def batch_step(self, tokens: list[int]) -> list[int]:
+        self._decode([(t, self.pos[seq], seq, True) for seq, t in enumerate(tokens)])
+        for seq in range(len(tokens)):
+            self.pos[seq] += 1
+        return [self._argmax(i) for i in range(len(tokens))]
+
+    def close(self) -> None:
+        self.lc.llama_batch_free(self.batch)
+        self.lc.llama_free(self.ctx)
+        self.lc.llama_model_free(self.model)
+
+
+def batched_decode(engine, batch: int, n_prompt: int, steps: int, vocab: int, seed: int) -> dict:
+    """Protocol item 5 for one batch size: the first tokens after the prompts (for the agreement between engines),
+    then the median step time, wall and CPU, and the aggregate tokens/s from each."""
+    prompts = [prompt_ids(n_prompt, vocab, seed + 7919 * batch + i) for i in range(batch)]
+    tokens = engine.batch_prefill(prompts)
+    first = list(tokens)
+    tokens = engine.batch_step(tokens)  # untimed
+    walls, cpus = [], []
+    for _ in range(steps):
+        clock = Clock()
+        tokens = engine.batch_step(tokens)
+        w, c = clock.stop()
+        walls.append(w)
+        cpus.append(c)
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    return {"first_tokens": first, "step_ms_wall": 1e3 * wall, "step_ms_cpu": 1e3 * cpu,
+            "tokens_per_s_wall": batch / wall, "tokens_per_s_cpu": batch / cpu}
 
 
 def time_per_call(fn, cpu: bool, min_s: float = 0.3) -> float:
@@ -187,6 +279,9 @@ def main() -> None:
     ap.add_argument("--greedy-prompt", type=int, default=32)
     ap.add_argument("--greedy-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batches", default="", help="batched decoding at these batch sizes (protocol item 5)")
+    ap.add_argument("--batch-prompt", type=int, default=32, help="the prompt of each sequence of a batch")
+    ap.add_argument("--batch-steps", type=int, default=8, help="timed steps of a batch")
     ap.add_argument("--compile", action="store_true", help="linlm: decode through the compiled step")
     ap.add_argument("--profile-step", action="store_true", help="linlm: where a decoding step's time goes")
     ap.add_argument("--torch-step", action="store_true",
@@ -241,6 +336,17 @@ def main() -> None:
         out["compile_s"] = engine.compile_s
         if args.profile_step:
             out["step_profile"] = profile_step(engine, cpu=args.threads == 1)
+    out["batched"] = {}
+    for b in sorted(int(x) for x in filter(None, args.batches.split(","))):
+        if args.engine == "linlm":
+            runner = engine
+        else:
+            runner = LlamaCppBatch(args.model, args.threads, b, args.batch_prompt,
+                                   n_ctx=args.batch_prompt + args.batch_steps + 8)
+        out["batched"][str(b)] = batched_decode(runner, b, args.batch_prompt, args.batch_steps, engine.vocab,
+                                                args.seed)
+        if runner is not engine:
+            runner.close()
     print(json.dumps(out))
 
 

@@ -23,6 +23,12 @@
    none of linlm's decoding kernels (linlm.ops.gemv_kernel, linlm.ops.step_kernel): what they gain, in the same run.
 7. ``--hgrn2``: linlm's HGRN2 at the same shape (random weights) through the same protocol, for the
    constant-memory claim: decode latency and state size after each context.
+8. Batched decoding (``--batches``, default 8 and 32; ``--batches ''`` leaves it out): in the same worker processes
+   as above, after their peak RSS is read, linlm's fp32 and int8 models and llama.cpp's F32 and Q8_0 decode B
+   sequences at once (each after its own prompt), and the aggregate decode tokens/s is reported per engine, with
+   linlm's over llama.cpp's. llama.cpp runs them as parallel sequences of one context (``n_seq_max`` = B, a batch of
+   B tokens per step, one per sequence id, through its C API). The tokens each engine picks first for each sequence
+   are compared at fp32, as at batch 1.
 
 Targets (the ratios are linlm over llama.cpp): decode ms/token fp32/F32 <= 1.0 and int8/Q8_0 <= 1.0; peak RSS
 <= 1.2 at each precision; prefill tokens/s >= 2. At one thread the CPU clock is used (robust on a shared machine),
@@ -150,6 +156,9 @@ def clock(threads: int) -> str:
     return "cpu" if threads == 1 else "wall"
 
 
+BATCHED = ("linlm-fp32", "llamacpp-f32", "linlm-int8", "llamacpp-q8_0")  # the variants that also decode in batches
+
+
 def summarise(runs: list[dict], contexts: list[int]) -> dict:
     """Medians over rounds of one (variant, threads)."""
     threads = runs[0]["threads"]
@@ -166,7 +175,25 @@ def summarise(runs: list[dict], contexts: list[int]) -> dict:
         out[f"decode_ms_{n}"] = statistics.median(r[f"decode_ms_{c}"] for r in rows)
         out[f"prefill_tokens_per_s_{n}"] = statistics.median(r[f"prefill_tokens_per_s_{c}"] for r in rows)
         out[f"state_bytes_{n}"] = rows[0]["state_bytes"]
+    for b in runs[0].get("batched", {}):
+        rows = [r["batched"][b] for r in runs]
+        out[f"batch_{b}_step_ms"] = statistics.median(r[f"step_ms_{c}"] for r in rows)
+        out[f"batch_{b}_tokens_per_s"] = statistics.median(r[f"tokens_per_s_{c}"] for r in rows)
     return out
+
+
+def batched_rows(summary: dict, threads: list[int], batches: list[int]) -> list[dict]:
+    """linlm against llama.cpp at each batch size: aggregate decode tokens/s of each and their ratio."""
+    rows = []
+    for t in threads:
+        for lin, cpp in (("linlm-fp32", "llamacpp-f32"), ("linlm-int8", "llamacpp-q8_0")):
+            a, b = summary.get(f"{lin}@{t}", {}), summary.get(f"{cpp}@{t}", {})
+            for n in batches:
+                x, y = a.get(f"batch_{n}_tokens_per_s"), b.get(f"batch_{n}_tokens_per_s")
+                if x and y:
+                    rows.append({"threads": t, "batch": n, "linlm": lin, "llamacpp": cpp, "linlm_tokens_per_s": x,
+                                 "llamacpp_tokens_per_s": y, "ratio": x / y})
+    return rows
 
 
 def main() -> None:
@@ -187,11 +214,13 @@ def main() -> None:
     ap.add_argument("--torch-step", action="store_true",
                     help="also run linlm's fp32 model with its eager step on torch's ops alone, none of linlm's "
                          "decoding kernels (linlm-fp32-torchstep): what they gain, in the same run")
+    ap.add_argument("--batches", default="8,32", help="batched decoding at these batch sizes ('' for none)")
     ap.add_argument("--name", default="bench_llamacpp")
     args = ap.parse_args()
     apply_runtime_settings()
     threads = [int(t) for t in args.threads.split(",")]
     contexts = sorted(int(c) for c in args.contexts.split(","))
+    batches = sorted(int(b) for b in filter(None, args.batches.split(",")))
     shape = dict(SHAPE)
     for kv in filter(None, (args.shape or "").split(",")):
         k, v = kv.split("=")
@@ -232,6 +261,8 @@ def main() -> None:
                     engine, model, extra = variants[variant]
                     if engine == "linlm" and r == 0:  # the step's time, taken apart, once per variant
                         extra = (*extra, "--profile-step")
+                    if batches and variant in BATCHED:
+                        extra = (*extra, "--batches", ",".join(map(str, batches)))
                     res = run_worker(pythons[engine], engine, model, t, args, extra)
                     runs.setdefault((variant, t), []).append(res)
                     c = res["contexts"]
@@ -248,6 +279,11 @@ def main() -> None:
     checks += [("linlm-int8", "linlm-fp32"), ("llamacpp-q8_0", "llamacpp-f32")]
     agree = {f"{a} vs {b}": sum(x == y for x, y in zip(greedy[a], greedy[b])) / len(greedy[a]) for a, b in checks}
     summary = {f"{v}@{t}": summarise(rs, contexts) for (v, t), rs in runs.items()}
+    batched = batched_rows(summary, threads, batches)
+    # the first token each engine picks for each sequence of a batch, at fp32 (first round, first thread count)
+    for n in batches:
+        a, b = (runs[(v, threads[0])][0]["batched"][str(n)]["first_tokens"] for v in ("linlm-fp32", "llamacpp-f32"))
+        agree[f"linlm-fp32 vs llamacpp-f32, batch {n}"] = sum(x == y for x, y in zip(a, b)) / n
     bandwidths = {t: {k: statistics.median(b[k] for b in bw[t]) for k in ("gb_per_s_wall", "gb_per_s_cpu")}
                   for t in threads}
     ratios = []
@@ -287,12 +323,18 @@ def main() -> None:
                     [[k, p["step_ms"], p["matvec_ms"], p["dispatch_ms"], p["rest_ms"],
                       floors[int(k.split("@")[1])][k.split("@")[0]], summary[k].get("compile_s", "")]
                      for k, p in profiled.items()])
+    if batched:
+        print()
+        print_table(["threads", "batch", "linlm", "tok/s", "llama.cpp", "tok/s", "linlm/llama.cpp"],
+                    [[r["threads"], r["batch"], r["linlm"], r["linlm_tokens_per_s"], r["llamacpp"],
+                      r["llamacpp_tokens_per_s"], r["ratio"]] for r in batched])
     print(f"greedy agreement: {agree}; bandwidth GB/s: {bandwidths}")
     payload = {"meta": meta(), "shape": shape, "variants": {v: [e, Path(m).name, list(x)] for v, (e, m, x) in
                                                             variants.items()}, "llama_cpp_python": env.version, "contexts": contexts,
                "threads": threads, "rounds": args.rounds, "decode_tokens": args.decode_tokens,
                "weights_bytes": weights, "bandwidth": bandwidths, "floor_ms": floors, "greedy": greedy,
-               "greedy_agreement": agree, "summary": summary, "ratios": ratios,
+               "greedy_agreement": agree, "summary": summary, "ratios": ratios, "batches": batches,
+               "batched": batched,
                "runs": {f"{v}@{t}": rs for (v, t), rs in runs.items()}}
     print(f"wrote {write_json(args.name, payload)}")
     if min(agree[f"{a} vs {b}"] for a, b in checks if a.startswith("linlm-fp32")) < 1:

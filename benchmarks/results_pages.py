@@ -296,7 +296,8 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
     out += [f"`benchmarks/bench_llamacpp.py`: one Mamba checkpoint (d {shape.get('hidden_size')}, "
             f"{shape.get('num_hidden_layers')} layers, vocabulary {shape.get('vocab_size')}, random weights) converted "
             f"by `linlm convert` (+ `linlm quantize --to int8`) and by llama.cpp's `convert_hf_to_gguf.py` (F32, Q8_0), "
-            f"llama-cpp-python {data.get('llama_cpp_python')}. Batch 1; {data.get('rounds')} rounds, engines "
+            f"llama-cpp-python {data.get('llama_cpp_python')}. Batch 1"
+            f"{' (batched decoding below)' if data.get('batched') else ''}; {data.get('rounds')} rounds, engines "
             "alternating, each run a process of its own; medians over rounds. At 1 thread the process CPU clock, at "
             "more the wall clock. Peak RSS is the process's VmHWM (the interpreter and runtime included).", ""]
     out += ["## Per engine", ""]
@@ -332,6 +333,15 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
     out += table(["threads", "what", "linlm", "llama.cpp", "linlm / llama.cpp", "target", "met"],
                  [[r["threads"], r["what"], num(r["linlm"]), num(r["llamacpp"]), ratio(r["ratio"]), r["target"],
                    "yes" if r["met"] else "no"] for r in data.get("ratios", [])]) + [""]
+    if data.get("batched"):
+        out += ["## Batched decoding", "",
+                "Aggregate decode tokens/s with B sequences at once, each after its own prompt: linlm steps a batch of "
+                "B tokens through `model.step`; llama.cpp decodes them as parallel sequences of one context "
+                "(`n_seq_max` = B, one token per sequence id per step). Medians over rounds, in the same worker "
+                "processes as above (after their peak RSS was read).", ""]
+        out += table(["threads", "batch", "linlm", "tokens/s", "llama.cpp", "tokens/s", "linlm / llama.cpp"],
+                     [[r["threads"], r["batch"], r["linlm"], num(r["linlm_tokens_per_s"]), r["llamacpp"],
+                       num(r["llamacpp_tokens_per_s"]), ratio(r["ratio"])] for r in data["batched"]]) + [""]
     bw = data.get("bandwidth", {})
     out += ["Memory read bandwidth in the same run (GB/s; the floor is the weights' bytes over it): "
             + "; ".join(f"{t} thread(s): {num(b.get('gb_per_s_cpu'))} (CPU clock), {num(b.get('gb_per_s_wall'))} (wall)"
