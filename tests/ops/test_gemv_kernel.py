@@ -41,12 +41,13 @@ def assert_within_summation_bound(got, x, w, b):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS])
-@pytest.mark.parametrize("n,k", [(1, 1), (7, 5), (8, 64), (65, 129), (200, 33)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, GEMV_MAX_ROWS])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 5), (8, 64), (65, 129), (200, 33), (9, 200)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_products_against_float64(rows, n, k, bias, any_size):
-    """Row counts up to the limit; output sizes below, at and past the 8-row group and the 64-row work item, with
-    a remainder; input sizes that are not a multiple of any vector width."""
+    """Row counts up to the limit, on both sides of the kernel's change of loop at 4; output sizes below, at and
+    past the 8-row group and the 64-row work item, with a remainder; input sizes below, at and past the 64 partial
+    sums and not a multiple of any vector width."""
     x, w, b = operands(rows, n, k, bias)
     with torch.no_grad():
         assert small_linear_takes(x, w, b)

@@ -3,7 +3,8 @@ linlm.ops.kernel_library): y = x W^T (+ b) for inputs of at most ``GEMV_MAX_ROWS
 
 A batch-1 decoding step is bound by reading every weight once. torch computes a one-row ``F.linear`` as a general
 matrix product, which reads the weights below the machine's streaming rate; the kernel reads each weight row once
-for all the input's rows, eight rows at a time, with a vectorised reduction over the input features
+for all the input's rows (in the weights' memory order for up to 4 input rows, eight weight rows side by side for
+more), with a vectorised reduction over the input features
 (benchmarks/bench_llamacpp.py times decoding with it and without it). Larger inputs (a prefill, training) and
 anything needing gradients keep ``F.linear``.
 """
