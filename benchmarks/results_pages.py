@@ -310,6 +310,13 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
                    num(data.get("floor_ms", {}).get(k.split("@")[1], {}).get(k.split("@")[0])),
                    *[num(v[f"state_bytes_{n}"] / 2**20) if v.get(f"state_bytes_{n}") else "" for n in contexts]]
                   for k, v in data.get("summary", {}).items()]) + [""]
+    runs = data.get("runs", {})
+    if runs and contexts:
+        out += ["Decode ms per token in each round (the medians above are over these), in the order the rounds ran:", ""]
+        out += table(["variant@threads", *[f"rounds after {n}" for n in contexts]],
+                     [[k, *[" / ".join(num(r["contexts"][str(n)][f"decode_ms_{'cpu' if int(k.split('@')[1]) == 1 else 'wall'}"])
+                                       for r in rs) for n in contexts]]
+                      for k, rs in runs.items()]) + [""]
     profiled = {k: v for k, v in data.get("summary", {}).items() if v.get("step_profile")}
     if profiled:
         out += ["## Where a linlm decoding step's time goes", "",
