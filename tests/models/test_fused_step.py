@@ -109,10 +109,14 @@ def test_what_the_fused_step_leaves_to_the_modules(monkeypatch):
         decode(model, ids)
         handle.remove()
         assert calls == [] and len(seen) == 1 + 4, type(module).__name__  # the prefill's call and each step's
-    handle = model.layers[1].mixer.conv.register_forward_pre_hook(lambda m, i: None)
-    decode(model, ids)
+    plain = decode(model, ids)[0]  # the one-call step
+    seen.clear()
+    calls.clear()
+    handle = model.layers[1].mixer.conv.register_forward_hook(lambda m, i, o: seen.append(1))
+    hooked = decode(model, ids)[0]
     handle.remove()
-    assert calls == []
+    assert calls == [] and len(seen) == 1 + 4  # the conv's hook runs in each step too, not only in the prefill
+    torch.testing.assert_close(hooked, plain, rtol=1e-5, atol=1e-6)
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
         decode(model, ids)

@@ -277,7 +277,11 @@ class MambaMixer(TokenMixer):
         if fused is not None:
             return fused
         xz = self.in_proj(x)  # modules, not their .weight: a quantized layer computes in int8
-        u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
+        if has_hooks(self.conv):  # through the module, so that its hooks run as in the full pass
+            u, conv_state = self.conv(xz[:, None, :Din], state["conv"], silu=True)
+            u = u[:, 0]
+        else:
+            u, conv_state = self.conv.step(xz[:, :Din], state["conv"], silu=True)
         xp, z, A = self.x_proj(u), xz[:, Din:], self.decay()
         if step_kernel.mamba_step_takes(u, xp, z, self.dt_weight, self.dt_bias, A, self.D, state["ssm"]):
             y, ssm = step_kernel.mamba_step(u, xp, z, self.dt_weight, self.dt_bias, A, self.D, state["ssm"])
