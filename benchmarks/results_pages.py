@@ -312,11 +312,15 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
                   for k, v in data.get("summary", {}).items()]) + [""]
     runs = data.get("runs", {})
     if runs and contexts:
-        out += ["Decode ms per token in each round (the medians above are over these), in the order the rounds ran:", ""]
+        out += ["Decode ms per token in each round (the medians above are over these), in the order the rounds "
+                "ran:", ""]
+
+        def rounds(key: str, rs: list, n: int) -> str:
+            clock = "cpu" if int(key.split("@")[1]) == 1 else "wall"
+            return " / ".join(num(r["contexts"][str(n)][f"decode_ms_{clock}"]) for r in rs)
+
         out += table(["variant@threads", *[f"rounds after {n}" for n in contexts]],
-                     [[k, *[" / ".join(num(r["contexts"][str(n)][f"decode_ms_{'cpu' if int(k.split('@')[1]) == 1 else 'wall'}"])
-                                       for r in rs) for n in contexts]]
-                      for k, rs in runs.items()]) + [""]
+                     [[k, *[rounds(k, rs, n) for n in contexts]] for k, rs in runs.items()]) + [""]
     profiled = {k: v for k, v in data.get("summary", {}).items() if v.get("step_profile")}
     if profiled:
         out += ["## Where a linlm decoding step's time goes", "",

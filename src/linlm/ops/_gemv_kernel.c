@@ -140,8 +140,8 @@ static void SUF(gemv_rows_seq)(const IO *x, const IO *w, const IO *b, IO *y, int
    L1 cache, eight chains of sums per input row. */
 #define GEMV_GROUP 8
 
-static void SUF(gemv_rows_wide)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K, int64_t item0,
-                    int64_t item1) {
+static void SUF(gemv_rows_wide)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K,
+                                int64_t item0, int64_t item1) {
     for (int64_t item = item0; item < item1; item++) {
         const int64_t n1 = (item + 1) * GEMV_ROWS < N ? (item + 1) * GEMV_ROWS : N;
         int64_t n = item * GEMV_ROWS;

@@ -112,11 +112,10 @@ def q8_form() -> Optional[str]:
 
 def q8_linear_takes(x: Tensor, q: Tensor, s: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether :func:`q8_linear` computes x (q s)^T (+ bias): x float32 on the CPU with at most GEMV_MAX_ROWS rows
-    of at most Q8_MAX_K features and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32 [N] or None, not under torch.jit
-    tracing, torch.compile or torch.export, the kernel available."""
+    of at most Q8_MAX_K features and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32
+    [N] or None, not under torch.jit tracing, torch.compile or torch.export, the kernel available."""
     return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.shape[-1] <= Q8_MAX_K and x.dtype == torch.float32
-            and q.dtype == torch.int8
-            and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu and q.dim() == 2
+            and q.dtype == torch.int8 and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu and q.dim() == 2
             and x.shape[-1] == q.shape[1] and q.is_contiguous() and s.shape == q.shape[:1] and s.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == q.shape[:1]
                                   and bias.is_contiguous()))
