@@ -104,14 +104,14 @@ int gemv_q8_form(void) { return GEMV_Q8_FORM; }
 #ifndef GEMV_LANES
 #define GEMV_LANES 64     /* partial sums of a dot product in gemv_rows_seq: four 512-bit chains of float32 */
 #define GEMV_SEQ_ROWS 4   /* inputs of up to this many rows take gemv_rows_seq */
+#define GEMV_GROUP 8      /* weight rows side by side in gemv_rows_wide */
 #endif
 
 /* Up to GEMV_SEQ_ROWS input rows: one weight row at a time, each against every input row (GEMV_LANES partial sums
    over blocks of K, then the last K % GEMV_LANES terms, then the partial sums), so that the weights are read in
-   their memory order, which the hardware prefetcher follows. Read from memory (a [128000, 768] float32 weight, 1
-   thread, AMD EPYC Zen 4), 1, 2 and 4 input rows took 18.1, 17.9 and 24.9 ms this way against 24.0, 26.9 and 34.7
-   for gemv_rows_wide, whose eight streams K apart restart every eight rows; 8 rows took 68.9 against 47.1, where
-   the wide loop's eight chains per input row win. */
+   their memory order, which the hardware prefetcher follows; gemv_rows_wide's eight streams K apart, restarting
+   every eight rows, read slower from memory at these row counts, while from 5 rows on its eight chains per input
+   row win (benchmarks/bench_gemv.py prints the rate at each row count). */
 static void SUF(gemv_rows_seq)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K,
                                int64_t item0, int64_t item1) {
     const int64_t Kb = K / GEMV_LANES * GEMV_LANES;
@@ -138,7 +138,6 @@ static void SUF(gemv_rows_seq)(const IO *x, const IO *w, const IO *b, IO *y, int
 
 /* More input rows: GEMV_GROUP weight rows side by side, each group read for every row of x while it is in the
    L1 cache, eight chains of sums per input row. */
-#define GEMV_GROUP 8
 
 static void SUF(gemv_rows_wide)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int64_t N, int64_t K,
                                 int64_t item0, int64_t item1) {

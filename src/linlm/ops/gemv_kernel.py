@@ -4,9 +4,9 @@ linlm.ops.kernel_library): y = x W^T (+ b) for inputs of at most ``GEMV_MAX_ROWS
 A batch-1 decoding step is bound by reading every weight once. torch computes a one-row ``F.linear`` as a general
 matrix product, which reads the weights below the machine's streaming rate; the kernel reads each weight row once
 for all the input's rows (in the weights' memory order for up to 4 input rows, eight weight rows side by side for
-more), with a vectorised reduction over the input features
-(benchmarks/bench_llamacpp.py times decoding with it and without it). Larger inputs (a prefill, training) and
-anything needing gradients keep ``F.linear``.
+more), with a vectorised reduction over the input features (benchmarks/bench_gemv.py times it against ``F.linear``
+on weights read from memory; benchmarks/bench_llamacpp.py times decoding with it and without it). Larger inputs (a
+prefill, training) and anything needing gradients keep ``F.linear``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from torch import Tensor
 from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
-__all__ = ["GEMV_MAX_ROWS", "Q8_MAX_K", "q8_form", "q8_linear", "q8_linear_takes", "small_linear", "small_linear_takes"]
+__all__ = ["GEMV_MAX_ROWS", "Q8_MAX_K", "q8_form", "q8_linear", "q8_linear_takes", "small_linear",
+           "small_linear_takes"]
 
 GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in _kernel_common.h
 GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
@@ -115,7 +116,8 @@ def q8_linear_takes(x: Tensor, q: Tensor, s: Tensor, bias: Optional[Tensor]) -> 
     of at most Q8_MAX_K features and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32
     [N] or None, not under torch.jit tracing, torch.compile or torch.export, the kernel available."""
     return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.shape[-1] <= Q8_MAX_K and x.dtype == torch.float32
-            and q.dtype == torch.int8 and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu and q.dim() == 2
+            and q.dtype == torch.int8 and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu
+            and q.dim() == 2
             and x.shape[-1] == q.shape[1] and q.is_contiguous() and s.shape == q.shape[:1] and s.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu and bias.shape == q.shape[:1]
                                   and bias.is_contiguous()))

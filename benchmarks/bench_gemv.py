@@ -1,0 +1,105 @@
+"""The matrix-vector products of a decoding step (linlm.ops.gemv_kernel) read from memory, at 1 to 8 input rows.
+
+    python benchmarks/bench_gemv.py [--threads 1] [--rounds 9] [--mib 256]
+
+A decoding step reads every weight once, so what matters is the rate at which the products read weights that are
+not in any cache. Here the weights are several matrices, --mib in all (well past the last-level cache), used in
+turn; each round times one call on each of them. For each count of input rows (1 to GEMV_MAX_ROWS):
+
+- linlm's float32 kernel (``small_linear``: up to 4 rows it reads the weights in their memory order, more rows
+  eight weight rows side by side) against torch's ``F.linear`` on the same weights;
+- linlm's int8 kernel (``q8_linear``, per-row scales; its instructions are named: AVX-512 VNNI, AVX2 or portable C)
+  on int8 copies of the same shapes, against torch's ``F.linear`` on the float32 weights (what int8 replaces).
+
+Both are reported as ms per call and as GB/s of weights read, beside the memory's read rate measured in the same
+run (a sum over a 1 GiB float32 tensor). Medians over interleaved rounds; at 1 thread on the process's CPU clock,
+else the wall clock. Writes benchmarks/results/bench_gemv.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from _common import apply_runtime_settings, meta, print_table, write_json
+
+from linlm.ops import gemv_kernel
+from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, q8_linear, q8_linear_takes, small_linear, small_linear_takes
+
+SHAPE = (16384, 1024)  # one weight matrix [N, K]: 64 MiB in float32, 16 MiB in int8
+
+
+def read_rate(clock) -> float:
+    """GB/s of a sum over a 1 GiB float32 tensor: the memory's read rate here (median of 5)."""
+    big = torch.ones(2**28)
+    big.sum()
+    times = []
+    for _ in range(5):
+        t0 = clock()
+        big.sum()
+        times.append(clock() - t0)
+    return big.numel() * 4 / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--mib", type=int, default=256, help="float32 weights in all, in MiB (each kind of weight)")
+    args = ap.parse_args()
+    apply_runtime_settings()
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    N, K = SHAPE
+    count = max(1, args.mib * 2**20 // (N * K * 4))
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(N, K, generator=gen) for _ in range(count)]
+    # int8 weights of the same shapes, as many bytes in all as the float32 ones (four times the matrices)
+    q8 = [(torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8), torch.rand(N, generator=gen) / 100)
+          for _ in range(4 * count)]
+    bandwidth = read_rate(clock)
+    rows_out = []
+    with torch.no_grad():
+        for rows in range(1, GEMV_MAX_ROWS + 1):
+            x = torch.randn(rows, K, generator=gen)
+            if not (small_linear_takes(x, weights[0], None) and q8_linear_takes(x, *q8[0], None)):
+                raise SystemExit("linlm's decoding kernels are not available here (LINLM_SCAN_BACKEND=torch, or no "
+                                 "C compiler): nothing to measure")
+            variants = {
+                "linlm fp32": (lambda: [small_linear(x, w) for w in weights], count * N * K * 4),
+                "torch fp32": (lambda: [F.linear(x, w) for w in weights], count * N * K * 4),
+                "linlm int8": (lambda: [q8_linear(x, q, s) for q, s in q8], 4 * count * N * K),
+            }
+            times = {name: [] for name in variants}
+            for name, (fn, _) in variants.items():
+                fn()  # warm-up
+            for _ in range(args.rounds):
+                for name, (fn, _) in variants.items():
+                    t0 = clock()
+                    fn()
+                    times[name].append(clock() - t0)
+            row = {"rows": rows}
+            for name, (_, nbytes) in variants.items():
+                s = statistics.median(times[name])
+                matrices = 4 * count if "int8" in name else count
+                row[f"{name} ms"] = 1e3 * s / matrices
+                row[f"{name} GB/s"] = nbytes / s / 1e9
+            row["linlm fp32 / torch"] = row["torch fp32 ms"] / row["linlm fp32 ms"]
+            rows_out.append(row)
+    form = gemv_kernel.q8_form()
+    headers = list(rows_out[0])
+    print(f"weights [{N}, {K}]: {count} float32 matrices ({count * N * K * 4 / 2**20:.0f} MiB) and {4 * count} int8 "
+          f"ones; int8 sums: {form}; memory read rate {bandwidth:.1f} GB/s; {args.threads} thread(s), "
+          f"{'CPU' if args.threads == 1 else 'wall'} clock; ms per matrix")
+    print_table(headers, [[r[h] for h in headers] for r in rows_out])
+    payload = {"meta": meta(), "shape": [N, K], "float32_matrices": count, "int8_form": form, "threads": args.threads,
+               "rounds": args.rounds, "read_gb_per_s": bandwidth, "results": rows_out}
+    print(f"wrote {write_json('bench_gemv', payload)}")
+
+
+if __name__ == "__main__":
+    main()
