@@ -181,21 +181,26 @@ class LlamaCppBatch:
         self.lc.llama_model_free(self.model)
 
 
+def median_step(step, token, n: int) -> tuple[float, float]:
+    """Median seconds, wall and CPU, of ``n`` decoding steps after one untimed step, each feeding ``step`` what the
+    one before returned (the argmax token, or a batch's tokens)."""
+    token = step(token)
+    walls, cpus = [], []
+    for _ in range(n):
+        clock = Clock()
+        token = step(token)
+        w, c = clock.stop()
+        walls.append(w)
+        cpus.append(c)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def batched_decode(engine, batch: int, n_prompt: int, steps: int, vocab: int, seed: int) -> dict:
     """Protocol item 5 for one batch size: the first tokens after the prompts (for the agreement between engines),
     then the median step time, wall and CPU, and the aggregate tokens/s from each."""
     prompts = [prompt_ids(n_prompt, vocab, seed + 7919 * batch + i) for i in range(batch)]
-    tokens = engine.batch_prefill(prompts)
-    first = list(tokens)
-    tokens = engine.batch_step(tokens)  # untimed
-    walls, cpus = [], []
-    for _ in range(steps):
-        clock = Clock()
-        tokens = engine.batch_step(tokens)
-        w, c = clock.stop()
-        walls.append(w)
-        cpus.append(c)
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    first = engine.batch_prefill(prompts)
+    wall, cpu = median_step(engine.batch_step, first, steps)
     return {"first_tokens": first, "step_ms_wall": 1e3 * wall, "step_ms_cpu": 1e3 * cpu,
             "tokens_per_s_wall": batch / wall, "tokens_per_s_cpu": batch / cpu}
 
@@ -317,18 +322,11 @@ def main() -> None:
         clock = Clock()
         token = engine.prefill(ids)
         wall, cpu = clock.stop()
-        token = engine.step(token)  # untimed
-        walls, cpus = [], []
-        for _ in range(args.decode_tokens):
-            clock = Clock()
-            token = engine.step(token)
-            w, c = clock.stop()
-            walls.append(w)
-            cpus.append(c)
+        step_wall, step_cpu = median_step(engine.step, token, args.decode_tokens)
         out["contexts"][str(n)] = {
             "prefill_wall_s": wall, "prefill_cpu_s": cpu,
             "prefill_tokens_per_s_wall": n / wall, "prefill_tokens_per_s_cpu": n / cpu,
-            "decode_ms_wall": 1e3 * statistics.median(walls), "decode_ms_cpu": 1e3 * statistics.median(cpus),
+            "decode_ms_wall": 1e3 * step_wall, "decode_ms_cpu": 1e3 * step_cpu,
             "state_bytes": engine.state_bytes(),
         }
     out["peak_rss_bytes"] = peak_rss()
