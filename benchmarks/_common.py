@@ -90,6 +90,26 @@ def time_fn(fn, warmup: int = 2, repeat: int = 5) -> float:
     return statistics.median(times)
 
 
+def bandwidth(threads: int, gib: float = 1.0, repeat: int = 5) -> dict:
+    """Read bandwidth: bytes of a float32 tensor over the fastest of `repeat` sums (wall and CPU clocks)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(int(gib * 2**30) // 4)
+        x.sum()
+        walls, cpus = [], []
+        for _ in range(repeat):
+            w, c = time.perf_counter(), time.process_time()
+            x.sum()
+            walls.append(time.perf_counter() - w)
+            cpus.append(time.process_time() - c)
+        n = x.numel() * 4
+        return {"threads": threads, "bytes": n, "gb_per_s_wall": n / min(walls) / 1e9,
+                "gb_per_s_cpu": n / min(cpus) / 1e9}
+    finally:
+        torch.set_num_threads(previous)
+
+
 def write_json(name: str, payload: dict) -> Path:
     """Write payload to benchmarks/results/<name>.json (atomically: a complete file or none). Returns the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)

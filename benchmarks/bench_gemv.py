@@ -12,8 +12,8 @@ turn; each round times one call on each of them. For each count of input rows (1
   on int8 copies of the same shapes, against torch's ``F.linear`` on the float32 weights (what int8 replaces).
 
 Both are reported as ms per call and as GB/s of weights read, beside the memory's read rate measured in the same
-run (a sum over a 1 GiB float32 tensor). Medians over interleaved rounds; at 1 thread on the process's CPU clock,
-else the wall clock. Writes benchmarks/results/bench_gemv.json.
+run (the fastest of 5 sums over a 1 GiB float32 tensor). Medians over interleaved rounds; at 1 thread on the
+process's CPU clock, else the wall clock. Writes benchmarks/results/bench_gemv.json.
 """
 
 from __future__ import annotations
@@ -25,24 +25,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from _common import apply_runtime_settings, meta, print_table, write_json
+from _common import apply_runtime_settings, bandwidth, meta, print_table, write_json
 
 from linlm.ops import gemv_kernel
 from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, q8_linear, q8_linear_takes, small_linear, small_linear_takes
 
 SHAPE = (16384, 1024)  # one weight matrix [N, K]: 64 MiB in float32, 16 MiB in int8
-
-
-def read_rate(clock) -> float:
-    """GB/s of a sum over a 1 GiB float32 tensor: the memory's read rate here (median of 5)."""
-    big = torch.ones(2**28)
-    big.sum()
-    times = []
-    for _ in range(5):
-        t0 = clock()
-        big.sum()
-        times.append(clock() - t0)
-    return big.numel() * 4 / statistics.median(times) / 1e9
 
 
 def main() -> None:
@@ -61,7 +49,7 @@ def main() -> None:
     # int8 weights of the same shapes, as many bytes in all as the float32 ones (four times the matrices)
     q8 = [(torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8), torch.rand(N, generator=gen) / 100)
           for _ in range(4 * count)]
-    bandwidth = read_rate(clock)
+    read = bandwidth(args.threads)["gb_per_s_cpu" if args.threads == 1 else "gb_per_s_wall"]
     rows_out = []
     with torch.no_grad():
         for rows in range(1, GEMV_MAX_ROWS + 1):
@@ -93,11 +81,11 @@ def main() -> None:
     form = gemv_kernel.q8_form()
     headers = list(rows_out[0])
     print(f"weights [{N}, {K}]: {count} float32 matrices ({count * N * K * 4 / 2**20:.0f} MiB) and {4 * count} int8 "
-          f"ones; int8 sums: {form}; memory read rate {bandwidth:.1f} GB/s; {args.threads} thread(s), "
+          f"ones; int8 sums: {form}; memory read rate {read:.1f} GB/s; {args.threads} thread(s), "
           f"{'CPU' if args.threads == 1 else 'wall'} clock; ms per matrix")
     print_table(headers, [[r[h] for h in headers] for r in rows_out])
     payload = {"meta": meta(), "shape": [N, K], "float32_matrices": count, "int8_form": form, "threads": args.threads,
-               "rounds": args.rounds, "read_gb_per_s": bandwidth, "results": rows_out}
+               "rounds": args.rounds, "read_gb_per_s": read, "results": rows_out}
     print(f"wrote {write_json('bench_gemv', payload)}")
 
 

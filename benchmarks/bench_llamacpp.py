@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from _common import apply_runtime_settings, meta, print_table, write_json
+from _common import apply_runtime_settings, bandwidth, meta, print_table, write_json
 from _llamacpp_env import default_root, ensure
 
 HERE = Path(__file__).resolve().parent
@@ -121,26 +121,6 @@ def build_hgrn2(work: Path, shape: dict) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-
-def bandwidth(threads: int, gib: float = 1.0, repeat: int = 5) -> dict:
-    """Read bandwidth: bytes of a float32 tensor over the fastest of `repeat` sums (wall and CPU clocks)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        x = torch.ones(int(gib * 2**30) // 4)
-        x.sum()
-        walls, cpus = [], []
-        for _ in range(repeat):
-            w, c = time.perf_counter(), time.process_time()
-            x.sum()
-            walls.append(time.perf_counter() - w)
-            cpus.append(time.process_time() - c)
-        n = x.numel() * 4
-        return {"threads": threads, "bytes": n, "gb_per_s_wall": n / min(walls) / 1e9,
-                "gb_per_s_cpu": n / min(cpus) / 1e9}
-    finally:
-        torch.set_num_threads(previous)
-
 
 def run_worker(python: Path, engine: str, model: Path, threads: int, args, extra=()) -> dict:
     cmd = [str(python), str(WORKER), engine, str(model), "--threads", str(threads), "--contexts", args.contexts,
