@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from linlm.errors import CheckpointError, ConfigError
+from linlm.layers.shell import meta_device
 from linlm.models.lm import CausalLM
 from linlm.models.model_config import ModelConfig
 
@@ -59,7 +60,7 @@ def fill(cfg: ModelConfig, tensors: Mapping[str, torch.Tensor], where: str) -> C
     """A model of ``cfg`` holding ``tensors`` (linlm's names), after checking every name and shape first."""
     from linlm.models.format import check_tensors
 
-    with torch.device("meta"):
+    with meta_device():
         shell = CausalLM(cfg)
     check_tensors(where, tensors, shell.state_dict(), hint="the weights do not fit their config.json")
     model = CausalLM(cfg)

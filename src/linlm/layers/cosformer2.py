@@ -9,6 +9,7 @@ from torch import nn
 from linlm.layers.linear_attention import LowRankGate, gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mixer import TokenMixer, float32_at_least
 from linlm.layers.norm import RMSNorm
+from linlm.layers.shell import computed
 
 
 def lrpe_factors(theta: torch.Tensor, offset, T: int, dtype: torch.dtype) -> torch.Tensor:
@@ -31,6 +32,11 @@ def lrpe(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     return (x.unsqueeze(-2) * factors).flatten(-2)
 
 
+def frequencies(K: int) -> torch.Tensor:
+    """10000^(-2i/K) for i < K."""
+    return 10000.0 ** (-2.0 * torch.arange(K, dtype=torch.float32) / K)
+
+
 class CosFormer2Mixer(TokenMixer):
     def __init__(self, cfg, layer_idx: int):
         super().__init__(cfg, layer_idx)
@@ -38,8 +44,7 @@ class CosFormer2Mixer(TokenMixer):
         self.n_heads, self.head_dim, self.chunk_size = H, K, cfg.chunk_size
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         # One learnable frequency per channel, initialised 10000^(-2i/K) within each head.
-        init = 10000.0 ** (-2.0 * torch.arange(K, dtype=torch.float32) / K)
-        self.theta = nn.Parameter(init.repeat(H, 1))
+        self.theta = nn.Parameter(computed((H, K), lambda: frequencies(K).repeat(H, 1)))
         self.gate = LowRankGate(d, K)
         self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
         self.out = nn.Linear(d, d, bias=False)
@@ -78,9 +83,9 @@ class TPE(nn.Module):
         super().__init__()
         H, K = cfg.n_heads, cfg.head_dim
         self.n_heads, self.head_dim, self.chunk_size, self.eps = H, K, cfg.chunk_size, cfg.norm_eps
-        self.q = nn.Parameter(torch.randn(H, K) / K**0.5)
-        self.k = nn.Parameter(torch.randn(H, K) / K**0.5)
-        self.decay_logit = nn.Parameter(torch.linspace(0.0, 4.0, H))
+        self.q = nn.Parameter(computed((H, K), lambda: torch.randn(H, K) / K**0.5))
+        self.k = nn.Parameter(computed((H, K), lambda: torch.randn(H, K) / K**0.5))
+        self.decay_logit = nn.Parameter(computed((H,), lambda: torch.linspace(0.0, 4.0, H)))
         # The normalised output starts at the embeddings' scale.
         self.weight = nn.Parameter(torch.full((cfg.d_model,), cfg.init_std))
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from linlm.layers.deltanet import DeltaRuleMixer, at_least_float32
 from linlm.layers.mamba import dt_bias_init_, output_gate
+from linlm.layers.shell import computed
 
 A_INIT = (1.0, 16.0)  # A = exp(A_log) uniform in this range at init
 
@@ -44,7 +45,7 @@ class GatedDeltaNetMixer(DeltaRuleMixer):
         H = cfg.options.v_heads or Hk
         super().__init__(cfg, H, K, V, extra=H * V + 2 * H, conv=cfg.options.short_conv, k_heads=Hk)
         self.beta_scale = 2.0 if cfg.options.neg_eigval else 1.0
-        self.A_log = nn.Parameter(torch.empty(H).uniform_(*A_INIT).log())
+        self.A_log = nn.Parameter(computed((H,), lambda: torch.empty(H).uniform_(*A_INIT).log()))
         self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(H)))
 
     def gates(self, rest):

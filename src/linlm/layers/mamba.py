@@ -27,6 +27,7 @@ from torch import nn
 
 from linlm.layers.linear import decode_weights, has_hooks
 from linlm.layers.mixer import TokenMixer, float32_at_least, meta
+from linlm.layers.shell import computed
 from linlm.ops import conv_kernel, gate_kernel, kernel_library, step_kernel
 from linlm.ops.grad import needs_grad
 from linlm.ops.selective_scan import scan_step_unchecked, selective_scan
@@ -45,7 +46,10 @@ def inner_dim(cfg) -> int:
 
 
 def dt_bias_init_(bias: torch.Tensor) -> torch.Tensor:
-    """Fill ``bias`` (any shape) with softplus^{-1}(dt), dt log-uniform in [DT_MIN, DT_MAX] (Mamba's dt init)."""
+    """Fill ``bias`` (any shape) with softplus^{-1}(dt), dt log-uniform in [DT_MIN, DT_MAX] (Mamba's dt init); a
+    meta tensor has no values to fill (see linlm.layers.shell)."""
+    if bias.is_meta:
+        return bias
     with torch.no_grad():
         bias.uniform_(math.log(DT_MIN), math.log(DT_MAX))
         dt = bias.exp().clamp_min(DT_FLOOR)
@@ -63,8 +67,8 @@ def dt_weight_init_(weight: torch.Tensor, rank: int) -> torch.Tensor:
 
 def s4d_real_log(*lead: int, d_state: int) -> torch.Tensor:
     """A_log for the S4D-real init A[..., n] = -(n + 1), shape [*lead, d_state]."""
-    a = torch.arange(1, d_state + 1, dtype=torch.float32)
-    return torch.log(a).expand(*lead, d_state).clone()
+    return computed((*lead, d_state), lambda: torch.log(torch.arange(1, d_state + 1, dtype=torch.float32))
+                    .expand(*lead, d_state).clone())
 
 
 class ShortConv(nn.Module):

@@ -28,6 +28,7 @@ from torch import nn
 from linlm.layers.linear_attention import gla_flops_per_token, gla_state_spec, run_gla
 from linlm.layers.mamba import ShortConv, decay_rate, dt_bias_init_, output_gate
 from linlm.layers.mixer import TokenMixer, float32_at_least
+from linlm.layers.shell import computed
 from linlm.ops import backends
 from linlm.ops.fused import rms_norm
 
@@ -91,7 +92,7 @@ class Mamba2Mixer(TokenMixer):
         self.in_proj = nn.Linear(d, Din + self.conv_dim + H, bias=False)
         self.conv1d = ShortConv(self.conv_dim, cfg.options.d_conv, bias=True)
         self.dt_bias = nn.Parameter(dt_bias_init_(torch.empty(H)))
-        self.A_log = nn.Parameter(torch.empty(H).uniform_(A_MIN, A_MAX).log())
+        self.A_log = nn.Parameter(computed((H,), lambda: torch.empty(H).uniform_(A_MIN, A_MAX).log()))
         self.D = nn.Parameter(torch.ones(H))
         self.norm = GroupRMSNorm(Din, G, cfg.norm_eps)
         self.out_proj = nn.Linear(Din, d, bias=False)

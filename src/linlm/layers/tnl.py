@@ -38,8 +38,9 @@ def tnl_slopes(n_heads: int, rule: str = "alibi") -> list[float]:
 
 
 def tnl_log_decay(n_heads: int, layer_idx: int, n_layers: int, rule: str = "alibi") -> torch.Tensor:
-    """log lambda_{h,l} = -s_h (1 - l/(L-1) + 1e-5), with s_h from :func:`tnl_slopes`, following the authors' code."""
-    slopes = torch.tensor(tnl_slopes(n_heads, rule), dtype=torch.float64)
+    """log lambda_{h,l} = -s_h (1 - l/(L-1) + 1e-5), with s_h from :func:`tnl_slopes`, following the authors' code;
+    on the CPU, for the caller to move (arithmetic on the meta device would import torch._dynamo)."""
+    slopes = torch.tensor(tnl_slopes(n_heads, rule), dtype=torch.float64, device="cpu")
     depth = layer_idx / max(n_layers - 1, 1)
     return (-slopes * (1.0 - depth + 1e-5)).to(torch.float32)
 

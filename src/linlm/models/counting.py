@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-
+from linlm.layers.shell import meta_device
 from linlm.models.model_config import ModelConfig
 from linlm.models.lm import CausalLM
 from linlm.models.measure import active_params, forward_flops_per_token
@@ -20,7 +19,7 @@ __all__ = ["active_params", "count", "count_preset", "forward_flops_per_token", 
 
 
 def meta_model(cfg: ModelConfig) -> CausalLM:
-    with torch.device("meta"):
+    with meta_device():
         return CausalLM(cfg)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from linlm.errors import CheckpointError
 from linlm.io_utils import MANIFEST, verify_manifest
+from linlm.layers.shell import meta_device
 from linlm.models.format import (CONFIG, FORMAT, FORMAT_VERSION, MODEL_FILES, WEIGHTS, config_checksum,  # noqa: F401
                                  load_weights, read_config, save_model, write_model_files)
 from linlm.models.lm import CausalLM
@@ -32,7 +33,7 @@ def load(path, device: str | torch.device = "cpu") -> CausalLM:
     def prepare(model):  # a quantized model's int8 modules in place of its float ones
         return model if quantization is None else quantized_shell(model, quantization)
 
-    with torch.device("meta"):
+    with meta_device():
         shell = prepare(CausalLM(cfg))
     expected = shell.state_dict()
     tensors = load_weights(path, expected, meta.get("weights_sha256"))

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-import torch
-
 from linlm.errors import ConfigError, choices_text
+from linlm.layers.shell import meta_device
 from linlm.models.block import Block
 from linlm.models.model_config import ModelConfig
 from linlm.models.measure import active_params
@@ -44,7 +43,7 @@ for _name in PRESETS:
 def layer_params(values: dict) -> tuple[int, int]:
     """(parameters, active parameters) of one block of the config ``values``, built on the meta device."""
     cfg = ModelConfig.from_dict(values)
-    with torch.device("meta"):
+    with meta_device():
         block = Block(cfg, 0, get_arch(cfg.arch))
     return sum(p.numel() for p in block.parameters()), active_params(block)
 
@@ -70,7 +69,7 @@ def stack_params(values: dict) -> int:
     per_kind: dict[bool, int] = {}
     for i in range(cfg.n_layers):
         if (i in attention) not in per_kind:
-            with torch.device("meta"):
+            with meta_device():
                 per_kind[i in attention] = active_params(Block(cfg, i, spec))
     return sum(per_kind[i in attention] for i in range(cfg.n_layers))
 
