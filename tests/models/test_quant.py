@@ -14,7 +14,7 @@ from linlm.cli import main
 from linlm.errors import CheckpointError
 from linlm.models import quant
 from linlm.models.io import load
-from linlm.models.quant import QuantEmbedding, QuantLinear, quantize_rows
+from linlm.models.quant import DYNAMIC_ROWS, QuantEmbedding, QuantLinear, quantize_rows
 from linlm.models.registry import arch_names
 from linlm.ops import kernel_library
 
@@ -55,23 +55,27 @@ def test_quant_linear_matches_dequantized_weight_at_every_row_count():
 
 
 @pytest.mark.skipif(not kernel_library.available(), reason="no C compiler: the int8 kernel is not built")
-def test_quant_linear_takes_the_int8_kernel_for_a_steps_rows_and_packs_fbgemm_only_when_needed(monkeypatch):
-    """Up to 8 rows: linlm's int8 kernel (counted); 9 to DYNAMIC_ROWS: fbgemm, whose packed weight is made on that
-    first call; the two agree within the rounding of the input (fbgemm quantises it in 7 bits)."""
+def test_quant_linear_takes_the_int8_kernel_up_to_64_rows_and_packs_no_copy(monkeypatch):
+    """Up to DYNAMIC_ROWS rows: linlm's int8 kernel (counted), in one call, with no fbgemm packed copy made; each
+    row's outputs equal the same row's alone (a scale per row); where the kernel does not take the input, fbgemm,
+    whose packed weight is made on that call. Both within the rounding of the input (fbgemm's in 7 bits)."""
     torch.manual_seed(3)
     lin = QuantLinear.from_float(torch.randn(300, 96))
     calls = []
     real = quant.q8_linear
     monkeypatch.setattr(quant, "q8_linear", lambda *a: calls.append(a[0].shape) or real(*a))
-    with torch.no_grad():
-        x = torch.randn(12, 96)
-        small = lin(x[:8])
-        assert calls == [(8, 96)] and lin._packed is None
-        big = lin(x)
-        assert calls == [(8, 96)] and lin._packed is not None
+    x = torch.randn(DYNAMIC_ROWS, 96)
     ref = x @ lin.weight.T
-    for got in (small, big[:8]):
-        assert (got - ref[:8]).abs().max() <= 0.02 * ref.abs().max()
+    with torch.no_grad():
+        small = lin(x[:8])
+        big = lin(x)
+        assert calls == [(8, 96), (DYNAMIC_ROWS, 96)] and lin._packed is None
+        assert torch.equal(big[:8], small) and torch.equal(big[-1:], lin(x[-1:]))
+        monkeypatch.setattr(quant, "q8_linear_takes", lambda *a: False)
+        fallback = lin(x[:12])
+        assert len(calls) == 3 and lin._packed is not None
+    for got, want in ((big, ref), (fallback, ref[:12])):
+        assert (got - want).abs().max() <= 0.02 * want.abs().max()
 
 
 def test_longer_inputs_dequantise_the_weight_a_block_of_rows_at_a_time(monkeypatch):

@@ -11,7 +11,8 @@ import torch
 from kernel_checks import needs_kernel
 
 from linlm.ops import gemv_kernel, kernel_library, kernel_threads
-from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, Q8_MAX_K, q8_linear, q8_linear_takes, small_linear, small_linear_takes
+from linlm.ops.gemv_kernel import (GEMV_MAX_ROWS, Q8_MAX_K, Q8_MAX_ROWS, q8_linear, q8_linear_takes, small_linear,
+                                   small_linear_takes)
 
 F32_EPS = 2.0**-24
 
@@ -129,7 +130,7 @@ def quantise_rows_as_the_kernel(x):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, Q8_MAX_ROWS])
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 5), (8, 64), (65, 129), (200, 33)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int8_products_against_float64(rows, n, k, bias):
@@ -155,7 +156,7 @@ def test_int8_products_against_float64(rows, n, k, bias):
 def test_int8_rows_of_zeros_and_threads():
     """A row of zeros gives the bias; each row is quantised on its own, so a row's outputs do not depend on the
     other rows, and two threads give one thread's bits."""
-    x, q, s, b = q8_operands(4, 300, 96, True, seed=7)
+    x, q, s, b = q8_operands(Q8_MAX_ROWS, 300, 96, True, seed=7)
     x[2] = 0
     was = torch.get_num_threads()
     try:
@@ -213,7 +214,8 @@ def test_what_the_int8_kernel_leaves_to_torch():
     x, q, s, b = q8_operands(1, 16, 8, True)
     with torch.no_grad():
         assert q8_linear_takes(x, q, s, b)
-        assert not q8_linear_takes(torch.randn(GEMV_MAX_ROWS + 1, 8), q, s, b)
+        assert q8_linear_takes(torch.randn(Q8_MAX_ROWS, 8), q, s, b)
+        assert not q8_linear_takes(torch.randn(Q8_MAX_ROWS + 1, 8), q, s, b)
         assert not q8_linear_takes(x.bfloat16(), q, s, b)
         assert not q8_linear_takes(x, q.float(), s, b)
         assert not q8_linear_takes(x, q, s.double(), b)

@@ -92,7 +92,7 @@ def test_python_constants_equal_the_c_defines():
     all of them include)."""
     common = (kernel_library.KERNEL_DIR / "_kernel_common.h").read_text()
     for module, name in ((scan_kernel, "TILE"), (conv_kernel, "CONV_TB"), (gate_kernel, "GATE_ROWS"),
-                         (gather_sum_kernel, "GATHER_ROWS"), (gemv_kernel, "GEMV_ROWS"), (gemv_kernel, "GEMV_MAX_ROWS"),
+                         (gather_sum_kernel, "GATHER_ROWS"), (gemv_kernel, "GEMV_ROWS"), (gemv_kernel, "Q8_MAX_ROWS"),
                          (step_kernel, "STEP_CH")):
         c_file = kernel_library.KERNEL_DIR / f"_{module.__name__.rsplit('.', 1)[1]}.c"
         assert c_file in kernel_library.sources()

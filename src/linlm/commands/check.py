@@ -63,7 +63,7 @@ def kernel_report() -> dict[str, str]:
         "C kernels": c,
         "int8 GEMM (fbgemm)": "available" if kernels_available() else "not in this torch build: int8 models "
                                                                     "do not load",
-        "int8 decoding sums": f"{form} (linlm's kernel, up to {gemv_kernel.GEMV_MAX_ROWS} rows)" if form else
+        "int8 decoding sums": f"{form} (linlm's kernel, up to {gemv_kernel.Q8_MAX_ROWS} rows)" if form else
                               "the C kernels are off: torch's int8 paths",
         "torch CPU capability": torch.backends.cpu.get_cpu_capability(),
     }

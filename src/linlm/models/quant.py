@@ -5,20 +5,23 @@ Storage (weight-only, no calibration): W [N, K] becomes q = round(W / s) in int8
 a symmetric scale per output row, so W ~ q * s[:, None]. A saved model stores q under the weight's own name and s
 under ``<name>_scale`` (float32 [N]); config.json says ``"quantization": {"method": "int8", ...}``.
 
-Compute, for inputs of at most ``GEMV_MAX_ROWS`` (8) rows (decoding steps, batched or not): linlm's int8
-matrix-vector kernel (linlm.ops.gemv_kernel.q8_linear), which quantises each input row to int8 with a scale of its
-own (max |x| / 127), sums exactly in int32 and reads the 8-bit weights at about the memory's rate. Up to
-``DYNAMIC_ROWS`` rows: torch's fbgemm int8 GEMM (``torch.ops.quantized.linear_dynamic``; one input scale for all
-rows, 7-bit inputs as fbgemm needs on x86), its packed weight made on the first such call. Longer inputs (a prefill,
-the perplexity scorer) are multiplied by the dequantised weight in float32, 1024 weight rows at a time (no float32
-copy of a whole weight is held): compute-bound, so no slower than the float model, and with no error in the
-activations. benchmarks/bench_llamacpp.py times int8 decoding against llama.cpp's Q8_0. Earlier, on an AMD EPYC Zen 4,
-torch's weight-only ``_weight_int8pack_mm`` (bfloat16 inputs) and ``_weight_int4pack_mm_for_cpu`` were no faster
-than fbgemm's int8 GEMM at batch 1, so there is no int4.
+Compute, for inputs of at most ``DYNAMIC_ROWS`` (64) rows (decoding steps, batched or not, and short prompts):
+linlm's int8 matrix-vector kernel (linlm.ops.gemv_kernel.q8_linear), which quantises each input row to int8 with a
+scale of its own (max |x| / 127), sums exactly in int32 and reads each 8-bit weight row once for all the rows. Where
+that kernel is not built, torch's fbgemm int8 GEMM (``torch.ops.quantized.linear_dynamic``; one input scale for all
+rows, 7-bit inputs as fbgemm needs on x86), its packed copy of the weight made on the first call. linlm's kernel
+holds no such copy: on an AMD EPYC (Zen 5, 1 thread), for a Mamba of mamba-130m's shape, fbgemm's copies raised the
+resident set by 95-123 MiB and its packing made a 32-token prompt take 280-293 ms against 54-61 (a decoding step of
+32 sequences took 68-72 ms on fbgemm, 89-90 on linlm's kernel: fbgemm's GEMM sums faster, from its copy). Longer
+inputs (a prefill, the perplexity scorer) are multiplied by the dequantised weight in float32, 1024 weight rows at a
+time (no float32 copy of a whole weight is held): compute-bound, so no slower than the float model, and with no
+error in the activations. benchmarks/bench_llamacpp.py times int8 decoding against llama.cpp's Q8_0. Earlier, on
+an AMD EPYC Zen 4, torch's weight-only ``_weight_int8pack_mm`` (bfloat16 inputs) and
+``_weight_int4pack_mm_for_cpu`` were no faster than fbgemm's int8 GEMM at batch 1, so there is no int4.
 
 What is not an ``nn.Linear`` stays as it was: norms, convolutions, Mamba's dt projection, A and D, MoE expert stacks
 (``nn.Parameter`` tensors), the HGRN2 lower bounds. The embeddings are int8 rows with a scale per row; a tied head
-gets its own packed copy of those rows. ``module.weight`` of a quantised layer is the dequantised float32 weight, made
+gets its own int8 copy of those rows. ``module.weight`` of a quantised layer is the dequantised float32 weight, made
 on demand, for code that reads weights (the perplexity scorer's head, counting): it costs a float32 copy each time.
 """
 
@@ -34,13 +37,13 @@ from torch import nn
 
 from linlm.errors import CheckpointError, ConfigError
 from linlm.layers.linear import DecodeLinear
-from linlm.ops.gemv_kernel import q8_linear, q8_linear_takes
+from linlm.ops.gemv_kernel import Q8_MAX_ROWS, q8_linear, q8_linear_takes
 
 METHODS = ("int8",)
 SCALE = "_scale"
-# Inputs of at most this many rows (decoding steps, short prompts) go through the int8 GEMM; longer ones (a prefill,
+# Inputs of at most this many rows (decoding steps, short prompts) go through int8 products; longer ones (a prefill,
 # the perplexity scorer) multiply by the dequantised weight: compute-bound, and exact in the activations.
-DYNAMIC_ROWS = 64
+DYNAMIC_ROWS = Q8_MAX_ROWS
 DEQUANT_ROWS = 1024  # weight rows dequantised at a time for longer inputs
 
 
@@ -82,9 +85,9 @@ def _(x, layer_id, out_features):
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T with W ~ q * s (int8 per output row); no bias. Inputs of at most GEMV_MAX_ROWS rows go to linlm's
-    int8 matrix-vector kernel (each row quantised with a scale of its own), up to DYNAMIC_ROWS to fbgemm's dynamic
-    int8 GEMM (the weight packed for it on first use), longer ones to the dequantised weight."""
+    """y = x W^T with W ~ q * s (int8 per output row); no bias. Inputs of at most DYNAMIC_ROWS rows go to linlm's
+    int8 kernel (each row quantised with a scale of its own; where it is not built, fbgemm's dynamic int8 GEMM, the
+    weight packed for it on first use), longer ones to the dequantised weight."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -127,7 +130,7 @@ class QuantLinear(nn.Module):
         return self._packed
 
     def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2 [M, K] float32 contiguous, M <= DYNAMIC_ROWS: on the int8 kernel where it takes x2, else fbgemm."""
+        """x2 [M, K] float32 contiguous, M <= DYNAMIC_ROWS: on linlm's int8 kernel where it takes x2, else fbgemm."""
         if q8_linear_takes(x2, self._q, self._s, None):
             return q8_linear(x2, self._q, self._s)
         return torch.ops.quantized.linear_dynamic(x2, self._fbgemm(), True)
@@ -231,8 +234,8 @@ def quantize_model(model, method: str = "int8"):
         model.embed = QuantEmbedding.from_float(embed.weight)
         model.head = QuantLinear.from_float(embed.weight) if tied else model.head
     model.quantization = {"method": method, "weights": "int8, symmetric, one scale per output channel",
-                          "compute": "int8 products, the input quantised per call (linlm's kernel up to 8 rows, "
-                                     "fbgemm's GEMM up to 64, the dequantised weight beyond)",
+                          "compute": "int8 products, the input quantised per call (linlm's kernel up to 64 rows, "
+                                     "the dequantised weight beyond)",
                           "tied_head": tied}
     return model
 

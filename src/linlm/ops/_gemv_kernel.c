@@ -8,7 +8,7 @@
 
 #include "_kernel_common.h"
 
-#define GEMV_MAX_ROWS 8  /* rows of x per call of gemv_q8 at most (its scales live on the stack) */
+#define Q8_MAX_ROWS 64  /* rows of x per call of gemv_q8 at most (its scales and sums live on the stack) */
 
 #ifndef GEMV_Q8_ONCE
 #define GEMV_Q8_ONCE
@@ -192,12 +192,13 @@ void SUF(gemv_rows)(const IO *x, const IO *w, const IO *b, IO *y, int64_t R, int
    for q [N, K] int8 with a scale per weight row s [N] (W ~ q s), and the input's rows quantised on the fly,
    symmetric with a scale each: xs[r] = max_k |x[r, k]| / 127, xq[r, k] = round(x[r, k] / xs[r]) (a row of zeros
    gets xs = 0: its outputs are b). The sums are exact in int32 (|q xq| <= 127^2, so K up to 133,000). Each call
-   quantises x into its own scratch xq [R, K] (a few thousand values, cheaper than a second call), then computes
-   its items: blocks of GEMV_ROWS weight rows, each weight row against every input row (dot_q8). */
+   quantises x into its own scratch xq [R, K] (at most Q8_MAX_ROWS rows: cheaper than a second call), then
+   computes its items: blocks of GEMV_ROWS weight rows, each weight row against every input row while it is in the
+   L1 cache (dots_q8), so that the weights are read from memory once for all R rows. */
 void SUF(gemv_q8)(const IO *x, const int8_t *q, const float *s, const IO *b, IO *y, int8_t *xq, int64_t R,
                   int64_t N, int64_t K, int64_t item0, int64_t item1) {
     if (item0 >= item1) return;
-    REAL xs[GEMV_MAX_ROWS];
+    REAL xs[Q8_MAX_ROWS];
     for (int64_t r = 0; r < R; r++) {
         const IO *restrict xr = x + r * K;
         int8_t *restrict qr = xq + r * K;
@@ -217,7 +218,7 @@ void SUF(gemv_q8)(const IO *x, const int8_t *q, const float *s, const IO *b, IO 
     for (int64_t item = item0; item < item1; item++) {
         const int64_t n1 = (item + 1) * GEMV_ROWS < N ? (item + 1) * GEMV_ROWS : N;
         for (int64_t n = item * GEMV_ROWS; n < n1; n++) {
-            int32_t sums[GEMV_MAX_ROWS];
+            int32_t sums[Q8_MAX_ROWS];
             dots_q8(q + n * K, xq, R, K, sums);
             for (int64_t r = 0; r < R; r++) {
                 const REAL v = (REAL)sums[r] * ((REAL)s[n] * xs[r]);

@@ -20,7 +20,7 @@ from torch import Tensor
 from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
-__all__ = ["GEMV_MAX_ROWS", "Q8_MAX_K", "q8_form", "q8_linear", "q8_linear_takes", "small_linear",
+__all__ = ["GEMV_MAX_ROWS", "Q8_MAX_K", "Q8_MAX_ROWS", "q8_form", "q8_linear", "q8_linear_takes", "small_linear",
            "small_linear_takes"]
 
 GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in _kernel_common.h
@@ -32,6 +32,10 @@ GEMV_MIN_WEIGHTS = 1 << 16
 # The int8 kernel sums K products of at most 127^2 in int32: exact up to this many input features. Wider inputs go
 # to torch (no layer of a released model comes near it: 7B-class MLPs read 11,008 to 14,336).
 Q8_MAX_K = (2**31 - 1) // 127**2
+# Rows of x per call of the int8 kernel at most (Q8_MAX_ROWS in _gemv_kernel.c): decoding steps of up to 64
+# sequences and short prompts. Each weight row is read once and summed against every row of x, so that no packed
+# copy of the weights (fbgemm's GEMM needs one) is held beside them.
+Q8_MAX_ROWS = 64
 
 
 @entry_point("gemv_rows")
@@ -112,10 +116,10 @@ def q8_form() -> Optional[str]:
 
 
 def q8_linear_takes(x: Tensor, q: Tensor, s: Tensor, bias: Optional[Tensor]) -> bool:
-    """Whether :func:`q8_linear` computes x (q s)^T (+ bias): x float32 on the CPU with at most GEMV_MAX_ROWS rows
+    """Whether :func:`q8_linear` computes x (q s)^T (+ bias): x float32 on the CPU with at most Q8_MAX_ROWS rows
     of at most Q8_MAX_K features and no gradient wanted, q int8 [N, K] and s float32 [N] contiguous, bias float32
     [N] or None, not under torch.jit tracing, torch.compile or torch.export, the kernel available."""
-    return (0 < x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and x.shape[-1] <= Q8_MAX_K and x.dtype == torch.float32
+    return (0 < x.numel() <= Q8_MAX_ROWS * x.shape[-1] and x.shape[-1] <= Q8_MAX_K and x.dtype == torch.float32
             and q.dtype == torch.int8 and s.dtype == torch.float32 and x.is_cpu and q.is_cpu and s.is_cpu
             and q.dim() == 2
             and x.shape[-1] == q.shape[1] and q.is_contiguous() and s.shape == q.shape[:1] and s.is_contiguous()
