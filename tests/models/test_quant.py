@@ -128,6 +128,35 @@ def test_every_architecture_quantizes_saves_and_loads(arch, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(q.state_dict().values(), again.state_dict().values()))
 
 
+@pytest.mark.skipif(not kernel_library.available(), reason="no C compiler: the int8 kernel is not built")
+@pytest.mark.parametrize("batch", [1, 3])
+def test_an_int8_prefill_goes_in_pieces_of_int8_products(batch, monkeypatch):
+    """An int8 model's prefill runs pieces of DYNAMIC_ROWS // B tokens (a float model's: PREFILL_CHUNK), so that
+    every product is an int8 one of at most DYNAMIC_ROWS rows, never the dequantised weight's; its logits equal the
+    same pieces asked for by name, and agree with the full pass within the int8 steps' error."""
+    from linlm.models.lm import PREFILL_CHUNK
+    from linlm.models.quant import prefill_tokens, quantize_model
+
+    model = _tiny("mamba")
+    q = quantize_model(_tiny("mamba"))
+    assert prefill_tokens(model, batch) is None
+    assert prefill_tokens(q, batch) == DYNAMIC_ROWS // batch and prefill_tokens(q, 65) == 1
+    rows, dequantised = [], []
+    real = quant.q8_linear
+    monkeypatch.setattr(quant, "q8_linear", lambda *a: rows.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(QuantLinear, "_dequantised_product", lambda self, x2: dequantised.append(x2.shape) or 1 / 0)
+    ids = torch.randint(0, 64, (batch, 150), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, state = q.prefill(ids)
+        assert dequantised == [] and max(rows) == DYNAMIC_ROWS // batch * batch
+        named, _ = q.prefill(ids, chunk=DYNAMIC_ROWS // batch)
+        assert torch.equal(logits, named)
+        monkeypatch.undo()
+        full = q(ids)[:, -1]
+        assert torch.equal(model.prefill(ids)[0], model.prefill(ids, chunk=PREFILL_CHUNK)[0])
+    assert (logits - full).norm() < 0.02 * full.norm()
+
+
 def _text_ids(n, vocab, seed):
     """A learnable sequence: a noisy order-1 Markov chain over the vocabulary."""
     g = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ from linlm.models.model_config import ModelConfig
 from linlm.models.format import save_model
 from linlm.models.fused_step import fused_step, model_takes
 from linlm.models.presets import preset_config
-from linlm.models.quant import head_logits
+from linlm.models.quant import head_logits, prefill_tokens
 from linlm.models.registry import get_arch
 from linlm.ops.fused import linear_cross_entropy
 
@@ -259,14 +259,18 @@ class CausalLM(nn.Module):
         return self.state_spec(batch, context, dtype).nbytes()
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, ModelState]:
+    def prefill(self, input_ids: torch.Tensor, chunk: Optional[int] = None) -> tuple[torch.Tensor, ModelState]:
         """Run a prompt; return the logits of its last position [B, V] and the state to continue from.
 
         The prompt goes through in pieces of ``chunk`` tokens, each continuing the state of the one before (0: in
         one piece): the activations of a piece are what the prefill holds, so its memory does not grow with the
         prompt. At 2,048 tokens of a Mamba of mamba-130m's shape (1 thread) one piece made the process's resident
         set grow by 470 MB (the allocator keeps the freed activations of every layer) and pieces of 256 by 96 MB,
-        at 6 % less speed (benchmarks/bench_llamacpp.py measures the prefill)."""
+        at 6 % less speed (benchmarks/bench_llamacpp.py measures the prefill). The default is PREFILL_CHUNK, and
+        for an int8 model pieces of :func:`~linlm.models.quant.prefill_tokens`, whose products take the int8 kernel
+        (see there)."""
+        if chunk is None:
+            chunk = prefill_tokens(self, input_ids.shape[0] if input_ids.dim() == 2 else 1) or PREFILL_CHUNK
         T = input_ids.shape[-1] if input_ids.dim() == 2 else 0
         if chunk <= 0 or T <= chunk:
             out = self(input_ids, return_state=True, logits_to_keep=1)

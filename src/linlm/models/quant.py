@@ -5,18 +5,19 @@ Storage (weight-only, no calibration): W [N, K] becomes q = round(W / s) in int8
 a symmetric scale per output row, so W ~ q * s[:, None]. A saved model stores q under the weight's own name and s
 under ``<name>_scale`` (float32 [N]); config.json says ``"quantization": {"method": "int8", ...}``.
 
-Compute, for inputs of at most ``DYNAMIC_ROWS`` (64) rows (decoding steps, batched or not, and short prompts):
-linlm's int8 matrix-vector kernel (linlm.ops.gemv_kernel.q8_linear), which quantises each input row to int8 with a
-scale of its own (max |x| / 127), sums exactly in int32 and reads each 8-bit weight row once for all the rows. Where
+Compute, for inputs of at most ``DYNAMIC_ROWS`` (64) rows (decoding steps, batched or not, and a prefill's pieces,
+:func:`prefill_tokens`): linlm's int8 matrix-vector kernel (linlm.ops.gemv_kernel.q8_linear), which quantises each
+input row to int8 with a scale of its own (max |x| / 127), sums exactly in int32 and reads each 8-bit weight row once
+for all the rows. Where
 that kernel is not built, torch's fbgemm int8 GEMM (``torch.ops.quantized.linear_dynamic``; one input scale for all
 rows, 7-bit inputs as fbgemm needs on x86), its packed copy of the weight made on the first call. linlm's kernel
 holds no such copy: on an AMD EPYC (Zen 5, 1 thread), for a Mamba of mamba-130m's shape, fbgemm's copies raised the
 resident set by 95-123 MiB and its packing made a 32-token prompt take 280-293 ms against 54-61 (a decoding step of
 32 sequences took 68-72 ms on fbgemm, 89-90 on linlm's kernel: fbgemm's GEMM sums faster, from its copy). Longer
-inputs (a prefill, the perplexity scorer) are multiplied by the dequantised weight in float32, 1024 weight rows at a
-time (no float32 copy of a whole weight is held): compute-bound, so no slower than the float model, and with no
-error in the activations. benchmarks/bench_llamacpp.py times int8 decoding against llama.cpp's Q8_0. Earlier, on
-an AMD EPYC Zen 4, torch's weight-only ``_weight_int8pack_mm`` (bfloat16 inputs) and
+inputs (the model's forward: the perplexity scorer, evaluation) are multiplied by the dequantised weight in float32,
+1024 weight rows at a time (no float32 copy of a whole weight is held): compute-bound, so no slower than the float
+model, and with no error in the activations. benchmarks/bench_llamacpp.py times int8 decoding against llama.cpp's
+Q8_0. Earlier, on an AMD EPYC Zen 4, torch's weight-only ``_weight_int8pack_mm`` (bfloat16 inputs) and
 ``_weight_int4pack_mm_for_cpu`` were no faster than fbgemm's int8 GEMM at batch 1, so there is no int4.
 
 What is not an ``nn.Linear`` stays as it was: norms, convolutions, Mamba's dt projection, A and D, MoE expert stacks
@@ -259,6 +260,17 @@ def quantized_shell(shell, quantization: dict):
         shell.head = QuantLinear(d, V)
     shell.quantization = dict(quantization)
     return shell
+
+
+def prefill_tokens(model, batch: int) -> Optional[int]:
+    """Tokens per prefill piece of a quantised model of ``batch`` prompts (None for a float model): as many as keep
+    each product within DYNAMIC_ROWS rows, so that a prefill's products are int8 products like a decoding step's
+    (each row quantised with a scale of its own), not the dequantised weight's float32 ones. On an AMD EPYC (Zen 5),
+    for an int8 Mamba of mamba-130m's shape, a prefill of 2,048 tokens in pieces of 64 against 256 tokens (the
+    float models' pieces): 1 thread 710-740 tokens/s against 470-485 and the peak resident set 36-44 MiB above the
+    model's against 130-144; 2 threads 1105-1160 tokens/s against 795-818. The model's forward (the perplexity
+    scorer, evaluation) keeps the dequantised weight, exact in the activations."""
+    return max(1, DYNAMIC_ROWS // max(batch, 1)) if is_quantized(model) else None
 
 
 def head_logits(model, h: torch.Tensor) -> Optional[torch.Tensor]:
