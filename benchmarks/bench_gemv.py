@@ -12,8 +12,11 @@ turn; each round times one call on each of them. For each count of input rows (1
   on int8 copies of the same shapes, against torch's ``F.linear`` on the float32 weights (what int8 replaces).
 
 Both are reported as ms per call and as GB/s of weights read, beside the memory's read rate measured in the same
-run (the fastest of 5 sums over a 1 GiB float32 tensor). Medians over interleaved rounds; at 1 thread on the
-process's CPU clock, else the wall clock. Writes benchmarks/results/bench_gemv.json.
+run (the fastest of 5 sums over a 1 GiB float32 tensor). Then, at the larger row counts of --q8-rows (batched
+decoding steps, an int8 prefill's pieces; at most Q8_MAX_ROWS): linlm's int8 kernel against fbgemm's dynamic int8
+GEMM (``torch.ops.quantized.linear_dynamic``), the alternative that needs a packed copy of each weight (its packing
+timed apart, once per matrix, and not in the calls). Medians over interleaved rounds; at 1 thread on the process's
+CPU clock, else the wall clock. Writes benchmarks/results/bench_gemv.json.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import torch.nn.functional as F
 from _common import apply_runtime_settings, bandwidth, meta, print_table, write_json
 
 from linlm.ops import gemv_kernel
-from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, q8_linear, q8_linear_takes, small_linear, small_linear_takes
+from linlm.ops.gemv_kernel import (GEMV_MAX_ROWS, Q8_MAX_ROWS, q8_linear, q8_linear_takes, small_linear,
+                                   small_linear_takes)
 
 SHAPE = (16384, 1024)  # one weight matrix [N, K]: 64 MiB in float32, 16 MiB in int8
 
@@ -38,7 +42,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--mib", type=int, default=256, help="float32 weights in all, in MiB (each kind of weight)")
+    ap.add_argument("--q8-rows", default="16,32,64",
+                    help=f"int8 kernel against fbgemm at these rows (each at most {Q8_MAX_ROWS})")
     args = ap.parse_args()
+    q8_rows = [int(r) for r in args.q8_rows.split(",") if r]
+    if any(not 0 < r <= Q8_MAX_ROWS for r in q8_rows):
+        raise SystemExit(f"--q8-rows: each count must lie in [1, {Q8_MAX_ROWS}], the int8 kernel's rows; "
+                         f"got {args.q8_rows}")
     apply_runtime_settings()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.threads == 1 else time.perf_counter
@@ -78,15 +88,52 @@ def main() -> None:
                 row[f"{name} GB/s"] = nbytes / s / 1e9
             row["linlm fp32 / torch"] = row["torch fp32 ms"] / row["linlm fp32 ms"]
             rows_out.append(row)
+        batched = int8_against_fbgemm(q8, q8_rows, args.rounds, clock, gen) if q8_rows else []
     form = gemv_kernel.q8_form()
     headers = list(rows_out[0])
     print(f"weights [{N}, {K}]: {count} float32 matrices ({count * N * K * 4 / 2**20:.0f} MiB) and {4 * count} int8 "
           f"ones; int8 sums: {form}; memory read rate {read:.1f} GB/s; {args.threads} thread(s), "
           f"{'CPU' if args.threads == 1 else 'wall'} clock; ms per matrix")
     print_table(headers, [[r[h] for h in headers] for r in rows_out])
+    if batched:
+        print(f"\nint8 at more rows: linlm's kernel (no copy of the weights) against fbgemm's GEMM on its packed copy "
+              f"(packing: {batched[0]['fbgemm pack ms']:.2f} ms per matrix, once); ms per matrix")
+        headers = [h for h in batched[0] if h != "fbgemm pack ms"]
+        print_table(headers, [[r[h] for h in headers] for r in batched])
     payload = {"meta": meta(), "shape": [N, K], "float32_matrices": count, "int8_form": form, "threads": args.threads,
-               "rounds": args.rounds, "read_gb_per_s": read, "results": rows_out}
+               "rounds": args.rounds, "read_gb_per_s": read, "results": rows_out, "int8_batched": batched}
     print(f"wrote {write_json('bench_gemv', payload)}")
+
+
+def int8_against_fbgemm(q8, row_counts, rounds, clock, gen) -> list[dict]:
+    """linlm's int8 kernel against fbgemm's dynamic GEMM (on packed copies made first, timed apart) per row count."""
+    from linlm.models.quant import _pack, kernels_available
+
+    if not kernels_available():
+        print("fbgemm's int8 kernels are not in this torch build: the int8 table at more rows is left out")
+        return []
+    t0 = clock()
+    packed = [_pack(q, s) for q, s in q8]
+    pack_ms = 1e3 * (clock() - t0) / len(q8)
+    K = q8[0][0].shape[1]
+    out = []
+    for rows in row_counts:
+        x = torch.randn(rows, K, generator=gen)
+        variants = {"linlm int8": lambda: [q8_linear(x, q, s) for q, s in q8],
+                    "fbgemm int8": lambda: [torch.ops.quantized.linear_dynamic(x, p, True) for p in packed]}
+        times = {name: [] for name in variants}
+        for fn in variants.values():
+            fn()
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                t0 = clock()
+                fn()
+                times[name].append(clock() - t0)
+        row = {"rows": rows, **{f"{name} ms": 1e3 * statistics.median(t) / len(q8) for name, t in times.items()}}
+        row["linlm / fbgemm time"] = row["linlm int8 ms"] / row["fbgemm int8 ms"]
+        row["fbgemm pack ms"] = pack_ms
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":
