@@ -194,6 +194,10 @@ def test_int8_sums_are_exact_up_to_the_widest_input_the_kernel_takes():
     expect = torch.tensor([[127.0 * K, 0.0], [-127.0 * K, 0.0], [0.0, 0.0]], dtype=torch.float64)
     assert ((got - expect).abs() <= 4 * F32_EPS * 127.0 * K).all(), got
     assert got[0, 1] == 0 and got[1, 1] == 0 and got[2, 0] == 0
+    # more input rows than a decoding step's (up to Q8_MAX_ROWS in one call): the same sums, row by row
+    with torch.no_grad():
+        many = q8_linear(x.repeat(3, 1), q.repeat(3, 1), torch.ones(6)).double()
+    assert torch.equal(many, got.repeat(3, 3))
 
 
 @needs_kernel
