@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from linlm.layers.mamba import DT_MAX, DT_MIN
@@ -13,13 +14,14 @@ from linlm.models.lm import CausalLM
 from linlm.models.model_config import ModelConfig
 from linlm.models.registry import arch_names
 
-# Each architecture, then hybrids with attention (full and sliding-window).
-CONFIGS = [dict(arch=a) for a in arch_names()] + [dict(arch="hgrn2", attn_layers=[1]),
-                                                  dict(arch="mamba", attn_every=2, attn_window=8)]
+# Each architecture, then hybrids with attention (full and sliding-window): ModelConfig's fields.
+TINY = dict(d_model=64, n_layers=2, vocab_size=97, n_heads=4)
+CONFIGS = [{**TINY, **extra} for extra in [dict(arch=a) for a in arch_names()]
+           + [dict(arch="hgrn2", attn_layers=[1]), dict(arch="mamba", attn_every=2, attn_window=8)]]
 
 
 def _cfg(values: dict) -> ModelConfig:
-    return ModelConfig(**{**dict(d_model=64, n_layers=2, vocab_size=97, n_heads=4), **values})
+    return ModelConfig(**{**TINY, **values})
 
 
 # In a process of its own: whether anything imported torch._dynamo is a fact of the whole process.
@@ -31,7 +33,7 @@ from linlm.models.model_config import ModelConfig
 out = []
 for values in json.loads(sys.argv[1]):
     with meta_device():
-        model = CausalLM(ModelConfig(**{**dict(d_model=64, n_layers=2, vocab_size=97, n_heads=4), **values}))
+        model = CausalLM(ModelConfig(**values))
     out.append([values, all(t.is_meta for t in model.state_dict().values())])
 print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "sympy": "sympy" in sys.modules, "shells": out}))
 """
@@ -48,7 +50,18 @@ def test_shells_import_no_dynamo():
     assert not result["dynamo"] and not result["sympy"]
 
 
-def test_shell_matches_real_model():
+@pytest.mark.parametrize("default_dtype", [torch.float32, torch.float64])
+def test_shell_matches_real_model(default_dtype):
+    """Under either default dtype: values made without a dtype follow it, in the shell as in the real model."""
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(default_dtype)
+    try:
+        _compare_shells()
+    finally:
+        torch.set_default_dtype(was)
+
+
+def _compare_shells():
     for values in CONFIGS:
         cfg = _cfg(values)
         with meta_device():

@@ -44,7 +44,7 @@ class CosFormer2Mixer(TokenMixer):
         self.n_heads, self.head_dim, self.chunk_size = H, K, cfg.chunk_size
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         # One learnable frequency per channel, initialised 10000^(-2i/K) within each head.
-        self.theta = nn.Parameter(computed((H, K), lambda: frequencies(K).repeat(H, 1)))
+        self.theta = nn.Parameter(computed((H, K), lambda: frequencies(K).repeat(H, 1), dtype=torch.float32))
         self.gate = LowRankGate(d, K)
         self.norm = RMSNorm(d, cfg.norm_eps, weight=False)
         self.out = nn.Linear(d, d, bias=False)

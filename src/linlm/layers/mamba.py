@@ -68,7 +68,7 @@ def dt_weight_init_(weight: torch.Tensor, rank: int) -> torch.Tensor:
 def s4d_real_log(*lead: int, d_state: int) -> torch.Tensor:
     """A_log for the S4D-real init A[..., n] = -(n + 1), shape [*lead, d_state]."""
     return computed((*lead, d_state), lambda: torch.log(torch.arange(1, d_state + 1, dtype=torch.float32))
-                    .expand(*lead, d_state).clone())
+                    .expand(*lead, d_state).clone(), dtype=torch.float32)
 
 
 class ShortConv(nn.Module):

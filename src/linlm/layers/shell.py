@@ -15,7 +15,7 @@ tensor of their shape instead: any arithmetic on a meta tensor takes the same ro
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch.nn import init
@@ -40,11 +40,13 @@ class _SkipMetaFill(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def computed(shape: tuple[int, ...], values: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``values()``, a module's computed initial values of ``shape``; where tensors are made on the meta device, an
-    empty tensor of that shape (float32, as the values are) without computing anything."""
+def computed(shape: tuple[int, ...], values: Callable[[], torch.Tensor],
+             dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``values()``, a module's computed initial values of ``shape`` and ``dtype`` (None: torch's default dtype, as
+    for values made without naming one); where tensors are made on the meta device, an empty tensor of that shape
+    and dtype, without computing anything."""
     if torch.get_default_device().type == "meta":
-        return torch.empty(shape, dtype=torch.float32)
+        return torch.empty(shape, dtype=dtype)
     return values()
 
 
