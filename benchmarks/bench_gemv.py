@@ -1,6 +1,7 @@
-"""The matrix-vector products of a decoding step (linlm.ops.gemv_kernel) read from memory, at 1 to 8 input rows.
+"""The matrix-vector products of a decoding step (linlm.ops.gemv_kernel) read from memory, at 1 to 8 input rows,
+and the int8 kernel at more rows against fbgemm's GEMM.
 
-    python benchmarks/bench_gemv.py [--threads 1] [--rounds 9] [--mib 256]
+    python benchmarks/bench_gemv.py [--threads 1] [--rounds 9] [--mib 256] [--q8-rows 16,32,64]
 
 A decoding step reads every weight once, so what matters is the rate at which the products read weights that are
 not in any cache. Here the weights are several matrices, --mib in all (well past the last-level cache), used in
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -67,28 +69,17 @@ def main() -> None:
             if not (small_linear_takes(x, weights[0], None) and q8_linear_takes(x, *q8[0], None)):
                 raise SystemExit("linlm's decoding kernels are not available here (LINLM_SCAN_BACKEND=torch, or no "
                                  "C compiler): nothing to measure")
-            variants = {
-                "linlm fp32": (lambda: [small_linear(x, w) for w in weights], count * N * K * 4),
-                "torch fp32": (lambda: [F.linear(x, w) for w in weights], count * N * K * 4),
-                "linlm int8": (lambda: [q8_linear(x, q, s) for q, s in q8], 4 * count * N * K),
-            }
-            times = {name: [] for name in variants}
-            for name, (fn, _) in variants.items():
-                fn()  # warm-up
-            for _ in range(args.rounds):
-                for name, (fn, _) in variants.items():
-                    t0 = clock()
-                    fn()
-                    times[name].append(clock() - t0)
+            seconds = interleaved({"linlm fp32": lambda: [small_linear(x, w) for w in weights],
+                                   "torch fp32": lambda: [F.linear(x, w) for w in weights],
+                                   "linlm int8": lambda: [q8_linear(x, q, s) for q, s in q8]}, args.rounds, clock)
             row = {"rows": rows}
-            for name, (_, nbytes) in variants.items():
-                s = statistics.median(times[name])
-                matrices = 4 * count if "int8" in name else count
+            for name, s in seconds.items():
+                matrices, nbytes = (4 * count, 4 * count * N * K) if "int8" in name else (count, count * N * K * 4)
                 row[f"{name} ms"] = 1e3 * s / matrices
                 row[f"{name} GB/s"] = nbytes / s / 1e9
             row["linlm fp32 / torch"] = row["torch fp32 ms"] / row["linlm fp32 ms"]
             rows_out.append(row)
-        batched = int8_against_fbgemm(q8, q8_rows, args.rounds, clock, gen) if q8_rows else []
+        pack_ms, batched = int8_against_fbgemm(q8, q8_rows, args.rounds, clock, gen) if q8_rows else (None, [])
     form = gemv_kernel.q8_form()
     headers = list(rows_out[0])
     print(f"weights [{N}, {K}]: {count} float32 matrices ({count * N * K * 4 / 2**20:.0f} MiB) and {4 * count} int8 "
@@ -97,21 +88,36 @@ def main() -> None:
     print_table(headers, [[r[h] for h in headers] for r in rows_out])
     if batched:
         print(f"\nint8 at more rows: linlm's kernel (no copy of the weights) against fbgemm's GEMM on its packed copy "
-              f"(packing: {batched[0]['fbgemm pack ms']:.2f} ms per matrix, once); ms per matrix")
-        headers = [h for h in batched[0] if h != "fbgemm pack ms"]
+              f"(packing: {pack_ms:.2f} ms per matrix, once); ms per matrix")
+        headers = list(batched[0])
         print_table(headers, [[r[h] for h in headers] for r in batched])
     payload = {"meta": meta(), "shape": [N, K], "float32_matrices": count, "int8_form": form, "threads": args.threads,
-               "rounds": args.rounds, "read_gb_per_s": read, "results": rows_out, "int8_batched": batched}
+               "rounds": args.rounds, "read_gb_per_s": read, "results": rows_out, "int8_batched": batched,
+               "fbgemm_pack_ms": pack_ms}
     print(f"wrote {write_json('bench_gemv', payload)}")
 
 
-def int8_against_fbgemm(q8, row_counts, rounds, clock, gen) -> list[dict]:
-    """linlm's int8 kernel against fbgemm's dynamic GEMM (on packed copies made first, timed apart) per row count."""
+def interleaved(variants: dict, rounds: int, clock) -> dict[str, float]:
+    """Median seconds of each of ``variants`` (name: a call), one call of each per round, after one warm-up each."""
+    for fn in variants.values():
+        fn()
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = clock()
+            fn()
+            times[name].append(clock() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def int8_against_fbgemm(q8, row_counts, rounds, clock, gen) -> tuple[Optional[float], list[dict]]:
+    """(ms to pack one matrix for fbgemm, once; a row per row count): linlm's int8 kernel against fbgemm's dynamic
+    GEMM on the packed copies, made before the timing."""
     from linlm.models.quant import _pack, kernels_available
 
     if not kernels_available():
         print("fbgemm's int8 kernels are not in this torch build: the int8 table at more rows is left out")
-        return []
+        return None, []
     t0 = clock()
     packed = [_pack(q, s) for q, s in q8]
     pack_ms = 1e3 * (clock() - t0) / len(q8)
@@ -119,21 +125,13 @@ def int8_against_fbgemm(q8, row_counts, rounds, clock, gen) -> list[dict]:
     out = []
     for rows in row_counts:
         x = torch.randn(rows, K, generator=gen)
-        variants = {"linlm int8": lambda: [q8_linear(x, q, s) for q, s in q8],
-                    "fbgemm int8": lambda: [torch.ops.quantized.linear_dynamic(x, p, True) for p in packed]}
-        times = {name: [] for name in variants}
-        for fn in variants.values():
-            fn()
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                t0 = clock()
-                fn()
-                times[name].append(clock() - t0)
-        row = {"rows": rows, **{f"{name} ms": 1e3 * statistics.median(t) / len(q8) for name, t in times.items()}}
+        seconds = interleaved({"linlm int8": lambda: [q8_linear(x, q, s) for q, s in q8],
+                               "fbgemm int8": lambda: [torch.ops.quantized.linear_dynamic(x, p, True) for p in packed]},
+                              rounds, clock)
+        row = {"rows": rows, **{f"{name} ms": 1e3 * s / len(q8) for name, s in seconds.items()}}
         row["linlm / fbgemm time"] = row["linlm int8 ms"] / row["fbgemm int8 ms"]
-        row["fbgemm pack ms"] = pack_ms
         out.append(row)
-    return out
+    return pack_ms, out
 
 
 if __name__ == "__main__":

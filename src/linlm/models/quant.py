@@ -8,9 +8,9 @@ under ``<name>_scale`` (float32 [N]); config.json says ``"quantization": {"metho
 Compute, for inputs of at most ``DYNAMIC_ROWS`` (64) rows (decoding steps, batched or not, and a prefill's pieces,
 :func:`prefill_tokens`): linlm's int8 matrix-vector kernel (linlm.ops.gemv_kernel.q8_linear), which quantises each
 input row to int8 with a scale of its own (max |x| / 127), sums exactly in int32 and reads each 8-bit weight row once
-for all the rows. Where
-that kernel is not built, torch's fbgemm int8 GEMM (``torch.ops.quantized.linear_dynamic``; one input scale for all
-rows, 7-bit inputs as fbgemm needs on x86), its packed copy of the weight made on the first call. linlm's kernel
+for all the rows. Where that kernel is not built, torch's fbgemm int8 GEMM (``torch.ops.quantized.linear_dynamic``;
+one input scale for all rows, 7-bit inputs as fbgemm needs on x86), its packed copy of the weight made on the first
+call. linlm's kernel
 holds no such copy: on an AMD EPYC (Zen 5, 1 thread), for a Mamba of mamba-130m's shape, fbgemm's copies raised the
 resident set by 95-123 MiB and its packing made a 32-token prompt take 280-293 ms against 54-61 (a decoding step of
 32 sequences took 68-72 ms on fbgemm, 89-90 on linlm's kernel: fbgemm's GEMM sums faster, from its copy). Longer
@@ -42,8 +42,8 @@ from linlm.ops.gemv_kernel import Q8_MAX_ROWS, q8_linear, q8_linear_takes
 
 METHODS = ("int8",)
 SCALE = "_scale"
-# Inputs of at most this many rows (decoding steps, short prompts) go through int8 products; longer ones (a prefill,
-# the perplexity scorer) multiply by the dequantised weight: compute-bound, and exact in the activations.
+# Inputs of at most this many rows (decoding steps, a prefill's pieces) go through int8 products; longer ones (the
+# forward of the perplexity scorer, evaluation) multiply by the dequantised weight: exact in the activations.
 DYNAMIC_ROWS = Q8_MAX_ROWS
 DEQUANT_ROWS = 1024  # weight rows dequantised at a time for longer inputs
 
@@ -264,12 +264,13 @@ def quantized_shell(shell, quantization: dict):
 
 def prefill_tokens(model, batch: int) -> Optional[int]:
     """Tokens per prefill piece of a quantised model of ``batch`` prompts (None for a float model): as many as keep
-    each product within DYNAMIC_ROWS rows, so that a prefill's products are int8 products like a decoding step's
-    (each row quantised with a scale of its own), not the dequantised weight's float32 ones. On an AMD EPYC (Zen 5),
-    for an int8 Mamba of mamba-130m's shape, a prefill of 2,048 tokens in pieces of 64 against 256 tokens (the
-    float models' pieces): 1 thread 710-740 tokens/s against 470-485 and the peak resident set 36-44 MiB above the
-    model's against 130-144; 2 threads 1105-1160 tokens/s against 795-818. The model's forward (the perplexity
-    scorer, evaluation) keeps the dequantised weight, exact in the activations."""
+    each product within DYNAMIC_ROWS rows, so that a prefill's products are int8 products like a decoding step's (on
+    linlm's kernel each row quantised with a scale of its own), not the dequantised weight's float32 ones. On an AMD
+    EPYC (Zen 5), for an int8 Mamba of mamba-130m's shape, a prefill of 2,048 tokens in pieces of 64 against 256
+    tokens (the float models' pieces): 1 thread 710-740 tokens/s against 470-485 and the peak resident set 36-44 MiB
+    above the model's against 130-144; 2 threads 1105-1160 tokens/s against 795-818 (benchmarks/bench_llamacpp.py
+    prints the int8 prefill's tokens/s and peak memory). The model's forward (the
+    perplexity scorer, evaluation) keeps the dequantised weight, exact in the activations."""
     return max(1, DYNAMIC_ROWS // max(batch, 1)) if is_quantized(model) else None
 
 

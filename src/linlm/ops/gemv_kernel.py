@@ -1,5 +1,6 @@
 """The matrix-vector products of a decoding step on the compiled CPU kernel (``_gemv_kernel.c``, loaded by
-linlm.ops.kernel_library): y = x W^T (+ b) for inputs of at most ``GEMV_MAX_ROWS`` rows, without autograd.
+linlm.ops.kernel_library): y = x W^T (+ b) for inputs of at most ``GEMV_MAX_ROWS`` rows (the int8 kernel, for
+linlm.models.quant: ``Q8_MAX_ROWS``), without autograd.
 
 A batch-1 decoding step is bound by reading every weight once. torch computes a one-row ``F.linear`` as a general
 matrix product, which reads the weights below the machine's streaming rate; the kernel reads each weight row once
