@@ -14,28 +14,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.ops import kernel_library, kernel_threads
+from linlm.ops.kernel_entries import CONV_TB, ConvFwd
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
 __all__ = ["CONV_TB", "conv_silu"]
 
-CONV_TB = 128  # time steps per work item of the conv; must equal CONV_TB in the C source
 
-
-@entry_point("conv_fwd")
-class ConvFwd(EntryPoint):
-    """out = silu(conv(x) + bias); x's rows xs elements apart, every other buffer contiguous."""
-
-    x: Tensor
-    state: Tensor | None
-    wt: Tensor
-    bias: Tensor
-    since: Tensor | None
-    out: Tensor
-    Bt: int
-    T: int
-    C: int
-    K: int
-    xs: int
 
 
 @entry_point("conv_bwd", scratch="ring")

@@ -16,24 +16,12 @@ from torch.autograd.function import once_differentiable
 
 from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.grad import needs_grad
+from linlm.ops.kernel_entries import GATE_ROWS, SiluMulFwd
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
 __all__ = ["GATE_ROWS", "gate_takes", "glu_silu", "silu_mul"]
 
-GATE_ROWS = 16  # rows per work item of the gate; must equal GATE_ROWS in the C source
 
-
-@entry_point("silu_mul_fwd")
-class SiluMulFwd(EntryPoint):
-    """out = silu(g) * u over M rows of F values; g and u rows gs and us elements apart, out contiguous."""
-
-    g: Tensor
-    gs: int
-    u: Tensor
-    us: int
-    out: Tensor
-    M: int
-    F: int
 
 
 @entry_point("silu_mul_bwd")

@@ -19,53 +19,16 @@ import torch
 from torch import Tensor
 
 from linlm.ops import kernel_library, kernel_threads
-from linlm.ops.kernel_library import EntryPoint, entry_point
+from linlm.ops.kernel_entries import GEMV_ROWS, Q8_MAX_K, Q8_MAX_ROWS, GemvQ8, GemvRows
 
 __all__ = ["GEMV_MAX_ROWS", "Q8_MAX_K", "Q8_MAX_ROWS", "q8_form", "q8_linear", "q8_linear_takes", "small_linear",
            "small_linear_takes"]
 
-GEMV_ROWS = 64  # weight rows per work item; must equal GEMV_ROWS in _kernel_common.h
 GEMV_MAX_ROWS = 8  # inputs of more rows than this are a prefill's: torch's matrix product is the faster there
 # Smaller weights stay on F.linear: a call through ctypes costs about 8 us more than F.linear's, which is more than
 # the kernel saves below about 256 x 256 weights (1 thread, AMD EPYC, AVX2: 128 x 128 took 18.9 us against
 # F.linear's 11.2, 256 x 256 16.5 against 19.3, 768 x 768 57.9 against 67.8).
 GEMV_MIN_WEIGHTS = 1 << 16
-# The int8 kernel sums K products of at most 127^2 in int32: exact up to this many input features. Wider inputs go
-# to torch (no layer of a released model comes near it: 7B-class MLPs read 11,008 to 14,336).
-Q8_MAX_K = (2**31 - 1) // 127**2
-# Rows of x per call of the int8 kernel at most (Q8_MAX_ROWS in _gemv_kernel.c): decoding steps of up to 64
-# sequences and short prompts. Each weight row is read once and summed against every row of x, so that no packed
-# copy of the weights (fbgemm's GEMM needs one) is held beside them.
-Q8_MAX_ROWS = 64
-
-
-@entry_point("gemv_rows")
-class GemvRows(EntryPoint):
-    """y [R, N] from x [R, K], w [N, K] and b [N] (None: no bias)."""
-
-    x: Tensor
-    w: Tensor
-    b: Optional[Tensor]
-    y: Tensor
-    R: int
-    N: int
-    K: int
-
-
-@entry_point("gemv_q8", scratch="xq")
-class GemvQ8(EntryPoint):
-    """y [R, N] from x [R, K], int8 weights q [N, K] with row scales s [N] (float32) and b [N] (None: no bias);
-    xq: per thread, R K int8 values (x quantised)."""
-
-    x: Tensor
-    q: Tensor
-    s: Tensor
-    b: Optional[Tensor]
-    y: Tensor
-    xq: Tensor
-    R: int
-    N: int
-    K: int
 
 
 def small_linear_takes(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

@@ -46,12 +46,11 @@ import shutil
 import subprocess
 import tempfile
 import logging
+import sys
 import typing
 import warnings
 from ctypes import CDLL, c_double, c_int64, c_void_p
 from pathlib import Path
-
-import torch
 
 from linlm.errors import ConfigError
 
@@ -69,9 +68,18 @@ X86 = ("x86_64", "amd64", "i386", "i686")
 # second set, and the work items then go to Python threads.
 OPENMP_FLAGS = (("-fopenmp",), ("-fopenmp-simd",))
 BACKENDS = ("auto", "torch", "kernel")
-# The library's variant per activation dtype (see the C file's header): bfloat16 activations with float32 arithmetic.
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
-IO_DTYPES = tuple(_SUFFIX)
+# The library's variant per activation dtype, by the dtype's name (see the C file's header): bfloat16 activations
+# with float32 arithmetic. Keyed by name so that this module imports no torch: a process without it (linlm.infer.lean)
+# loads the library too, and names the variant by its suffix.
+_SUFFIX = {"torch.float32": "f32", "torch.float64": "f64", "torch.bfloat16": "bf16"}
+
+
+def __getattr__(name: str):
+    if name == "IO_DTYPES":  # the torch dtypes the kernels read and write, made on first use
+        import torch
+
+        return tuple(getattr(torch, key.split(".")[1]) for key in _SUFFIX)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tuning_flags() -> tuple[tuple[str, ...], ...]:
@@ -91,9 +99,11 @@ def backend() -> str:
     return name
 
 
-def compute_dtype(io: torch.dtype) -> torch.dtype:
-    """The dtype the kernels compute and accumulate in for activations of dtype ``io``: float64 for float64, else
-    float32 (bfloat16 activations are widened as they are read and rounded to nearest as they are written)."""
+def compute_dtype(io):
+    """The torch dtype the kernels compute and accumulate in for activations of dtype ``io``: float64 for float64,
+    else float32 (bfloat16 activations are widened as they are read and rounded to nearest as they are written)."""
+    import torch
+
     return torch.float64 if io == torch.float64 else torch.float32
 
 
@@ -199,7 +209,8 @@ def _first_line(error: Exception) -> str:
 def available() -> bool:
     """True when the ops should run on the compiled kernels (built now if need be). False while torch.export or
     torch.compile traces: the kernels are opaque to them, and the graph takes the pure-torch paths (same math)."""
-    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+    torch = sys.modules.get("torch")  # a process without torch traces nothing
+    if torch is not None and (torch.compiler.is_exporting() or torch.compiler.is_compiling()):
         return False
     if "LINLM_SCAN_BACKEND" not in os.environ:  # auto: the common case, on every kernel call, kept cheap
         return library() is not None
@@ -243,9 +254,9 @@ class EntryPoint:
         out = list(self._values(self))
         for i in self._pointers:
             if out[i] is not None:
-                out[i] = out[i].data_ptr()
+                out[i] = address(out[i])
         if thread and self.scratch is not None:
-            out[self._fields.index(self.scratch)] = getattr(self, self.scratch)[thread].data_ptr()
+            out[self._fields.index(self.scratch)] = address(getattr(self, self.scratch)[thread])
         return out
 
     def par_args(self) -> list:
@@ -254,8 +265,17 @@ class EntryPoint:
         out = self.c_args()
         if self.scratch is not None:
             pos = self._fields.index(self.scratch)
-            out.insert(pos + 1, getattr(self, self.scratch).stride(0))
+            rows = getattr(self, self.scratch)
+            out.insert(pos + 1, rows.stride(0) if hasattr(rows, "stride") else rows.strides[0] // rows.itemsize)
         return out
+
+
+def address(buffer) -> int:
+    """The address of a torch tensor's data, or of a numpy array's (a process without torch passes those)."""
+    try:
+        return buffer.data_ptr()
+    except AttributeError:
+        return buffer.ctypes.data
 
 
 _T = typing.TypeVar("_T")
@@ -269,9 +289,11 @@ def entry_point(c_name: str, *, scratch: str | None = None) -> typing.Callable[[
 
     def wrap(cls):
         cls = dataclasses.dataclass(kw_only=True, slots=True)(cls)
-        hints = typing.get_type_hints(cls)
+        # the annotations as written (names, not evaluated: a pointer field may be a Tensor or a numpy array)
+        hints = {k: getattr(v, "__name__", v) for base in reversed(cls.__mro__)
+                 for k, v in vars(base).get("__annotations__", {}).items()}
         names = tuple(f.name for f in dataclasses.fields(cls))
-        types = [c_int64 if hints[name] in (int, bool) else c_double if hints[name] is float else c_void_p
+        types = [c_int64 if hints[name] in ("int", "bool") else c_double if hints[name] == "float" else c_void_p
                  for name in names]
         if scratch is not None and scratch not in names:
             raise TypeError(f"{cls.__name__}: the scratch field {scratch!r} is not one of its fields")
@@ -285,9 +307,10 @@ def entry_point(c_name: str, *, scratch: str | None = None) -> typing.Callable[[
     return wrap
 
 
-def function(entry: type[EntryPoint], dtype: torch.dtype, parallel: bool = False):
-    """The library's C function for ``entry`` on activations of ``dtype`` (float32, float64 or bfloat16), its
-    argtypes set: NAME_SUFFIX, or NAME_par_SUFFIX with ``parallel`` (None when the library has no OpenMP)."""
+def function(entry: type[EntryPoint], dtype, parallel: bool = False):
+    """The library's C function for ``entry`` on activations of ``dtype`` (torch's float32, float64 or bfloat16, or
+    the variant's suffix: "f32", "f64", "bf16"), its argtypes set: NAME_SUFFIX, or NAME_par_SUFFIX with ``parallel``
+    (None when the library has no OpenMP)."""
     lib = library()
     key = (entry, dtype, parallel)
     fn = lib.functions.get(key)
@@ -295,7 +318,7 @@ def function(entry: type[EntryPoint], dtype: torch.dtype, parallel: bool = False
         if parallel and not lib.openmp:
             return None
         name = f"{entry.c_name}_par" if parallel else entry.c_name
-        fn = getattr(lib.cdll, f"{name}_{_SUFFIX[dtype]}")
+        fn = getattr(lib.cdll, f"{name}_{dtype if isinstance(dtype, str) else _SUFFIX[str(dtype)]}")
         fn.argtypes = entry.par_argtypes if parallel else entry.argtypes
         lib.functions[key] = fn
     return fn

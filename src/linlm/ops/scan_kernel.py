@@ -17,53 +17,15 @@ the states and their gradients are in the compute dtype (kernel_library.compute_
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from linlm.ops import kernel_library, kernel_threads
-from linlm.ops.kernel_library import EntryPoint, entry_point
+from linlm.ops.kernel_entries import CKPT, MAX_STATE, TILE, ScanFwd, ScanInputs
+from linlm.ops.kernel_library import entry_point
 
 __all__ = ["CKPT", "MAX_STATE", "TILE", "kernel_scan"]
-
-TILE = 64  # channels per work item; must equal TILE in the C source
-CKPT = 64  # steps between saved states (the backward's segment length)
-MAX_STATE = 64  # largest d_state the kernel takes: its per-item arrays (6 x N x TILE values) live on the stack
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class ScanInputs(EntryPoint):
-    """What both entry points take first, in this order: the scan's inputs (A and D shared by the batch rows where
-    their batch stride is 0; reset and lengths may be None) and its sizes (K: steps between checkpoints)."""
-
-    u: Tensor
-    dt: Tensor
-    A: Tensor
-    a_bstride: int
-    Bm: Tensor
-    Cm: Tensor
-    D: Tensor | None
-    d_bstride: int
-    reset: Tensor | None
-    lengths: Tensor | None
-    dt_sp: int
-    Bt: int
-    T: int
-    Din: int
-    N: int
-    K: int
-
-
-@entry_point("scan_fwd")
-class ScanFwd(ScanInputs):
-    """The forward: y (with the D skip), the final state, and the state every K steps (ckpt; None: not kept)."""
-
-    init: Tensor | None
-    y: Tensor
-    final: Tensor
-    ckpt: Tensor | None
 
 
 @entry_point("scan_bwd", scratch="work")

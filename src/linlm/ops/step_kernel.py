@@ -18,6 +18,7 @@ from torch import Tensor
 
 from linlm.ops import kernel_library, kernel_threads
 from linlm.ops.gemv_kernel import GEMV_MAX_ROWS, Q8_MAX_K
+from linlm.ops.kernel_entries import STEP_FIELDS, MambaModelStep
 from linlm.ops.kernel_library import EntryPoint, entry_point
 
 __all__ = ["STEP_CH", "RMS_MAX_ROWS", "STEP_FIELDS", "conv_step", "conv_step_takes", "mamba_mixer_step",
@@ -106,31 +107,6 @@ class MambaMixerStep(EntryPoint):
     N: int
     R: int
     K: int
-
-
-@entry_point("mamba_model_step", scratch="xq")
-class MambaModelStep(EntryPoint):
-    """A Mamba language model's step after its embeddings: h [Bt, d] (the residual stream, updated in place), the
-    layers' tensors as a table of addresses tab [L, STEP_FIELDS], the final norm's weight, the head (int8 with
-    sc_head, else float32) and logits [Bt, V]; work [Bt (2 d + 4 Din + R + 2N)] and xq (per thread) are scratch."""
-
-    h: Tensor
-    tab: Tensor
-    L: int
-    final_w: Optional[Tensor]
-    w_head: Tensor
-    sc_head: Optional[Tensor]
-    work: Tensor
-    xq: Tensor
-    logits: Tensor
-    Bt: int
-    d: int
-    Din: int
-    N: int
-    R: int
-    K: int
-    V: int
-    eps: float
 
 
 @entry_point("rms_rows")
@@ -286,11 +262,6 @@ def mamba_mixer_step(x: Tensor, in_proj: Projection, conv_state: Tensor, conv_w:
                           Bt=Bt, d=d, Din=Din, N=N, R=R, K=K)
     _run_team(call, par, threads)
     return out, new_conv, new_state
-
-
-# The columns of mamba_model_step's layer table (STEP_F_* in the C source): each layer's tensors, by address
-STEP_FIELDS = ("norm", "w_in", "sc_in", "b_in", "conv_w", "conv_b", "w_x", "sc_x", "b_x", "dt_w", "dt_b", "A", "D",
-               "w_out", "sc_out", "b_out", "st", "ss", "s", "new_st", "s_out")
 
 
 def mamba_model_step(h: Tensor, layers: list[tuple], final_w: Optional[Tensor], head: Projection, eps: float,
