@@ -11,7 +11,6 @@ Saving never removes what linlm did not write (:func:`save_model`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,21 +22,10 @@ from safetensors.torch import load_file, save_file
 from linlm.errors import CheckpointError, ConfigError, LinlmError
 from linlm import outputs
 from linlm.io_utils import sha256_file
+# the on-disk names and checks, read without torch (also by linlm.infer.lean); re-exported for the callers here
+from linlm.models.files import (CONFIG, FORMAT, FORMAT_VERSION, ITEMSIZE, MODEL_FILES, WEIGHTS,  # noqa: F401
+                                config_checksum, foreign_layout, read_meta, tensor_layout)
 from linlm.models.model_config import ModelConfig
-
-FORMAT = "linlm-model"
-# 1: weights_sha256 only. 2: config_sha256 as well (required from version 2 on).
-FORMAT_VERSION = 2
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-# The files a saved model directory consists of: the only ones save_model(overwrite=True) replaces.
-MODEL_FILES = (WEIGHTS, CONFIG)
-
-
-def config_checksum(config: Mapping[str, Any]) -> str:
-    """sha256 of the config's canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(dict(config), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def write_model_files(directory: Path, state_dict: Mapping[str, torch.Tensor], config: Mapping[str, Any],
@@ -129,45 +117,13 @@ def save_model(model, path, *, overwrite: bool = False, files: tuple[Path, ...] 
     return path
 
 
-def foreign_layout(meta: Mapping[str, Any]) -> str:
-    """What checkpoint of another library a config.json describes ("a transformers 'mamba' checkpoint", "a mamba_ssm
-    checkpoint"), or "" when it is none of them."""
-    if "model_type" in meta and not str(meta["model_type"]).startswith("linlm"):
-        return f"a transformers {meta['model_type']!r} checkpoint"
-    if {"d_model", "n_layer", "vocab_size"} <= set(meta):
-        return "a mamba_ssm checkpoint"
-    return ""
-
-
 def read_config(path) -> tuple[ModelConfig, dict]:
     """(ModelConfig, the whole config.json) of a saved model directory, its config checksum verified."""
-    path = Path(path)
-    cfg_file = path / CONFIG
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{path}: no {CONFIG} found; expected a directory written by model.save()")
+    meta = read_meta(path)
     try:
-        meta = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({e}); the checkpoint is corrupt, save it again") from None
-    if isinstance(meta, dict) and meta.get("format") != FORMAT and foreign_layout(meta):
-        raise CheckpointError(f"{cfg_file}: describes {foreign_layout(meta)}, not a linlm model; convert it first: "
-                              f"linlm convert {path} --out DIR (or linlm.convert in Python), then load DIR")
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{cfg_file}: not a linlm model config (missing format={FORMAT!r})")
-    config = meta.get("config", {})
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{cfg_file}: 'config' is not a mapping; the file is corrupt, save the model again")
-    want = meta.get("config_sha256")
-    if want is None and meta.get("format_version", 1) >= 2:
-        raise CheckpointError(f"{cfg_file}: config_sha256 is missing; the file was edited or is corrupt, "
-                              f"restore it or save the model again")
-    if want is not None and config_checksum(config) != want:
-        raise CheckpointError(f"{cfg_file}: the model config does not match its config_sha256 (edited or corrupt); "
-                              f"restore the file, or build the model you want and save it again")
-    try:
-        return ModelConfig.from_saved(config), meta
+        return ModelConfig.from_saved(meta.get("config", {})), meta
     except ConfigError as e:
-        raise CheckpointError(f"{cfg_file}: invalid model config: {e}") from None
+        raise CheckpointError(f"{Path(path) / CONFIG}: invalid model config: {e}") from None
 
 
 def load_weights(path, expected: dict[str, torch.Tensor], checksum: str | None) -> dict[str, torch.Tensor]:
@@ -194,37 +150,13 @@ def _mapped_tensors(wfile: Path) -> dict[str, torch.Tensor] | None:
     """The tensors of a safetensors file as views of one private memory map of it (copy on write: the file is never
     changed), so that loading holds each weight once: safetensors' ``load_file`` copies out of its own map, and the
     map's pages count in the resident set beside the copies until it is closed, twice the weights at the peak.
-    The layout is safetensors' own: an 8-byte little-endian header length, a JSON header of name -> dtype, shape and
-    byte range, then the data. None when the file is anything else (``load_file`` then says what is wrong)."""
-    size = wfile.stat().st_size
-    with open(wfile, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return None
-        n = int.from_bytes(head, "little")
-        if n > size - 8:
-            return None
-        try:
-            header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError):
-            return None
-    storage = torch.UntypedStorage.from_file(str(wfile), shared=False, nbytes=size)
-    start, out = 8 + n, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(info.get("dtype")) if isinstance(info, dict) else None
-        if dtype is None:
-            return None
-        shape, (lo, hi) = list(info["shape"]), info["data_offsets"]
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        numel = 1
-        for d in shape:
-            numel *= d
-        if hi - lo != numel * itemsize or start + hi > size or (start + lo) % itemsize:
-            return None
-        out[name] = torch.empty(0, dtype=dtype).set_(storage, (start + lo) // itemsize, shape)
-    return out
+    None when the file is not one files.tensor_layout reads (``load_file`` then says what is wrong)."""
+    layout = tensor_layout(wfile)
+    if layout is None:
+        return None
+    storage = torch.UntypedStorage.from_file(str(wfile), shared=False, nbytes=wfile.stat().st_size)
+    return {name: torch.empty(0, dtype=_DTYPES[dtype]).set_(storage, offset // ITEMSIZE[dtype], shape)
+            for name, (dtype, shape, offset) in layout.items()}
 
 
 def check_tensors(where, tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
