@@ -1,0 +1,136 @@
+"""Lean decoding (linlm.infer.lean): a saved Mamba decoded on the C kernels with numpy, no torch in the process. It
+must give linlm's own logits (prefill across pieces, then steps; float32 and int8, one and two threads), never import
+torch, never change the model's file, and refuse what it does not run with one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import linlm
+from linlm.errors import CheckpointError, ConfigError
+from linlm.infer import lean
+from linlm.io_utils import sha256_file
+from linlm.models.quant import quantize_model
+from linlm.ops import kernel_library
+
+pytestmark = pytest.mark.skipif(not kernel_library.available(), reason="the C kernels are not built")
+
+STEPS = (5, 7, 9, 300)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny Mamba (d 64, 2 layers, vocab 512, d_state 16) saved in float32 and in int8."""
+    torch.manual_seed(0)
+    model = linlm.create_model("mamba", preset="tiny").eval()
+    root = tmp_path_factory.mktemp("lean")
+    model.save(root / "fp32")
+    quantize_model(model)
+    model.save(root / "int8")
+    return root
+
+
+def _reference(path, ids, steps):
+    """linlm's own logits: the model's prefill of ids, then a step for each token of steps."""
+    model = linlm.load(path).eval()
+    with torch.no_grad():
+        logits, state = model.prefill(torch.tensor([ids]))
+        out = [logits[0]]
+        for t in steps:
+            logits, state = model.step(torch.tensor([t]), state)
+            out.append(logits[0])
+    return torch.stack(out).numpy()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_prefill_and_steps_equal_linlms_own(saved, precision, threads):
+    """A prompt longer than a prefill piece (float32 pieces of FLOAT_PIECE tokens, int8 pieces of 64), then steps:
+    the logits linlm's model gives, to float32 rounding."""
+    ids = np.random.default_rng(1).integers(0, 512, lean.FLOAT_PIECE + 50).tolist()
+    engine = lean.LeanMamba(saved / precision, threads=threads)
+    got = [engine.prefill(ids).copy()] + [engine.step(t).copy() for t in STEPS]
+    assert engine.position == len(ids) + len(STEPS)
+    np.testing.assert_allclose(np.stack(got), _reference(saved / precision, ids, STEPS), rtol=0, atol=2e-5)
+
+
+def test_a_prompt_in_parts_and_short_pieces_equal_one_prefill(saved):
+    """prefill continues the state: a prompt given in parts (one of them shorter than the conv's window) ends where
+    the whole prompt does; reset starts afresh."""
+    ids = np.random.default_rng(2).integers(0, 512, 40).tolist()
+    engine = lean.LeanMamba(saved / "fp32")
+    whole = engine.prefill(ids).copy()
+    engine.reset()
+    engine.prefill(ids[:30])
+    engine.prefill(ids[30:32])
+    parts = engine.prefill(ids[32:]).copy()
+    np.testing.assert_allclose(parts, whole, rtol=0, atol=1e-5)
+    assert engine.state_nbytes() == 2 * (3 * 128 + 128 * 16) * 4  # 2 layers: conv window and scan state, float32
+
+
+def test_generate_is_greedy_from_a_fresh_state(saved):
+    ids = [3, 1, 4, 1, 5]
+    engine = lean.LeanMamba(saved / "fp32")
+    engine.prefill([7, 7, 7])  # an earlier sequence: generate starts afresh
+    out = engine.generate(ids, 6)
+    ref, model = [], linlm.load(saved / "fp32").eval()
+    with torch.no_grad():
+        logits, state = model.prefill(torch.tensor([ids]))
+        for _ in range(6):
+            ref.append(int(logits[0].argmax()))
+            logits, state = model.step(torch.tensor([ref[-1]]), state)
+    assert out == ref
+    assert engine.generate(ids, 6, stop=ref[2]) == ref[:ref.index(ref[2]) + 1]  # up to and with the stop id
+    assert engine.generate(ids, 0) == []
+
+
+def test_the_process_never_imports_torch_nor_changes_the_file(saved):
+    code = ("import sys, json; from linlm.infer.lean import LeanMamba\n"
+            f"e = LeanMamba({str(saved / 'int8')!r}, threads=2)\n"
+            "ids = e.generate(list(range(1, 80)), 5)\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'ids': ids}))\n")
+    before = sha256_file(saved / "int8" / "model.safetensors")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["torch"] is False and len(result["ids"]) == 5
+    assert sha256_file(saved / "int8" / "model.safetensors") == before
+
+
+def test_refuses_other_models_and_bad_input(saved, tmp_path):
+    linlm.create_model("hgrn2", preset="tiny").save(tmp_path / "hgrn2")
+    with pytest.raises(ConfigError, match="plain Mamba models; this is a 'hgrn2' model"):
+        lean.LeanMamba(tmp_path / "hgrn2")
+    linlm.create_model("mamba", preset="tiny", attn_every=2).save(tmp_path / "hybrid")
+    with pytest.raises(ConfigError, match="no attention layers"):
+        lean.LeanMamba(tmp_path / "hybrid")
+    with pytest.raises(ConfigError, match="threads must be a positive integer"):
+        lean.LeanMamba(saved / "fp32", threads=0)
+    engine = lean.LeanMamba(saved / "fp32")
+    with pytest.raises(ConfigError, match=r"must lie in \[0, 512\)"):
+        engine.step(512)
+    with pytest.raises(ConfigError, match="non-empty sequence of integers"):
+        engine.prefill([])
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        engine.generate([1], -1)
+
+
+def test_refuses_changed_weights_and_switched_off_kernels(saved, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(saved / "fp32", tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        lean.LeanMamba(tmp_path / "m")
+    monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
+    with pytest.raises(ConfigError, match="LINLM_SCAN_BACKEND=torch"):
+        lean.LeanMamba(saved / "fp32")
