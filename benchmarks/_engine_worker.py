@@ -1,5 +1,6 @@
 """One engine's measurements for benchmarks/bench_llamacpp.py, in a process of its own (its peak resident set is the
 engine's alone): ``python _engine_worker.py linlm MODEL_DIR ...`` under linlm's environment, or
+``python _engine_worker.py lean MODEL_DIR ...`` (linlm.infer.lean: no torch in the process) or
 ``python _engine_worker.py llamacpp MODEL.gguf ...`` under llama.cpp's (benchmarks/_llamacpp_env.py). Prints one
 JSON object on its last line of output.
 
@@ -28,6 +29,7 @@ import argparse
 import json
 import resource
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -97,6 +99,27 @@ class LinlmEngine:
     def batch_step(self, tokens: list[int]) -> list[int]:
         logits, self.state = self.model.step(self.torch.tensor(tokens), self.state)
         return logits.argmax(-1).tolist()
+
+
+class LeanEngine:
+    """linlm's lean decoding (linlm.infer.lean.LeanMamba) of the same saved model: the C kernels with numpy around
+    them, no torch in the process (the worker reports whether it was imported)."""
+
+    def __init__(self, path: str, threads: int):
+        from linlm.infer.lean import LeanMamba
+
+        self.engine = LeanMamba(path, threads=threads)
+        self.vocab = self.engine.sizes["V"]
+
+    def prefill(self, ids: list[int]) -> int:
+        self.engine.reset()
+        return int(np.argmax(self.engine.prefill(ids)))
+
+    def step(self, token: int) -> int:
+        return int(np.argmax(self.engine.step(token)))
+
+    def state_bytes(self):
+        return self.engine.state_nbytes()
 
 
 class LlamaCppEngine:
@@ -276,7 +299,7 @@ def profile_step(engine: LinlmEngine, cpu: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("engine", choices=["linlm", "llamacpp"])
+    ap.add_argument("engine", choices=["linlm", "lean", "llamacpp"])
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--contexts", default="128,2048")
@@ -304,6 +327,8 @@ def main() -> None:
     clock = Clock()
     if args.engine == "linlm":
         engine = LinlmEngine(args.model, args.threads, args.compile)
+    elif args.engine == "lean":
+        engine = LeanEngine(args.model, args.threads)
     else:
         engine = LlamaCppEngine(args.model, args.threads, n_ctx=max(contexts) + args.decode_tokens + 8)
     load_wall, load_cpu = clock.stop()
@@ -330,6 +355,7 @@ def main() -> None:
             "state_bytes": engine.state_bytes(),
         }
     out["peak_rss_bytes"] = peak_rss()
+    out["torch_imported"] = "torch" in sys.modules
     if args.engine == "linlm":
         out["compile_s"] = engine.compile_s
         if args.profile_step:

@@ -23,7 +23,11 @@
    none of linlm's decoding kernels (linlm.ops.gemv_kernel, linlm.ops.step_kernel): what they gain, in the same run.
 7. ``--hgrn2``: linlm's HGRN2 at the same shape (random weights) through the same protocol, for the
    constant-memory claim: decode latency and state size after each context.
-8. Batched decoding (``--batches``, default 8 and 32; ``--batches ''`` leaves it out): in the same worker processes
+8. Lean decoding (leave it out with ``--no-lean``): linlm's fp32 and int8 models once more through
+   linlm.infer.lean, the C kernels with numpy around them in a process that never imports torch (the worker
+   reports that it did not), as the variants ``linlm-fp32-lean`` and ``linlm-int8-lean``: what a decoding process
+   without torch's 220 MiB holds, against llama.cpp's.
+9. Batched decoding (``--batches``, default 8 and 32; ``--batches ''`` leaves it out): in the same worker processes
    as above, after their peak RSS is read, linlm's fp32 and int8 models and llama.cpp's F32 and Q8_0 decode B
    sequences at once (each after its own prompt), and the aggregate decode tokens/s is reported per engine, with
    linlm's over llama.cpp's. llama.cpp runs them as parallel sequences of one context (``n_seq_max`` = B, a batch of
@@ -194,6 +198,8 @@ def main() -> None:
     ap.add_argument("--torch-step", action="store_true",
                     help="also run linlm's fp32 model with its eager step on torch's ops alone, none of linlm's "
                          "decoding kernels (linlm-fp32-torchstep): what they gain, in the same run")
+    ap.add_argument("--no-lean", dest="lean", action="store_false",
+                    help="leave out linlm's lean decoding (linlm.infer.lean: the kernels without torch)")
     ap.add_argument("--batches", default="8,32", help="batched decoding at these batch sizes ('' for none)")
     ap.add_argument("--name", default="bench_llamacpp")
     args = ap.parse_args()
@@ -216,7 +222,7 @@ def main() -> None:
     # Bytes of weights by model file or directory name (a compiled variant reads its model's)
     weights = {p.name: sum(f.stat().st_size for f in (p.glob("*.safetensors") if p.is_dir() else [p]))
                for p in paths.values()}
-    pythons = {"linlm": Path(sys.executable), "llamacpp": env.python}
+    pythons = {"linlm": Path(sys.executable), "lean": Path(sys.executable), "llamacpp": env.python}
     # variant -> (engine, model, worker options): the compiled variants decode the same model through compile_step
     variants = {v: (v.split("-")[0], paths[v], ()) for v in paths}
     groups = [["linlm-fp32", "llamacpp-f32"], ["linlm-int8", "llamacpp-q8_0"]]
@@ -225,6 +231,10 @@ def main() -> None:
             v = group[0]
             variants[f"{v}-compiled"] = ("linlm", paths[v], ("--compile",))
             group.insert(1, f"{v}-compiled")
+    if args.lean:  # the same models through linlm.infer.lean, in processes without torch
+        for group in groups:
+            variants[f"{group[0]}-lean"] = ("lean", paths[group[0]], ())
+            group.insert(1, f"{group[0]}-lean")
     if args.torch_step:
         variants["linlm-fp32-torchstep"] = ("linlm", paths["linlm-fp32"], ("--torch-step",))
         groups[0].insert(1, "linlm-fp32-torchstep")
