@@ -300,6 +300,12 @@ def render_llamacpp(data: dict, path: Path) -> list[str]:
             f"{' (batched decoding below)' if data.get('batched') else ''}; {data.get('rounds')} rounds, engines "
             "alternating, each run a process of its own; medians over rounds. At 1 thread the process CPU clock, at "
             "more the wall clock. Peak RSS is the process's VmHWM (the interpreter and runtime included).", ""]
+    lean = {k: rs for k, rs in data.get("runs", {}).items() if k.split("@")[0].endswith("-lean")}
+    if lean:
+        clean = all(r.get("torch_imported") is False for rs in lean.values() for r in rs)
+        out += ["A `-lean` variant decodes linlm's model of that precision through `linlm.infer.lean` (the C kernels "
+                "with numpy around them), in a process that " + ("never imported torch (each of its runs reported so)."
+                                                                  if clean else "imported torch in some run."), ""]
     out += ["## Per engine", ""]
     out += table(["variant@threads", *[f"decode ms after {n}" for n in contexts],
                   f"prefill tok/s at {contexts[-1] if contexts else ''}", "peak RSS MiB", "bandwidth floor ms",

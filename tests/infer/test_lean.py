@@ -51,9 +51,9 @@ def _reference(path, ids, steps):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_prefill_and_steps_equal_linlms_own(saved, precision, threads):
-    """A prompt longer than a prefill piece (float32 pieces of FLOAT_PIECE tokens, int8 pieces of 64), then steps:
-    the logits linlm's model gives, to float32 rounding."""
-    ids = np.random.default_rng(1).integers(0, 512, lean.FLOAT_PIECE + 50).tolist()
+    """A prompt longer than a prefill piece (PIECE tokens; the int8 products take 64 rows a call), then steps: the
+    logits linlm's model gives, to float32 rounding."""
+    ids = np.random.default_rng(1).integers(0, 512, lean.PIECE + 50).tolist()
     engine = lean.LeanMamba(saved / precision, threads=threads)
     got = [engine.prefill(ids).copy()] + [engine.step(t).copy() for t in STEPS]
     assert engine.position == len(ids) + len(STEPS)

@@ -8,10 +8,15 @@ decodes a Mamba runs every step in one call of the kernel library's ``mamba_mode
 - the model's files are read with linlm.models.files (config checksum, optionally the weights' sha256, the
   safetensors layout), and the weights are views of one private memory map of the file, as linlm.load holds them;
 - a step is one call of ``mamba_model_step`` (batch 1), its state in two preallocated buffers used in turn;
-- a prefill runs layer by layer in pieces of tokens: the RMSNorms in numpy, the float32 projections as numpy
+- a prefill runs layer by layer in pieces of PIECE tokens: the RMSNorms in numpy, the float32 projections as numpy
   matrix products (BLAS, at ``threads`` threads), the int8 ones on linlm's int8 kernel (``gemv_q8``, Q8_MAX_ROWS
-  tokens a piece, as linlm.models.quant.prefill_tokens does), the causal conv, the scan and the gate on the kernels
+  rows a call, as linlm.models.quant.prefill_tokens does), the causal conv, the scan and the gate on the kernels
   that linlm's forward runs them on (``conv_fwd``, ``scan_fwd`` from the state and to the state, ``silu_mul_fwd``).
+
+Constructing one applies linlm's allocator settings to the process (linlm.runtime.tune_allocator, as linlm's
+commands do; ``LINLM_ALLOCATOR=system`` keeps glibc's): without them every piece's fresh activations were new pages
+to fault in, and a prefill of 2,048 tokens at 2 threads ran at 863-893 tokens/s against 1,210-1,255 (int8) and
+821-832 against 998-1,002 (float32, in pieces of 1,024; AMD EPYC Zen 5, mamba-130m's shape).
 
 It computes what linlm's model computes for such a model (the tests check the logits of prefill and steps against
 ``model.prefill`` and ``model.step``, float32 and int8), for what the one-call step takes: arch "mamba" with RMSNorm
@@ -37,14 +42,19 @@ from linlm.errors import CheckpointError, ConfigError
 from linlm.io_utils import sha256_file
 from linlm.models.files import WEIGHTS, read_meta, tensor_layout
 from linlm.ops import kernel_library
+from linlm.runtime import tune_allocator
 from linlm.ops.kernel_entries import (CKPT, CONV_TB, GATE_ROWS, GEMV_ROWS, MAX_STATE, Q8_MAX_K, Q8_MAX_ROWS,
                                       STEP_FIELDS, TILE, ConvFwd, GemvQ8, MambaModelStep, ScanFwd, SiluMulFwd)
 
-__all__ = ["FLOAT_PIECE", "LeanMamba"]
+__all__ = ["PIECE", "LeanMamba"]
 
-# Tokens per prefill piece with float32 weights (int8 ones: Q8_MAX_ROWS): long enough for the matrix products to
-# run at BLAS speed, short enough that a piece's activations stay a few MiB beside the weights.
-FLOAT_PIECE = 256
+# Tokens per prefill piece: a piece's activations (about 40 KiB a token at mamba-130m's shape) are what a prefill
+# holds beside the weights. Longer pieces gained little once the allocator keeps freed pages (tune_allocator): AMD
+# EPYC Zen 5, that shape, 2,048 tokens, float32 at 2 threads 932-957 tokens/s in pieces of 256, 976-997 of 512,
+# 990-1,049 of 1,024, peak resident set 509, 520 and 544 MB; int8 at 2 threads 1,208-1,241 in pieces of 64,
+# 1,262-1,331 of 128, 1,195-1,228 of 256 (its products take Q8_MAX_ROWS rows a call of the int8 kernel whatever the
+# piece).
+PIECE = 256
 _NUMPY = {"F32": np.float32, "I8": np.int8}
 _MIXER = ("dt_weight", "dt_bias", "A_log", "D", "in_proj.weight", "conv.weight", "x_proj.weight", "out_proj.weight")
 
@@ -60,6 +70,7 @@ class LeanMamba:
             raise ConfigError("lean decoding runs on linlm's C kernels, which are switched off "
                               "(LINLM_SCAN_BACKEND=torch) or could not be built (no C compiler); unset the variable "
                               "or install gcc, or decode with linlm generate")
+        tune_allocator()  # the process's allocator settings, as linlm's commands take them (see its docstring)
         self.path, self.threads = Path(path), threads
         self._kernel_threads = threads
         meta = read_meta(self.path)
@@ -256,16 +267,16 @@ class LeanMamba:
         waiting actively for a while after a call, so that running both on the same cores slows both. With float32
         weights the projections, most of the work, run at ``threads`` BLAS threads and the kernels between them on
         one; with int8 weights the kernels (the products among them) run at ``threads`` and BLAS (the small dt
-        product) on one. AMD EPYC Zen 5, 2 threads, mamba-130m's shape, 2,048 tokens: float32 684-713 tokens/s
-        this way, 323 with both pools at 2 threads, 445 with BLAS at 1; int8 1,087 this way, 184 with both at 2."""
+        product) on one. AMD EPYC Zen 5, 2 threads, mamba-130m's shape, 2,048 tokens (before the allocator
+        settings): float32 684-713 tokens/s this way, 323 with both pools at 2 threads, 445 with BLAS at 1; int8
+        1,087 this way, 184 with both at 2."""
         ids = self._ids(ids)
-        piece = Q8_MAX_ROWS if self._int8 else FLOAT_PIECE  # the int8 kernel takes at most Q8_MAX_ROWS rows
         blas = 1 if self._int8 else self.threads
         self._kernel_threads = self.threads if blas == 1 else 1
         try:
             with threadpool_limits(limits=blas, user_api="blas"):
-                for start in range(0, len(ids), piece):
-                    h = self._embed(ids[start:start + piece])
+                for start in range(0, len(ids), PIECE):
+                    h = self._embed(ids[start:start + PIECE])
                     for i, lay in enumerate(self.layers):
                         h += self._mixer(h, i, lay)
                     self._parity = 1 - self._parity
@@ -297,7 +308,8 @@ class LeanMamba:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(self.eps)) * w
 
     def _product(self, x: np.ndarray, proj) -> np.ndarray:
-        """x [M, K] (W)^T for a projection (float32 weight, None) or (int8 weight, row scales)."""
+        """x [M, K] (W)^T for a projection (float32 weight, None) or (int8 weight, row scales): the int8 kernel
+        takes Q8_MAX_ROWS rows of x a call, each weight row summed against all of them."""
         w, sc = proj
         if sc is None:
             return x @ w.T
@@ -305,8 +317,11 @@ class LeanMamba:
         (M, Kf), Nw = x.shape, w.shape[0]
         y = np.empty((M, Nw), np.float32)
         items = -(-Nw // GEMV_ROWS)
-        xq = np.empty((max(1, min(self.threads, items)), M * Kf), np.int8)
-        self._runner(GemvQ8, GemvQ8(x=x, q=w, s=sc, b=None, y=y, xq=xq, R=M, N=Nw, K=Kf), items)()
+        xq = np.empty((max(1, min(self._kernel_threads, items)), min(M, Q8_MAX_ROWS) * Kf), np.int8)
+        for r0 in range(0, M, Q8_MAX_ROWS):
+            r1 = min(M, r0 + Q8_MAX_ROWS)
+            call = GemvQ8(x=x[r0:r1], q=w, s=sc, b=None, y=y[r0:r1], xq=xq, R=r1 - r0, N=Nw, K=Kf)
+            self._runner(GemvQ8, call, items)()
         return y
 
     def _mixer(self, h: np.ndarray, i: int, lay: dict) -> np.ndarray:
