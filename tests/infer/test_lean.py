@@ -110,8 +110,9 @@ def test_refuses_other_models_and_bad_input(saved, tmp_path):
     linlm.create_model("mamba", preset="tiny", attn_every=2).save(tmp_path / "hybrid")
     with pytest.raises(ConfigError, match="no attention layers"):
         lean.LeanMamba(tmp_path / "hybrid")
-    with pytest.raises(ConfigError, match="threads must be a positive integer"):
-        lean.LeanMamba(saved / "fp32", threads=0)
+    for threads in (0, True, 1.0):
+        with pytest.raises(ConfigError, match="threads must be a positive integer"):
+            lean.LeanMamba(saved / "fp32", threads=threads)
     engine = lean.LeanMamba(saved / "fp32")
     with pytest.raises(ConfigError, match=r"must lie in \[0, 512\)"):
         engine.step(512)

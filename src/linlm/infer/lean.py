@@ -64,7 +64,7 @@ class LeanMamba:
     docstring. One sequence; :meth:`prefill` and :meth:`step` carry its state, :meth:`reset` starts a new one."""
 
     def __init__(self, path, *, threads: int = 1, verify: bool = True):
-        if not isinstance(threads, int) or threads < 1:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ConfigError(f"threads must be a positive integer, got {threads!r}")
         if kernel_library.backend() == "torch" or kernel_library.library() is None:
             raise ConfigError("lean decoding runs on linlm's C kernels, which are switched off "
@@ -83,7 +83,7 @@ class LeanMamba:
             raise CheckpointError(f"{wfile}: checksum mismatch (truncated or modified file); restore it or save again")
         self._tensors = self._map(wfile)
         self.eps = float(cfg["norm_eps"])
-        self._read_weights(int(cfg["n_layers"]))
+        self._read_weights(cfg["n_layers"])
         self._allocate()
         self.reset()
 
@@ -98,6 +98,10 @@ class LeanMamba:
             raise ConfigError(f"{where}: lean decoding runs Mamba blocks with RMSNorm and no attention layers; this "
                               f"model has norm_type={cfg.get('norm_type')!r}, attn_layers={cfg.get('attn_layers')!r}, "
                               f"attn_every={cfg.get('attn_every')!r}: decode it with linlm generate")
+        for key, kind in (("n_layers", int), ("norm_eps", float)):
+            if isinstance(cfg.get(key), bool) or not isinstance(cfg.get(key), (int, float) if kind is float else int):
+                raise CheckpointError(f"{where}: the model config's {key} is {cfg.get(key)!r}, not a number of the "
+                                      f"kind linlm saves; the file is corrupt, save the model again")
         if quantization is not None and (not isinstance(quantization, dict) or quantization.get("method") != "int8"):
             raise ConfigError(f"{where}: lean decoding reads float32 or int8 weights; this model's quantization is "
                               f"{quantization!r}: decode it with linlm generate")
