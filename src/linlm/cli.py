@@ -56,7 +56,10 @@ def cmd_archs(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The ``linlm`` parser. With ``command`` (the word a command line starts with) the subsystems register in turn
+    only until one has registered it, so that running a command imports no more than its own module's: ``linlm
+    generate --lean`` builds its parser without importing torch. Without it (or for an unknown word), all of them."""
     from linlm.cli_args import Parser
     from linlm.cli_ranges import RANGES
 
@@ -76,30 +79,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in _subsystem_clis():
         module.register(sub)
+        if command is not None and command in sub.choices:
+            break
     return parser
 
 
 def _subsystem_clis():
+    """The subsystems' command-line modules, each imported as it is reached."""
     import importlib
 
-    mods = []
     for name in ("linlm.commands.demo", "linlm.data.cli", "linlm.train.cli", "linlm.commands.check", "linlm.infer.cli",
                  "linlm.eval.cli", "linlm.conversion.cli", "linlm.experiments.cli", "linlm.scaling.cli",
                  "linlm.reproduce.cli"):
         try:
-            mods.append(importlib.import_module(name))
+            module = importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name != name:
                 raise
-    return mods
+            continue
+        yield module
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from linlm.cli_args import parse_args
 
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
     try:
-        args = parse_args(parser, argv)
+        args = parse_args(parser, words)
     except SystemExit as e:  # a refused command line (its one line is printed) is exit status 2 like any other
         if e.code in (0, None):  # --help
             raise

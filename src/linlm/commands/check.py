@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import torch
-
 from linlm.cli_ranges import RANGES
 from linlm.errors import ShapeError
-from linlm.layers.mixer import spec_mismatch
-from linlm.models.counting import count
-from linlm.models.lm import create_model
-from linlm.models.registry import arch_names
 
 SAMPLE = "Linear attention keeps a fixed-size state, so decoding costs the same at every position."
 
@@ -48,6 +42,8 @@ def kernel_report() -> dict[str, str]:
     """Which compiled kernels this process runs on: linlm's C kernels (scan, conv, gates, gather-sum, and a decoding
     step's matrix-vector products, float32 and int8, and element-wise work), fbgemm's int8 GEMM of quantized models
     (9 to 64 rows), the instructions of the int8 kernel's sums, and the CPU capability torch dispatches to."""
+    import torch
+
     from linlm.models.quant import kernels_available
     from linlm.ops import gemv_kernel, kernel_library
 
@@ -69,9 +65,13 @@ def kernel_report() -> dict[str, str]:
     }
 
 
-def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
-    """Max |logit difference| between prefill + token-by-token steps and one full pass, and state bytes; a state
-    that differs from what the mixers' state_spec says is a ShapeError naming the layer."""
+def decode_check(model, ids, prefill: int) -> tuple[float, int]:
+    """Max |logit difference| between prefill + token-by-token steps and one full pass (ids [1, T]), and state
+    bytes; a state that differs from what the mixers' state_spec says is a ShapeError naming the layer."""
+    import torch
+
+    from linlm.layers.mixer import spec_mismatch
+
     with torch.no_grad():
         full = model(ids)
         out = model(ids[:, :prefill], return_state=True)
@@ -92,6 +92,11 @@ def decode_check(model, ids: torch.Tensor, prefill: int) -> tuple[float, int]:
 def run_check(archs: Optional[Sequence[str]] = None, preset: str = "tiny", seed: int = 0, **hybrid) -> list[dict]:
     """Build each architecture at ``preset`` (``hybrid``: attn_every / attn_window, checked as any model config),
     check its decoding against a full pass and print a table."""
+    import torch
+
+    from linlm.models.counting import count
+    from linlm.models.lm import create_model
+    from linlm.models.registry import arch_names
     from linlm.render import print_table
 
     archs = list(archs or arch_names())

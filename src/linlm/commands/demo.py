@@ -14,7 +14,6 @@ from typing import Optional, Sequence
 
 from linlm import outputs
 from linlm.errors import ConfigError
-from linlm.train.trainer import TrainHooks
 
 DEMO_MARK = ".demo-run"
 
@@ -48,10 +47,17 @@ def cmd_demo(args) -> int:
     return 130 if result.interrupted else 0
 
 
-class _MarkDemoRun(TrainHooks):
-    def on_start(self, info: dict) -> None:
-        outputs.write_text(Path(info["out_dir"]) / DEMO_MARK,
-                           "written by `linlm demo`; the next demo may replace this run\n", "--out")
+def _mark_demo_run():
+    """Hooks that mark the run directory as the demo's when training starts (the class is made on use: the trainer
+    imports torch, and building the command line does not)."""
+    from linlm.train.trainer import TrainHooks
+
+    class MarkDemoRun(TrainHooks):
+        def on_start(self, info: dict) -> None:
+            outputs.write_text(Path(info["out_dir"]) / DEMO_MARK,
+                               "written by `linlm demo`; the next demo may replace this run\n", "--out")
+
+    return MarkDemoRun()
 
 
 def unigram_entropy(data_dir, split: str = "train") -> float:
@@ -105,7 +111,7 @@ def run_demo(archs: Optional[Sequence[str]] = None, preset: Optional[str] = None
                           f"Choose another --out, or continue that run with `linlm train --resume --out {run.path}`")
     outputs.check_file(mark, "--out")  # a .demo-run of the user's is refused here, before any work
     started = time.perf_counter()
-    result = train(cfg, overwrite=ours and run.has_run(), hooks=_MarkDemoRun())
+    result = train(cfg, overwrite=ours and run.has_run(), hooks=_mark_demo_run())
     data_dir = cfg.data.dir or prepared_data_dir(cfg)
     entropy = unigram_entropy(data_dir)
     val = f"{result.val_loss:.3f}" if result.val_loss is not None else "n/a"

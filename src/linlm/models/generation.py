@@ -5,24 +5,13 @@ and ``linlm generate``.
 
 from __future__ import annotations
 
-import math
 from typing import Iterator, Optional
 
 import torch
 
-from linlm.errors import ConfigError, ShapeError
-
-def check_sampling(temperature: float, top_k: int, top_p: float = 1.0, max_new_tokens: int = 0) -> None:
-    """Raise ConfigError for sampling settings out of range (before any work)."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-        raise ConfigError(f"temperature: must be a finite number >= 0 (0 is greedy), got {temperature}")
-    if top_k < 0:
-        raise ConfigError(f"top_k: must be >= 0 (0 keeps every token), got {top_k}")
-    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ConfigError(f"top_p: must be in (0, 1] (1 keeps every token), got {top_p}")
-    if max_new_tokens < 0:
-        raise ConfigError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
-
+from linlm.errors import ShapeError
+# the checks and the text pieces, torch-free (linlm.infer.lean uses them too); check_sampling is re-exported
+from linlm.models.sampling import check_sampling, text_pieces  # noqa: F401
 
 def sample_token(logits: torch.Tensor, temperature: float, top_k: int,
                  generator: Optional[torch.Generator] = None, top_p: float = 1.0) -> torch.Tensor:
@@ -112,22 +101,8 @@ def stream_text(model, tokenizer, prompt: str, max_new_tokens: int = 64, **kw) -
     Each piece is the new text since the last one: a token that only completes a multi-byte character yields
     nothing until the character is whole.
     """
-    new: list[int] = []
-    shown = ""
-    for token in stream_ids(model, tokenizer.encode_input(prompt), max_new_tokens, eos_id=tokenizer.eos_id, **kw):
-        if token == tokenizer.eos_id:
-            break
-        new.append(token)
-        text = tokenizer.decode(new)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence so far
-            continue
-        if text.startswith(shown):
-            piece, shown = text[len(shown):], text
-            if piece:
-                yield piece
-    text = tokenizer.decode(new)
-    if text != shown and text.startswith(shown):
-        yield text[len(shown):]
+    ids = stream_ids(model, tokenizer.encode_input(prompt), max_new_tokens, eos_id=tokenizer.eos_id, **kw)
+    return text_pieces(tokenizer, ids)
 
 
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 64, *, temperature: float = 0.8,
