@@ -135,3 +135,49 @@ def test_refuses_changed_weights_and_switched_off_kernels(saved, tmp_path, monke
     monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
     with pytest.raises(ConfigError, match="LINLM_SCAN_BACKEND=torch"):
         lean.LeanMamba(saved / "fp32")
+
+
+def test_sampling_top_k_one_is_greedy_and_a_seeded_draw_repeats(saved):
+    """top_k 1 is greedy at any temperature; a seeded draw repeats; top_p keeps the most likely id at least."""
+    engine = lean.LeanMamba(saved / "fp32")
+    greedy = engine.generate([1, 2, 3], 8)
+    assert list(engine.stream([1, 2, 3], 8, temperature=1.5, top_k=1)) == greedy
+    assert list(engine.stream([1, 2, 3], 8, temperature=1e-3, top_p=1e-6, seed=3)) == greedy
+    a, b, c = (list(engine.stream([1, 2, 3], 12, temperature=1.0, top_k=0, seed=s)) for s in (5, 5, 6))
+    assert a == b and a != c
+    with pytest.raises(ConfigError, match="top_p"):
+        list(engine.stream([1], 2, top_p=0))
+
+
+def _cli(args, cwd=None):
+    """linlm's main in a fresh interpreter: (exit status, stdout, stderr, whether torch was imported)."""
+    code = ("import sys; from linlm.cli import main\n"
+            f"rc = main({args!r})\n"
+            "print('TORCH', 'torch' in sys.modules)\n"
+            "sys.exit(rc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd)
+    lines = done.stdout.splitlines()
+    return done.returncode, "\n".join(lines[:-1]), done.stderr, lines[-1] == "TORCH True" if lines else None
+
+
+def _save_with_tokenizer(path, tokenizer, arch):
+    torch.manual_seed(0)
+    linlm.create_model(arch, preset="tiny", vocab_size=320).save(path)
+    tokenizer.save(path)
+
+
+def test_linlm_generate_lean_prints_what_linlm_generate_prints_without_torch(tmp_path, tokenizer):
+    _save_with_tokenizer(tmp_path / "m", tokenizer, "mamba")
+    common = ["generate", "--model", str(tmp_path / "m"), "--prompt", "the king", "--max-new-tokens", "12",
+              "--temperature", "0", "--no-stream"]
+    rc, lean_out, err, torch_loaded = _cli(common + ["--lean"])
+    assert rc == 0, err
+    assert torch_loaded is False
+    rc, torch_out, err, torch_loaded = _cli(common)
+    assert rc == 0 and torch_loaded is True, err
+    assert lean_out == torch_out and lean_out.startswith("the king")
+    rc, _, err, _ = _cli(common + ["--lean", "--device", "cuda"])
+    assert rc == 2 and "--lean decodes on the CPU" in err and "Traceback" not in err
+    _save_with_tokenizer(tmp_path / "llama", tokenizer, "llama")
+    rc, _, err, torch_loaded = _cli(["generate", "--model", str(tmp_path / "llama"), "--lean", "--prompt", "a"])
+    assert rc == 2 and "plain Mamba models; this is a 'llama' model" in err and torch_loaded is False

@@ -38,6 +38,10 @@ def register(subparsers) -> None:
                    help="decode through a torch.compile'd step (CausalLM.compile_step): less time per token beside "
                         "the weights' reads, after a first step that compiles (tens of seconds, cached on disk); "
                         "models whose state grows (a KV cache) decode eagerly")
+    p.add_argument("--lean", action="store_true",
+                   help="decode a saved Mamba (float32 or int8) on linlm's C kernels in a process that never imports "
+                        "torch (linlm.infer.lean): about 220 MiB less memory; --model names the saved model or "
+                        "checkpoint directory, the device is the CPU")
     p.set_defaults(func=cmd_generate)
 
     p = subparsers.add_parser("profile", help="prefill and decode speed, memory and state size against context",
@@ -131,6 +135,8 @@ def _read_prompt(args) -> str:
 
 
 def cmd_generate(args) -> int:
+    if args.lean:
+        return _generate_lean(args)
     from linlm.devices import resolve_device
     from linlm.infer.generate import check_sampling, load_for_generation, stream_text
 
@@ -145,6 +151,27 @@ def cmd_generate(args) -> int:
     pieces = stream_text(model, tok, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, truncate=args.truncate_prompt)
     print_generation(prompt, pieces, args.stream)
+    return 0
+
+
+def _generate_lean(args) -> int:
+    """``linlm generate --lean``: the same prompt, sampling settings and printing, decoded by linlm.infer.lean
+    (nothing here imports torch)."""
+    from linlm.data.tokenizer import tokenizer_for_model
+    from linlm.errors import ConfigError
+    from linlm.infer.lean import LeanMamba
+    from linlm.models.sampling import check_sampling, text_pieces
+
+    check_sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
+    if args.device != "cpu" or args.compile:
+        raise ConfigError(f"--lean decodes on the CPU with linlm's C kernels; drop "
+                          f"{'--compile' if args.compile else f'--device {args.device}'}")
+    prompt = _read_prompt(args)
+    engine = LeanMamba(args.model)
+    tok = tokenizer_for_model(engine.path, args.tokenizer, engine.sizes["V"])
+    ids = engine.stream(tok.encode_input(prompt), args.max_new_tokens, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id)
+    print_generation(prompt, text_pieces(tok, ids), args.stream)
     return 0
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import mmap
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -41,6 +41,7 @@ from threadpoolctl import threadpool_limits
 from linlm.errors import CheckpointError, ConfigError
 from linlm.io_utils import sha256_file
 from linlm.models.files import WEIGHTS, read_meta, tensor_layout
+from linlm.models.sampling import check_sampling
 from linlm.ops import kernel_library
 from linlm.runtime import tune_allocator
 from linlm.ops.kernel_entries import (CKPT, CONV_TB, GATE_ROWS, GEMV_ROWS, MAX_STATE, Q8_MAX_K, Q8_MAX_ROWS,
@@ -57,6 +58,24 @@ __all__ = ["PIECE", "LeanMamba"]
 PIECE = 256
 _NUMPY = {"F32": np.float32, "I8": np.int8}
 _MIXER = ("dt_weight", "dt_bias", "A_log", "D", "in_proj.weight", "conv.weight", "x_proj.weight", "out_proj.weight")
+
+
+def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """One id from logits [V]: the argmax at temperature 0; else softmax(logits / T) restricted to the top k ids
+    and then to the smallest set of most likely ids whose probability reaches top_p (the most likely always
+    stays), drawn with ``rng``."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    if 0 < top_k < z.size:
+        z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
+    if top_p < 1:
+        order = np.argsort(-z, kind="stable")
+        p = np.exp(z[order] - z[order[0]])
+        p /= p.sum()
+        z[order[(np.cumsum(p) - p) >= top_p]] = -np.inf  # the ids ranked after the nucleus is reached
+    p = np.exp(z - z.max())
+    return int(rng.choice(z.size, p=p / p.sum()))
 
 
 class LeanMamba:
@@ -292,18 +311,25 @@ class LeanMamba:
 
     def generate(self, ids: Sequence[int], max_new_tokens: int, stop: Optional[int] = None) -> list[int]:
         """Greedy continuation of ``ids`` from a fresh state: up to ``max_new_tokens`` new ids (ending at ``stop``)."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ConfigError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        return list(self.stream(ids, max_new_tokens, temperature=0.0, eos_id=stop))
+
+    def stream(self, ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.8, top_k: int = 40,
+               top_p: float = 1.0, seed: Optional[int] = 0, eos_id: Optional[int] = None) -> Iterator[int]:
+        """Yield the new ids after ``ids`` one by one, from a fresh state, sampled as ``linlm generate`` samples
+        (greedy at temperature 0, else softmax(logits / T) within the top k and the top-p nucleus), with numpy's
+        generator seeded by ``seed``; stops after ``eos_id``. An empty prompt starts from ``eos_id``."""
+        check_sampling(temperature, top_k, top_p, max_new_tokens if isinstance(max_new_tokens, int) else -1)
+        ids = list(ids) or ([eos_id] if eos_id is not None else [])
         self.reset()
-        out: list[int] = []
         if max_new_tokens == 0:
-            return out
+            return
+        rng = np.random.default_rng(seed)
         logits = self.prefill(ids)
-        while True:
-            token = int(np.argmax(logits))
-            out.append(token)
-            if len(out) >= max_new_tokens or token == stop:
-                return out
+        for i in range(max_new_tokens):
+            token = _sample(logits, temperature, top_k, top_p, rng)
+            yield token
+            if token == eos_id or i + 1 == max_new_tokens:
+                return
             logits = self.step(token)
 
     # ------------------------------------------------------------------------------------------------ the prefill
