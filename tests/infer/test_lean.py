@@ -132,6 +132,11 @@ def test_refuses_changed_weights_and_switched_off_kernels(saved, tmp_path, monke
     weights.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         lean.LeanMamba(tmp_path / "m")
+    for step in ("step_00000010", "step_00000020"):
+        shutil.copytree(saved / "fp32", tmp_path / "run" / "checkpoints" / step)
+    with pytest.raises(CheckpointError, match=r"is a training run; .* its newest: .*step_00000020"):
+        lean.LeanMamba(tmp_path / "run")
+    lean.LeanMamba(tmp_path / "run" / "checkpoints" / "step_00000020")  # a checkpoint directory reads
     monkeypatch.setenv("LINLM_SCAN_BACKEND", "torch")
     with pytest.raises(ConfigError, match="LINLM_SCAN_BACKEND=torch"):
         lean.LeanMamba(saved / "fp32")

@@ -92,6 +92,10 @@ class LeanMamba:
         tune_allocator()  # the process's allocator settings, as linlm's commands take them (see its docstring)
         self.path, self.threads = Path(path), threads
         self._kernel_threads = threads
+        runs = sorted((self.path / "checkpoints").glob("step_*")) if not (self.path / "config.json").exists() else []
+        if runs:
+            raise CheckpointError(f"{self.path}: is a training run; lean decoding reads one checkpoint directory, "
+                                  f"e.g. its newest: {runs[-1]}")
         meta = read_meta(self.path)
         cfg = meta.get("config", {})
         self._check_config(cfg, meta.get("quantization"))
