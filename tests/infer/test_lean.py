@@ -118,8 +118,9 @@ def test_refuses_other_models_and_bad_input(saved, tmp_path):
         engine.step(512)
     with pytest.raises(ConfigError, match="non-empty sequence of integers"):
         engine.prefill([])
-    with pytest.raises(ConfigError, match="max_new_tokens"):
-        engine.generate([1], -1)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigError, match="max_new_tokens: must be"):
+            engine.generate([1], bad)
 
 
 def test_refuses_changed_weights_and_switched_off_kernels(saved, tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from linlm.errors import CheckpointError, ConfigError
 from linlm.io_utils import sha256_file
-from linlm.models.files import WEIGHTS, read_meta, tensor_layout
+from linlm.models.files import CONFIG, WEIGHTS, read_meta, tensor_layout
 from linlm.models.sampling import check_sampling
 from linlm.ops import kernel_library
 from linlm.runtime import tune_allocator
@@ -57,7 +57,6 @@ __all__ = ["PIECE", "LeanMamba"]
 # piece).
 PIECE = 256
 _NUMPY = {"F32": np.float32, "I8": np.int8}
-_MIXER = ("dt_weight", "dt_bias", "A_log", "D", "in_proj.weight", "conv.weight", "x_proj.weight", "out_proj.weight")
 
 
 def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
@@ -92,7 +91,7 @@ class LeanMamba:
         tune_allocator()  # the process's allocator settings, as linlm's commands take them (see its docstring)
         self.path, self.threads = Path(path), threads
         self._kernel_threads = threads
-        runs = sorted((self.path / "checkpoints").glob("step_*")) if not (self.path / "config.json").exists() else []
+        runs = sorted((self.path / "checkpoints").glob("step_*")) if not (self.path / CONFIG).exists() else []
         if runs:
             raise CheckpointError(f"{self.path}: is a training run; lean decoding reads one checkpoint directory, "
                                   f"e.g. its newest: {runs[-1]}")
@@ -113,7 +112,7 @@ class LeanMamba:
     # ------------------------------------------------------------------------------------------------ loading
 
     def _check_config(self, cfg: dict, quantization) -> None:
-        where = self.path / "config.json"
+        where = self.path / CONFIG
         if cfg.get("arch") != "mamba":
             raise ConfigError(f"{where}: lean decoding runs plain Mamba models; this is a {cfg.get('arch')!r} model: "
                               f"decode it with linlm generate")
@@ -121,8 +120,8 @@ class LeanMamba:
             raise ConfigError(f"{where}: lean decoding runs Mamba blocks with RMSNorm and no attention layers; this "
                               f"model has norm_type={cfg.get('norm_type')!r}, attn_layers={cfg.get('attn_layers')!r}, "
                               f"attn_every={cfg.get('attn_every')!r}: decode it with linlm generate")
-        for key, kind in (("n_layers", int), ("norm_eps", float)):
-            if isinstance(cfg.get(key), bool) or not isinstance(cfg.get(key), (int, float) if kind is float else int):
+        for key, types in (("n_layers", int), ("norm_eps", (int, float))):
+            if isinstance(cfg.get(key), bool) or not isinstance(cfg.get(key), types):
                 raise CheckpointError(f"{where}: the model config's {key} is {cfg.get(key)!r}, not a number of the "
                                       f"kind linlm saves; the file is corrupt, save the model again")
         if quantization is not None and (not isinstance(quantization, dict) or quantization.get("method") != "int8"):
@@ -187,18 +186,18 @@ class LeanMamba:
         self.layers = []
         for i in range(n_layers):
             p = f"layers.{i}.mixer."
+            conv_w = self._take(p + "conv.weight", (Din, K))
+            conv_b = self._take(p + "conv.bias", (Din,)) if p + "conv.bias" in self._tensors else None
             self.layers.append(dict(
                 norm=self._take(f"layers.{i}.norm1.weight", (d,)),
                 w_in=self._projection(p + "in_proj.weight", 2 * Din, d),
-                conv_w=self._take(p + "conv.weight", (Din, K)),
-                conv_b=self._take(p + "conv.bias", (Din,)) if p + "conv.bias" in self._tensors else None,
+                # the step reads the taps as [Din, K] with an optional bias, the prefill's conv as [K, Din] with one
+                conv_w=conv_w, conv_b=conv_b, conv_wt=np.ascontiguousarray(conv_w.T),
+                conv_bias=conv_b if conv_b is not None else np.zeros(Din, np.float32),
                 w_x=self._projection(p + "x_proj.weight", R + 2 * N, Din),
                 dt_w=self._take(p + "dt_weight", (Din, R)), dt_b=self._take(p + "dt_bias", (Din,)),
                 A=-np.exp(self._take(p + "A_log", (Din, N))), D=self._take(p + "D", (Din,)),
                 w_out=self._projection(p + "out_proj.weight", d, Din)))
-        for lay in self.layers:  # the prefill's conv reads its taps as [K, Din] and always adds a bias
-            lay["conv_wt"] = np.ascontiguousarray(lay["conv_w"].T)
-            lay["conv_bias"] = lay["conv_b"] if lay["conv_b"] is not None else np.zeros(Din, np.float32)
         unknown = sorted(set(self._tensors) - self._used)
         if unknown:
             raise ConfigError(f"{self.path / WEIGHTS}: lean decoding runs plain Mamba blocks; this model also holds "
@@ -322,7 +321,9 @@ class LeanMamba:
         """Yield the new ids after ``ids`` one by one, from a fresh state, sampled as ``linlm generate`` samples
         (greedy at temperature 0, else softmax(logits / T) within the top k and the top-p nucleus), with numpy's
         generator seeded by ``seed``; stops after ``eos_id``. An empty prompt starts from ``eos_id``."""
-        check_sampling(temperature, top_k, top_p, max_new_tokens if isinstance(max_new_tokens, int) else -1)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ConfigError(f"max_new_tokens: must be a whole number >= 0, got {max_new_tokens!r}")
+        check_sampling(temperature, top_k, top_p, max_new_tokens)
         ids = list(ids) or ([eos_id] if eos_id is not None else [])
         self.reset()
         if max_new_tokens == 0:
