@@ -26,7 +26,7 @@
 8. Lean decoding (leave it out with ``--no-lean``): linlm's fp32 and int8 models once more through
    linlm.infer.lean, the C kernels with numpy around them in a process that never imports torch (the worker
    reports that it did not), as the variants ``linlm-fp32-lean`` and ``linlm-int8-lean``: what a decoding process
-   without torch's 220 MiB holds, against llama.cpp's.
+   without torch's runtime holds, against llama.cpp's.
 9. Batched decoding (``--batches``, default 8 and 32; ``--batches ''`` leaves it out): in the same worker processes
    as above, after their peak RSS is read, linlm's fp32 and int8 models and llama.cpp's F32 and Q8_0 decode B
    sequences at once (each after its own prompt), and the aggregate decode tokens/s is reported per engine, with

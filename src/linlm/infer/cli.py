@@ -40,7 +40,7 @@ def register(subparsers) -> None:
                         "models whose state grows (a KV cache) decode eagerly")
     p.add_argument("--lean", action="store_true",
                    help="decode a saved Mamba (float32 or int8) on linlm's C kernels in a process that never imports "
-                        "torch (linlm.infer.lean): about 220 MiB less memory; --model names the saved model or "
+                        "torch (linlm.infer.lean): less memory (no torch runtime); --model names the saved model or "
                         "checkpoint directory, the device is the CPU")
     p.set_defaults(func=cmd_generate)
 

@@ -1,9 +1,10 @@
 """Decoding a saved Mamba model on linlm's C kernels alone, in a process that never imports torch.
 
-Why: importing torch takes about 220 MiB of resident memory before any weight is read (143 MiB of it private:
-measured on an AMD EPYC Zen 5 with torch 2.13), more than a whole 130M-parameter model in int8. A process that only
-decodes a Mamba runs every step in one call of the kernel library's ``mamba_model_step`` anyway (what
-``model.step`` runs for such a model, linlm.models.fused_step), so here the runtime around that call is numpy:
+Why: torch's own resident memory is more than a whole 130M-parameter model in int8 (benchmarks/bench_llamacpp.py:
+with torch loaded a decoding process of mamba-130m's shape peaked at 1.54x llama.cpp's in float32 and 2.14x in
+int8 on an AMD EPYC Zen 5; through this module at 0.96x and 1.00x). A process that only decodes a Mamba runs every
+step in one call of the kernel library's ``mamba_model_step`` anyway (what ``model.step`` runs for such a model,
+linlm.models.fused_step), so here the runtime around that call is numpy:
 
 - the model's files are read with linlm.models.files (config checksum, optionally the weights' sha256, the
   safetensors layout), and the weights are views of one private memory map of the file, as linlm.load holds them;
@@ -14,9 +15,9 @@ decodes a Mamba runs every step in one call of the kernel library's ``mamba_mode
   that linlm's forward runs them on (``conv_fwd``, ``scan_fwd`` from the state and to the state, ``silu_mul_fwd``).
 
 Constructing one applies linlm's allocator settings to the process (linlm.runtime.tune_allocator, as linlm's
-commands do; ``LINLM_ALLOCATOR=system`` keeps glibc's): without them every piece's fresh activations were new pages
-to fault in, and a prefill of 2,048 tokens at 2 threads ran at 863-893 tokens/s against 1,210-1,255 (int8) and
-821-832 against 998-1,002 (float32, in pieces of 1,024; AMD EPYC Zen 5, mamba-130m's shape).
+commands do; ``LINLM_ALLOCATOR=system`` keeps glibc's): with glibc's own, each piece's fresh activations are new
+pages to fault in (benchmarks/bench_lean.py, Zen 5, 2 threads, pieces of 256: 777 tokens/s against 1,072 in
+float32, 1,030 against 1,372 in int8).
 
 It computes what linlm's model computes for such a model (the tests check the logits of prefill and steps against
 ``model.prefill`` and ``model.step``, float32 and int8), for what the one-call step takes: arch "mamba" with RMSNorm
@@ -50,11 +51,9 @@ from linlm.ops.kernel_entries import (CKPT, CONV_TB, GATE_ROWS, GEMV_ROWS, MAX_S
 __all__ = ["PIECE", "LeanMamba"]
 
 # Tokens per prefill piece: a piece's activations (about 40 KiB a token at mamba-130m's shape) are what a prefill
-# holds beside the weights. Longer pieces gained little once the allocator keeps freed pages (tune_allocator): AMD
-# EPYC Zen 5, that shape, 2,048 tokens, float32 at 2 threads 932-957 tokens/s in pieces of 256, 976-997 of 512,
-# 990-1,049 of 1,024, peak resident set 509, 520 and 544 MB; int8 at 2 threads 1,208-1,241 in pieces of 64,
-# 1,262-1,331 of 128, 1,195-1,228 of 256 (its products take Q8_MAX_ROWS rows a call of the int8 kernel whatever the
-# piece).
+# holds beside the weights, and longer pieces gain little past a few hundred tokens. benchmarks/bench_lean.py, AMD
+# EPYC Zen 5, that shape, 2,048 tokens, 2 threads: float32 835 tokens/s in pieces of 64, 1,072 of 256, 1,107 of
+# 1,024, peak resident set 488, 496 and 531 MiB; int8 1,286, 1,372 and 1,343 tokens/s, 190, 198 and 232 MiB.
 PIECE = 256
 _NUMPY = {"F32": np.float32, "I8": np.int8}
 
@@ -293,9 +292,7 @@ class LeanMamba:
         waiting actively for a while after a call, so that running both on the same cores slows both. With float32
         weights the projections, most of the work, run at ``threads`` BLAS threads and the kernels between them on
         one; with int8 weights the kernels (the products among them) run at ``threads`` and BLAS (the small dt
-        product) on one. AMD EPYC Zen 5, 2 threads, mamba-130m's shape, 2,048 tokens (before the allocator
-        settings): float32 684-713 tokens/s this way, 323 with both pools at 2 threads, 445 with BLAS at 1; int8
-        1,087 this way, 184 with both at 2."""
+        product) on one."""
         ids = self._ids(ids)
         blas = 1 if self._int8 else self.threads
         self._kernel_threads = self.threads if blas == 1 else 1
